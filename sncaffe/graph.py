@@ -1,0 +1,281 @@
+"""The net as a bipartite graph of operators and tensors (Purine's model).
+
+``build_graph`` turns a prepared NetParameter into layer nodes, blob nodes and
+tensors (data, diff, param, param diff, scratch, workspace) with shapes
+inferred at build time, decides which layers run backward (Caffe's Net::Init
+rules: lr_mult, force_backward, propagate_down, contribution to a loss), and
+lists the operators in execution order with the tensors each reads and
+writes. The graph is plain data: nothing here allocates memory or computes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .layers import create_layer
+from .layers.base import Layer, LayerError
+
+# Layers whose tops are the bottom's memory in another shape, as Caffe shares them.
+ALIASING = {"Split": ("data",), "Flatten": ("data", "diff"), "Reshape": ("data", "diff")}
+
+
+class GraphError(ValueError):
+    """A net that cannot be built: unknown blobs, shape mismatches, bad settings."""
+
+
+@dataclass(eq=False)
+class Tensor:
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    kind: str                       # data | diff | param | param_diff | scratch | workspace
+    base: "Tensor | None" = None    # shares base's memory (aliasing layers)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def root(self) -> "Tensor":
+        return self if self.base is None else self.base.root
+
+    def __repr__(self):
+        return f"Tensor({self.name!r}, {self.shape}, {self.kind})"
+
+
+@dataclass(eq=False)
+class BlobNode:
+    name: str
+    data: Tensor
+    producer: "LayerNode"
+    diff: Tensor | None = None
+    need_backward: bool = False
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+
+@dataclass(eq=False)
+class LayerNode:
+    layer: Layer
+    bottoms: list
+    tops: list
+    params: list = field(default_factory=list)        # [(data Tensor, diff Tensor)]
+    param_need_backward: list = field(default_factory=list)
+    loss_weights: list = field(default_factory=list)
+    need_backward: bool = False
+    propagate_down: list = field(default_factory=list)
+    scratch: dict = field(default_factory=dict)
+    workspace: dict = field(default_factory=dict)
+
+    @property
+    def name(self):
+        return self.layer.name
+
+    @property
+    def type(self):
+        return self.layer.type
+
+
+@dataclass(eq=False)
+class Operator:
+    name: str
+    kind: str                       # forward | backward
+    node: LayerNode
+    reads: list
+    writes: list
+
+
+@dataclass(eq=False)
+class Graph:
+    param: object                   # the prepared NetParameter
+    phase: int
+    layers: list
+    blobs: dict                     # name -> BlobNode, in Caffe's blob order
+    ops: list = field(default_factory=list)
+
+    @property
+    def forward_ops(self):
+        return [op for op in self.ops if op.kind == "forward"]
+
+    @property
+    def backward_ops(self):
+        return [op for op in self.ops if op.kind == "backward"]
+
+    def tensors(self):
+        """Every distinct tensor, in first-use order."""
+        seen, out = set(), []
+        for op in self.ops:
+            for t in op.reads + op.writes:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        return out
+
+    def layer(self, name) -> LayerNode:
+        for node in self.layers:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+def _describe(bottom: BlobNode) -> str:
+    p = bottom.producer
+    return f'"{bottom.name}" {tuple(bottom.shape)} from layer "{p.name}" ({p.type})'
+
+
+def build_graph(param, phase, dtype=np.float32) -> Graph:
+    dtype = np.dtype(dtype)
+    blobs: dict[str, BlobNode] = {}
+    nodes: list[LayerNode] = []
+    for lp in param.layer:
+        try:
+            layer = create_layer(lp, phase)
+        except LayerError as e:
+            raise GraphError(str(e)) from None
+        missing = [b for b in lp.bottom if b not in blobs]
+        if missing:
+            raise GraphError(f'layer "{lp.name}" ({lp.type}): unknown bottom blob "{missing[0]}"')
+        bottoms = [blobs[b] for b in lp.bottom]
+        layer.inplace = any(t in lp.bottom for t in lp.top)
+        try:
+            layer.check_counts(len(bottoms), len(lp.top))
+            top_shapes = [tuple(int(d) for d in s) for s in layer.setup([b.shape for b in bottoms])]
+        except LayerError as e:
+            context = "; ".join("bottom " + _describe(b) for b in bottoms)
+            raise GraphError(f"{e}" + (f" [{context}]" if context else "")) from None
+        node = LayerNode(layer, bottoms, [])
+        aliased = ALIASING.get(lp.type, ())
+        for j, (name, shape) in enumerate(zip(lp.top, top_shapes)):
+            if name in lp.bottom:
+                blob = blobs[name]
+                if tuple(blob.shape) != shape:
+                    raise GraphError(f'layer "{lp.name}" ({lp.type}) runs in place on "{name}" '
+                                     f"but changes its shape {tuple(blob.shape)} -> {shape}")
+            elif name in blobs:
+                raise GraphError(f'layer "{lp.name}" ({lp.type}): top blob "{name}" is already '
+                                 f'produced by layer "{blobs[name].producer.name}"')
+            else:
+                base = bottoms[0].data if "data" in aliased else None
+                blob = blobs[name] = BlobNode(name, Tensor(name, shape, dtype, "data", base), node)
+            node.tops.append(blob)
+        _set_loss_weights(node, lp)
+        specs = {p.name for p in lp.param if p.name}
+        if specs:
+            raise GraphError(f'layer "{lp.name}": shared parameters (ParamSpec name) are not supported')
+        for i, shape in enumerate(layer.param_shapes):
+            data = Tensor(f"{lp.name}[{i}]", tuple(shape), dtype, "param")
+            diff = Tensor(f"{lp.name}[{i}].diff", tuple(shape), dtype, "param_diff")
+            node.params.append((data, diff))
+            lr = lp.param[i].lr_mult if i < len(lp.param) else 1.0
+            node.param_need_backward.append(layer.learnable and lr != 0)
+        node.scratch = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "scratch")
+                        for k, (s, d) in layer.scratch_specs.items()}
+        node.workspace = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "workspace")
+                          for k, (s, d) in layer.workspace_specs.items()}
+        nodes.append(node)
+    _decide_backward(nodes, param.force_backward)
+    _make_diffs(nodes, blobs, dtype)
+    graph = Graph(param, phase, nodes, blobs)
+    graph.ops = _operators(nodes)
+    return graph
+
+
+def _set_loss_weights(node: LayerNode, lp) -> None:
+    n = len(lp.top)
+    if lp.loss_weight:
+        if len(lp.loss_weight) != n:
+            raise GraphError(f'layer "{lp.name}": loss_weight must be given once per top '
+                             f"({n} tops, {len(lp.loss_weight)} loss_weight)")
+        node.loss_weights = [float(w) for w in lp.loss_weight]
+    else:
+        node.loss_weights = [1.0 if (node.layer.is_loss and j == 0) else 0.0 for j in range(n)]
+
+
+def _decide_backward(nodes, force_backward: bool) -> None:
+    """Caffe's rules for which layers and bottoms get gradients."""
+    blob_need: dict[int, bool] = {}
+    for node in nodes:
+        lp = node.layer.param
+        need = False
+        node.propagate_down = []
+        for j, b in enumerate(node.bottoms):
+            nb = blob_need.get(id(b), False)
+            need |= nb
+            if lp.propagate_down:
+                nb = bool(lp.propagate_down[j])
+            node.propagate_down.append(nb)
+        need |= any(node.param_need_backward)
+        node.need_backward = need
+        if need:
+            for t in node.tops:
+                blob_need[id(t)] = True
+    under_loss, skip = set(), set()
+    for node in reversed(nodes):
+        contributes = any(w != 0 or id(t) in under_loss for w, t in zip(node.loss_weights, node.tops))
+        skip_down = all(id(t) in skip for t in node.tops) if node.tops else True
+        if node.need_backward and skip_down:
+            node.need_backward = False
+            node.propagate_down = [False] * len(node.bottoms)
+        if not contributes:
+            node.need_backward = False
+        for j, b in enumerate(node.bottoms):
+            if contributes:
+                under_loss.add(id(b))
+            else:
+                node.propagate_down[j] = False
+            if not node.propagate_down[j]:
+                skip.add(id(b))
+    if force_backward:
+        for node in nodes:
+            node.need_backward = True
+            node.propagate_down = [pd or node.layer.allow_force_backward(j)
+                                   for j, pd in enumerate(node.propagate_down)]
+    for node in nodes:
+        if not node.need_backward:
+            node.propagate_down = [False] * len(node.bottoms)
+        for j, b in enumerate(node.bottoms):
+            if node.propagate_down[j]:
+                b.need_backward = True
+        if node.need_backward:
+            for t in node.tops:
+                t.need_backward = True
+
+
+def _make_diffs(nodes, blobs, dtype) -> None:
+    """A diff tensor for every blob whose gradient is read or written."""
+    for blob in blobs.values():
+        if blob.need_backward:
+            blob.diff = Tensor(blob.name + ".diff", blob.shape, dtype, "diff")
+    for node in nodes:
+        if "diff" in ALIASING.get(node.type, ()):
+            src = node.bottoms[0]
+            for t in node.tops:
+                if t.diff is not None and src.diff is not None:
+                    t.diff.base = src.diff
+
+
+def _operators(nodes) -> list:
+    ops = []
+    for node in nodes:
+        reads = [b.data for b in node.bottoms] + [p for p, _ in node.params]
+        writes = [t.data for t in node.tops] + list(node.scratch.values())
+        ops.append(Operator(node.name + ":forward", "forward", node, reads,
+                            writes + list(node.workspace.values())))
+    for node in reversed(nodes):
+        if not node.need_backward:
+            continue
+        needs = node.layer.backward_needs
+        reads = [t.diff for t in node.tops if t.diff is not None]
+        if "bottom" in needs:
+            reads += [b.data for b in node.bottoms]
+        if "top" in needs:
+            reads += [t.data for t in node.tops if t.data not in reads]
+        reads += [p for p, _ in node.params] + list(node.scratch.values())
+        writes = [b.diff for j, b in enumerate(node.bottoms) if node.propagate_down[j]]
+        writes += [d for (_, d), need in zip(node.params, node.param_need_backward) if need]
+        ops.append(Operator(node.name + ":backward", "backward", node, reads,
+                            writes + list(node.workspace.values())))
+    return ops

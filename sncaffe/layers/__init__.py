@@ -1,0 +1,13 @@
+"""Layers, one module per family; ``REGISTRY`` maps a prototxt type to its class."""
+from .base import REGISTRY, TRAIN, TEST, Blob, Layer, LayerError, register  # noqa: F401
+from . import (data, conv, pooling, neuron, normalization, scale,  # noqa: F401
+               inner_product, structure, loss)
+
+
+def create_layer(param, phase=TRAIN) -> Layer:
+    """Instantiate the class registered for ``param.type``; unknown types are an error."""
+    cls = REGISTRY.get(param.type)
+    if cls is None:
+        raise LayerError(f'layer "{param.name}": unsupported layer type "{param.type}" '
+                         f"(supported: {', '.join(sorted(REGISTRY))})")
+    return cls(param, phase)

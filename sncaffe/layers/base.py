@@ -1,0 +1,132 @@
+"""The layer contract, as in Caffe: set up (infer shapes), forward, backward.
+
+A layer never allocates the tensors of a run. ``setup`` declares what it
+needs and the executor carves it from the device pool before each call:
+
+- ``self.param_shapes``   learnable (or stored) blobs, Caffe's order; the
+                          executor binds ``self.blobs[i]`` (a Blob: .data,
+                          .diff).
+- ``self.scratch_specs``  {name: (shape, dtype)} kept from forward to
+                          backward (pooling argmax, BN statistics, dropout
+                          mask); bound as ``self.scratch[name]``.
+- ``self.workspace_specs`` {name: (shape, dtype)} needed only inside one
+                          forward or backward call (im2col buffers); bound
+                          as ``self.workspace[name]``.
+
+dtype ``None`` in a spec means "the blobs' dtype" (float32 in a run, float64
+in the gradient checker).
+
+Semantics follow Caffe: ``backward`` overwrites bottom diffs (only where
+``propagate_down[i]``) and accumulates (+=) into parameter diffs. With an
+in-place layer (top name == bottom name) the executor passes the same Blob as
+``bottom[0]`` and ``top[0]`` and sets ``self.inplace``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+REGISTRY: dict[str, type["Layer"]] = {}
+
+TRAIN, TEST = 0, 1
+
+
+def register(cls):
+    """Class decorator: map the prototxt ``type`` string to the class."""
+    REGISTRY[cls.type] = cls
+    return cls
+
+
+def array_module(a):
+    """numpy or cupy, taken from an array (Chainer's habit)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np
+
+
+class Blob:
+    """A named view of a tensor's data and diff (either may be None)."""
+    __slots__ = ("name", "data", "diff")
+
+    def __init__(self, name, data=None, diff=None):
+        self.name, self.data, self.diff = name, data, diff
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape if self.data is not None else self.diff.shape)
+
+    def __repr__(self):
+        return f"Blob({self.name!r}, shape={self.shape})"
+
+
+class LayerError(ValueError):
+    """A bad setting or shape, reported with the layer's name and type."""
+
+
+class Layer:
+    type: str = None            # the prototxt type string
+    # Bottom/top counts (None: unchecked), like Caffe's ExactNum*/Min*/Max*.
+    exact_bottoms = exact_tops = None
+    min_bottoms = min_tops = None
+    max_bottoms = max_tops = None
+    is_loss = False             # a loss layer: top[0] gets loss_weight 1 by default
+    learnable = True            # False: stored blobs never get gradients (BatchNorm)
+    # Which tensors backward reads; the memory runtime frees what is not listed.
+    backward_needs = ("bottom", "top")
+
+    def __init__(self, param, phase=TRAIN):
+        self.param = param      # the LayerParameter
+        self.name = param.name
+        self.phase = phase
+        self.inplace = False
+        self.param_shapes: list[tuple] = []
+        self.scratch_specs: dict = {}
+        self.workspace_specs: dict = {}
+        self.blobs: list[Blob] = []
+        self.scratch: dict = {}
+        self.workspace: dict = {}
+        self.rng = np.random.default_rng(0)
+
+    # -- contract -----------------------------------------------------------
+    def setup(self, bottom_shapes: list[tuple]) -> list[tuple]:
+        """Read parameters, check bottoms, declare specs; return top shapes."""
+        raise NotImplementedError
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        raise NotImplementedError
+
+    def backward(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
+        raise NotImplementedError(f"{self.type} has no backward")
+
+    def init_params(self, rng) -> None:
+        """Fill ``self.blobs[i].data`` from the layer's fillers (parameterised layers)."""
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        """False for inputs that are never differentiated (labels)."""
+        return True
+
+    # -- helpers ------------------------------------------------------------
+    def error(self, msg) -> LayerError:
+        return LayerError(f'layer "{self.name}" ({self.type}): {msg}')
+
+    def check_counts(self, n_bottom: int, n_top: int) -> None:
+        for what, n, exact, lo, hi in (
+                ("bottom", n_bottom, self.exact_bottoms, self.min_bottoms, self.max_bottoms),
+                ("top", n_top, self.exact_tops, self.min_tops, self.max_tops)):
+            if exact is not None and n != exact:
+                raise self.error(f"needs exactly {exact} {what} blob(s), got {n}")
+            if lo is not None and n < lo:
+                raise self.error(f"needs at least {lo} {what} blob(s), got {n}")
+            if hi is not None and n > hi:
+                raise self.error(f"takes at most {hi} {what} blob(s), got {n}")
+
+
+def canonical_axis(layer: Layer, axis: int, num_axes: int) -> int:
+    """Caffe's Blob::CanonicalAxisIndex with a layer-named error."""
+    if not -num_axes <= axis < max(num_axes, 1):
+        raise layer.error(f"axis {axis} out of range for a {num_axes}-axis blob")
+    return axis % num_axes if num_axes else 0
+
+
+def count(shape, start=0, end=None) -> int:
+    return int(np.prod(shape[start:end], dtype=np.int64))

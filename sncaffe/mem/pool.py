@@ -1,0 +1,127 @@
+"""The heap pool: one preallocated arena, best-fit allocation, merging of free neighbours.
+
+Free blocks are indexed twice: by (size, offset) in a sorted list for best fit
+(bisect, O(log n) search) and by their start and end offsets in dicts for
+O(1) merging on free. Every size is rounded up to the alignment, so every
+offset is aligned. The pool knows nothing of arrays; a device carves views.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+
+ALIGNMENT = 256
+
+
+class OutOfMemory(MemoryError):
+    """The pool cannot place a block; carries what a user needs to fix it."""
+
+    def __init__(self, nbytes, pool, name=None):
+        self.nbytes, self.name = nbytes, name
+        self.capacity, self.in_use, self.largest_free = pool.capacity, pool.in_use, pool.largest_free
+        what = f'tensor "{name}"' if name else "a block"
+        short = nbytes - self.largest_free
+        super().__init__(
+            f"device memory exhausted allocating {what} of {fmt_bytes(nbytes)}: "
+            f"{fmt_bytes(self.in_use)} of {fmt_bytes(self.capacity)} in use, largest free block "
+            f"{fmt_bytes(self.largest_free)} ({fmt_bytes(short)} short)")
+
+
+def fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+
+
+def parse_bytes(text) -> int:
+    """'12GiB', '512MB', '1.5G', '4096' -> bytes (binary units for both spellings)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    s = str(text).strip().upper().replace(" ", "")
+    for suffix, mult in (("TIB", 2**40), ("GIB", 2**30), ("MIB", 2**20), ("KIB", 2**10),
+                         ("TB", 2**40), ("GB", 2**30), ("MB", 2**20), ("KB", 2**10),
+                         ("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10), ("B", 1)):
+        if s.endswith(suffix):
+            return int(float(s[:-len(suffix)]) * mult)
+    return int(float(s))
+
+
+def align(n: int, a: int = ALIGNMENT) -> int:
+    return max(a, (n + a - 1) // a * a)
+
+
+class Pool:
+    def __init__(self, capacity: int, alignment: int = ALIGNMENT):
+        self.alignment = alignment
+        self.capacity = capacity // alignment * alignment
+        self._by_size: list[tuple[int, int]] = [(self.capacity, 0)] if self.capacity else []
+        self._free_start: dict[int, int] = {0: self.capacity} if self.capacity else {}
+        self._free_end: dict[int, int] = {self.capacity: 0} if self.capacity else {}
+        self._used: dict[int, int] = {}   # offset -> size
+        self._lock = threading.Lock()
+        self.in_use = 0
+        self.peak = 0
+
+    def alloc(self, nbytes: int, name: str | None = None) -> int:
+        """Offset of a new block of at least ``nbytes`` (the smallest free block that fits)."""
+        size = align(nbytes, self.alignment)
+        with self._lock:
+            i = bisect.bisect_left(self._by_size, (size, -1))
+            if i == len(self._by_size):
+                raise OutOfMemory(size, self, name)
+            bsize, off = self._by_size.pop(i)
+            del self._free_start[off]
+            del self._free_end[off + bsize]
+            if bsize > size:
+                self._insert_free(off + size, bsize - size)
+            self._used[off] = size
+            self.in_use += size
+            self.peak = max(self.peak, self.in_use)
+            return off
+
+    def free(self, offset: int) -> None:
+        with self._lock:
+            size = self._used.pop(offset)
+            self.in_use -= size
+            start, end = offset, offset + size
+            if end in self._free_start:                 # merge with the block after
+                nsize = self._free_start.pop(end)
+                del self._free_end[end + nsize]
+                self._remove_size_index(nsize, end)
+                end += nsize
+            if start in self._free_end:                 # and with the block before
+                pstart = self._free_end.pop(start)
+                del self._free_start[pstart]
+                self._remove_size_index(start - pstart, pstart)
+                start = pstart
+            self._insert_free(start, end - start)
+
+    def _insert_free(self, off: int, size: int) -> None:
+        bisect.insort(self._by_size, (size, off))
+        self._free_start[off] = size
+        self._free_end[off + size] = off
+
+    def _remove_size_index(self, size: int, off: int) -> None:
+        del self._by_size[bisect.bisect_left(self._by_size, (size, off))]
+
+    def size_of(self, offset: int) -> int:
+        return self._used[offset]
+
+    def reset_peak(self) -> None:
+        self.peak = self.in_use
+
+    @property
+    def largest_free(self) -> int:
+        return self._by_size[-1][0] if self._by_size else 0
+
+    @property
+    def fragmentation(self) -> float:
+        """1 - largest free block / all free bytes (0 when free memory is one block)."""
+        free = self.capacity - self.in_use
+        return 0.0 if free == 0 else 1.0 - self.largest_free / free
+
+    def stats(self) -> dict:
+        return dict(capacity=self.capacity, in_use=self.in_use, peak=self.peak,
+                    largest_free=self.largest_free, fragmentation=self.fragmentation,
+                    blocks=len(self._used))

@@ -1,0 +1,208 @@
+"""A net bound to a device: every tensor of the graph carved from the device pool.
+
+``Net`` is what a Caffe user knows: ``forward()`` returns the loss,
+``backward()`` fills diffs, ``blobs[name].data/.diff`` and
+``params[layer][i].data/.diff`` are arrays, ``copy_from`` loads a
+.caffemodel by layer name and ``to_proto`` writes one.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from . import blobproto
+from .graph import build_graph
+from .layers.base import Blob
+from .proto import sncaffe_pb2 as pb
+from .prototxt import _phase, load_net, prepare_net
+
+
+class Net:
+    def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
+                 weights=None, seed=0, dtype=np.float32):
+        phase = _phase(phase)
+        if isinstance(source, pb.NetParameter):
+            param = prepare_net(source, phase, stages, level)
+            self.source = None
+        else:
+            param = load_net(source, phase, stages, level)
+            self.source = str(source)
+        if device is None:
+            from .backend import default_device
+            device = default_device()
+        self.device = device
+        self.phase = phase
+        self.graph = build_graph(param, phase, dtype)
+        self.name = param.name
+        self._offsets = []          # pool blocks this net holds
+        self._bind()
+        self.init_params(seed)
+        if weights is not None:
+            self.copy_from(weights)
+
+    # -- memory ---------------------------------------------------------------
+    def _array(self, tensor):
+        if tensor is None:
+            return None
+        arr = self._arrays.get(id(tensor))
+        if arr is None:
+            if tensor.base is not None:
+                arr = self._array(tensor.base).reshape(tensor.shape)
+            else:
+                off, arr = self.device.alloc(tensor.shape, tensor.dtype, tensor.name, zero=True)
+                self._offsets.append(off)
+            self._arrays[id(tensor)] = arr
+        return arr
+
+    def _bind(self):
+        """Allocate every persistent tensor; workspaces are taken per call."""
+        self._arrays = {}
+        self.blobs = OrderedDict((name, Blob(name, self._array(b.data), self._array(b.diff)))
+                                 for name, b in self.graph.blobs.items())
+        self.params = OrderedDict()
+        for node in self.graph.layers:
+            layer = node.layer
+            layer.blobs = [Blob(d.name, self._array(d), self._array(g)) for d, g in node.params]
+            layer.scratch = {k: self._array(t) for k, t in node.scratch.items()}
+            node.bottom_blobs = [self.blobs[b.name] for b in node.bottoms]
+            node.top_blobs = [self.blobs[t.name] for t in node.tops]
+            if layer.blobs:
+                self.params[node.name] = layer.blobs
+        self._set_loss_diffs()
+
+    def _set_loss_diffs(self):
+        for node in self.graph.layers:
+            for w, top in zip(node.loss_weights, node.top_blobs):
+                if w and top.diff is not None:
+                    top.diff[...] = w
+
+    def release(self):
+        """Give every pool block back to the device."""
+        for off in self._offsets:
+            self.device.free(off)
+        self._offsets, self._arrays = [], {}
+
+    # -- parameters -----------------------------------------------------------
+    def init_params(self, seed=0):
+        ss = np.random.SeedSequence(seed)
+        for node, child in zip(self.graph.layers, ss.spawn(len(self.graph.layers))):
+            layer = node.layer
+            rng = np.random.default_rng(child)
+            layer.rng = np.random.default_rng(child.spawn(1)[0])
+            if layer.blobs:
+                layer.init_params(rng)
+
+    def copy_from(self, weights):
+        """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
+        src = weights if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
+        where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "
+        layers = {n.name: n for n in self.graph.layers}
+        for lp in list(src.layer) or []:
+            node = layers.get(lp.name)
+            if node is None or not lp.blobs:
+                continue
+            mine = node.layer.blobs
+            if len(lp.blobs) != len(mine):
+                raise ValueError(f'{where}layer "{lp.name}" has {len(lp.blobs)} blobs in the file, '
+                                 f"{len(mine)} in the net")
+            for i, (bp, blob) in enumerate(zip(lp.blobs, mine)):
+                arr = blobproto.to_array(bp, blob.data.dtype)
+                if arr.shape != blob.data.shape:
+                    if arr.size == blob.data.size and any(bp.HasField(f) for f in ("num", "channels", "height", "width")):
+                        arr = arr.reshape(blob.data.shape)     # legacy 4-D shapes
+                    else:
+                        raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
+                                         f"file, {blob.data.shape} in the net")
+                blob.data[...] = arr
+        if src.layers:
+            raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
+
+    def to_proto(self, write_diff=False) -> "pb.NetParameter":
+        """The net with its parameters, as Caffe's Net::ToProto."""
+        out = pb.NetParameter()
+        out.name = self.graph.param.name
+        for node in self.graph.layers:
+            lp = out.layer.add()
+            lp.CopyFrom(node.layer.param)
+            del lp.blobs[:]
+            for blob in node.layer.blobs:
+                blobproto.from_array(blob.data, lp.blobs.add(), blob.diff if write_diff else None)
+        return out
+
+    def save(self, path):
+        Path(path).write_bytes(self.to_proto().SerializeToString())
+
+    def clear_param_diffs(self):
+        for blobs in self.params.values():
+            for b in blobs:
+                b.diff[...] = 0
+
+    # -- running --------------------------------------------------------------
+    def run(self, op, timings=None):
+        node = op.node
+        layer = node.layer
+        taken = []
+        try:
+            for k, t in node.workspace.items():
+                off, arr = self.device.alloc(t.shape, t.dtype, t.name)
+                taken.append(off)
+                layer.workspace[k] = arr
+            t0 = time.perf_counter()
+            if op.kind == "forward":
+                layer.forward(node.bottom_blobs, node.top_blobs)
+            else:
+                layer.backward(node.top_blobs, node.propagate_down, node.bottom_blobs)
+                for blob, need in zip(layer.blobs, node.param_need_backward):
+                    if not need:
+                        blob.diff[...] = 0      # frozen parameters keep a zero gradient, as in Caffe
+            if timings is not None:
+                self.device.synchronize()
+                timings[op.name] = timings.get(op.name, 0.0) + time.perf_counter() - t0
+        finally:
+            layer.workspace = {}
+            for off in taken:
+                self.device.free(off)
+
+    def forward(self, timings=None) -> float:
+        for op in self.graph.forward_ops:
+            self.run(op, timings)
+        return self.loss()
+
+    def loss(self) -> float:
+        total = 0.0
+        for node in self.graph.layers:
+            for w, top in zip(node.loss_weights, node.top_blobs):
+                if w:
+                    total += w * float(np.sum(top.data, dtype=np.float64))
+        return total
+
+    def backward(self, timings=None) -> None:
+        self._set_loss_diffs()
+        for op in self.graph.backward_ops:
+            self.run(op, timings)
+
+    def forward_backward(self) -> float:
+        loss = self.forward()
+        self.backward()
+        return loss
+
+    # -- introspection --------------------------------------------------------
+    @property
+    def layers(self):
+        return [n.layer for n in self.graph.layers]
+
+    @property
+    def layer_names(self):
+        return [n.name for n in self.graph.layers]
+
+    @property
+    def inputs(self):
+        return [t.name for n in self.graph.layers if n.type == "Input" for t in n.tops]
+
+    @property
+    def outputs(self):
+        consumed = {b.name for n in self.graph.layers for b in n.bottoms}
+        return [name for name in self.graph.blobs if name not in consumed]

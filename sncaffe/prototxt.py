@@ -1,0 +1,234 @@
+"""Prototxt text to NetParameter / SolverParameter, and the net preparation Caffe does on load.
+
+``load_net`` is the one place that parses a net: it reads the text (errors name
+file, line, layer and field), upgrades the legacy net-level inputs to an Input
+layer, keeps the layers whose NetStateRules match the phase/stage/level, and
+inserts Split layers where a blob feeds several layers (Caffe's names).
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from .proto import sncaffe_pb2 as pb
+
+TRAIN, TEST = pb.TRAIN, pb.TEST
+
+
+class PrototxtError(ValueError):
+    """A file that does not parse or does not make sense, located in its text."""
+
+
+def _phase(phase) -> int:
+    if isinstance(phase, str):
+        try:
+            return {"TRAIN": TRAIN, "TEST": TEST}[phase.upper()]
+        except KeyError:
+            raise ValueError(f"phase must be TRAIN or TEST, not {phase!r}") from None
+    return int(phase)
+
+
+def _enclosing_layer(text: str, line: int) -> str | None:
+    """Name of the top-level ``layer { }`` block that contains 1-based ``line``."""
+    depth, layer_start, name = 0, None, None
+    for lineno, raw in enumerate(text.splitlines()[:line], 1):
+        code = re.sub(r'"(?:\\.|[^"\\])*"', '""', raw).split("#")[0]
+        if depth == 0 and re.match(r"\s*layers?\s*:?\s*\{", code):
+            layer_start, name = lineno, None
+            m = re.search(r'\{\s*name\s*:\s*"([^"]*)"', raw)
+            name = m.group(1) if m else None
+        elif layer_start is not None and depth == 1 and name is None:
+            m = re.match(r'\s*name\s*:\s*"([^"]*)"', raw)
+            if m:
+                name = m.group(1)
+        depth += code.count("{") - code.count("}")
+        if depth == 0 and lineno != line:
+            layer_start = None
+    if layer_start is None:
+        return None
+    if name is None:  # name may come after the error line
+        rest = text.splitlines()[line:]
+        for raw in rest:
+            m = re.search(r'^\s*name\s*:\s*"([^"]*)"', raw)
+            if m:
+                return m.group(1)
+            if raw.strip().startswith("}"):
+                break
+    return name
+
+
+def _explain(msg: str) -> str:
+    m = re.search(r'Message type "[\w.]*?(\w+)" has no field named "(\w+)"', msg)
+    if m:
+        return f'unknown field "{m.group(2)}" (in {m.group(1)})'
+    m = re.search(r'Enum type "[\w.]*?(\w+)" has no value named (\w+) for field "(\w+)"', msg)
+    if m:
+        return f'field "{m.group(3)}": {m.group(2)} is not a value of {m.group(1)}'
+    m = re.search(r'Message type "[\w.]*?(\w+)" should not have multiple "(\w+)" fields', msg)
+    if m:
+        return f'field "{m.group(2)}" given more than once (in {m.group(1)})'
+    return msg
+
+
+def parse_text(text: str, message, filename: str = "<string>"):
+    """Parse prototxt ``text`` into ``message``; errors say file:line: layer "x": what."""
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as e:
+        line = getattr(e, "_line", None) or getattr(e, "line", None)
+        msg = str(e)
+        m = re.match(r"(\d+):(\d+) : (.*)", msg, re.S)
+        if m:
+            line, msg = int(m.group(1)), m.group(3)
+        where = f"{filename}:{line}" if line else filename
+        layer = _enclosing_layer(text, line) if line else None
+        who = f' layer "{layer}":' if layer else ""
+        raise PrototxtError(f"{where}:{who} {_explain(msg)}") from None
+    return message
+
+
+def read_text(path, message):
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
+    return parse_text(text, message, str(path))
+
+
+def read_solver(path) -> "pb.SolverParameter":
+    return read_text(path, pb.SolverParameter())
+
+
+# -- net preparation (Caffe's Net::FilterNet, UpgradeNetInput, InsertSplits) --
+
+def state_meets_rule(state, rule) -> bool:
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    return all(s in stages for s in rule.stage) and not any(s in stages for s in rule.not_stage)
+
+
+def filter_net(param, phase=TRAIN, stages=(), level=None):
+    """A copy of ``param`` with only the layers whose include/exclude rules match."""
+    state = pb.NetState()
+    state.CopyFrom(param.state)
+    state.phase = _phase(phase)
+    state.stage.extend(s for s in stages if s not in state.stage)
+    if level is not None:
+        state.level = level
+    out = pb.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    for layer in param.layer:
+        if layer.include and layer.exclude:
+            raise PrototxtError(f'layer "{layer.name}": specify include or exclude rules, not both')
+        if layer.include:
+            keep = any(state_meets_rule(state, r) for r in layer.include)
+        else:
+            keep = not any(state_meets_rule(state, r) for r in layer.exclude)
+        if keep:
+            out.layer.add().CopyFrom(layer)
+    out.state.CopyFrom(state)
+    return out
+
+
+def upgrade_inputs(param):
+    """Net-level ``input``/``input_shape``/``input_dim`` become one Input layer named "input"."""
+    if not param.input:
+        return param
+    if param.input_dim and param.input_shape:
+        raise PrototxtError("net: give input_shape or input_dim, not both")
+    layer = pb.LayerParameter(name="input", type="Input")
+    layer.top.extend(param.input)
+    if param.input_shape:
+        if len(param.input_shape) not in (1, len(param.input)):
+            raise PrototxtError(f"net: {len(param.input)} inputs but {len(param.input_shape)} input_shape")
+        layer.input_param.shape.extend(param.input_shape)
+    elif param.input_dim:
+        if len(param.input_dim) != 4 * len(param.input):
+            raise PrototxtError(f"net: input_dim must give 4 values per input "
+                                f"({len(param.input)} inputs, {len(param.input_dim)} values)")
+        for i in range(len(param.input)):
+            layer.input_param.shape.add().dim.extend(param.input_dim[4 * i:4 * i + 4])
+    else:
+        raise PrototxtError("net: `input` given without input_shape or input_dim")
+    out = pb.NetParameter()
+    out.CopyFrom(param)
+    del out.input[:], out.input_shape[:], out.input_dim[:], out.layer[:]
+    out.layer.add().CopyFrom(layer)
+    out.layer.extend(param.layer)
+    return out
+
+
+def split_layer_name(layer, blob, idx):
+    return f"{blob}_{layer}_{idx}_split"
+
+
+def split_blob_name(layer, blob, idx, k):
+    return f"{blob}_{layer}_{idx}_split_{k}"
+
+
+def insert_splits(param):
+    """Caffe's InsertSplits: a Split layer after each top consumed more than once."""
+    last_top: dict[str, tuple[int, int]] = {}
+    source: dict[tuple[int, int], tuple[int, int]] = {}
+    uses: dict[tuple[int, int], int] = defaultdict(int)
+    loss_weight: dict[tuple[int, int], float] = {}
+    for i, layer in enumerate(param.layer):
+        for j, blob in enumerate(layer.bottom):
+            if blob not in last_top:
+                raise PrototxtError(f'layer "{layer.name}" ({layer.type}): unknown bottom blob "{blob}"')
+            source[i, j] = last_top[blob]
+            uses[last_top[blob]] += 1
+        for j, blob in enumerate(layer.top):
+            last_top[blob] = (i, j)
+        for j, w in enumerate(layer.loss_weight):
+            if w:
+                loss_weight[i, j] = w
+                uses[i, j] += 1
+    out = pb.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    next_split: dict[tuple[int, int], int] = defaultdict(int)
+    for i, layer in enumerate(param.layer):
+        new = out.layer.add()
+        new.CopyFrom(layer)
+        for j, blob in enumerate(layer.bottom):
+            src = source[i, j]
+            if uses[src] > 1:
+                new.bottom[j] = split_blob_name(param.layer[src[0]].name, blob, src[1], next_split[src])
+                next_split[src] += 1
+        for j, blob in enumerate(layer.top):
+            n = uses[i, j]
+            if n <= 1:
+                continue
+            split = out.layer.add(name=split_layer_name(layer.name, blob, j), type="Split")
+            split.bottom.append(blob)
+            split.top.extend(split_blob_name(layer.name, blob, j, k) for k in range(n))
+            w = loss_weight.get((i, j), 0.0)
+            if w:
+                del new.loss_weight[:]
+                split.loss_weight.extend([w] + [0.0] * (n - 1))
+                next_split[i, j] += 1     # the split's first top carries the loss
+    return out
+
+
+def prepare_net(param, phase=TRAIN, stages=(), level=None):
+    """What Caffe's Net::Init does to a NetParameter before building it."""
+    if param.layers:
+        raise PrototxtError("net uses the V1 `layers` format; upgrade it with Caffe's "
+                            "upgrade_net_proto_text to the `layer` format")
+    return insert_splits(filter_net(upgrade_inputs(param), phase, stages, level))
+
+
+def load_net(path, phase=TRAIN, stages=(), level=None):
+    """Read a net prototxt and prepare it for ``phase`` (filter, inputs, splits)."""
+    return prepare_net(read_text(path, pb.NetParameter()), phase, stages, level)

@@ -1,0 +1,19 @@
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_dir():
+    """The project's shared/ folder (real Caffe files), or None where it is absent."""
+    env = os.environ.get("SNCAFFE_SHARED")
+    for cand in ([Path(env)] if env else []) + [ROOT.parent / "shared", ROOT / "tests" / "data" / "shared"]:
+        if (cand / "golden").is_dir():
+            return cand
+    return None
+
+
+SHARED = shared_dir()
+needs_shared = pytest.mark.skipif(SHARED is None, reason="../shared (golden Caffe data) is not present")

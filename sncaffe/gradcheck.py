@@ -52,7 +52,8 @@ class Harness:
                 if layer.learnable:
                     blob.data[...] = rng.standard_normal(blob.data.shape)
         layer.scratch = {k: np.zeros(s, d or dtype) for k, (s, d) in layer.scratch_specs.items()}
-        layer.workspace = {k: np.zeros(s, d or dtype) for k, (s, d) in layer.workspace_specs.items()}
+        specs = {**layer.workspace_specs, **(layer.backward_workspace_specs or {})}
+        layer.workspace = {k: np.zeros(s, d or dtype) for k, (s, d) in specs.items()}
         self.bottom = [Blob(n, np.zeros(x.shape, dtype), np.zeros(x.shape, dtype))
                        for n, x in zip(layer.param.bottom, self.inputs)]
         if layer.inplace:

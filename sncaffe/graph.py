@@ -68,7 +68,8 @@ class LayerNode:
     need_backward: bool = False
     propagate_down: list = field(default_factory=list)
     scratch: dict = field(default_factory=dict)
-    workspace: dict = field(default_factory=dict)
+    workspace: dict = field(default_factory=dict)             # forward's
+    backward_workspace: dict = field(default_factory=dict)
 
     @property
     def name(self):
@@ -173,14 +174,19 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
             node.param_need_backward.append(layer.learnable and lr != 0)
         node.scratch = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "scratch")
                         for k, (s, d) in layer.scratch_specs.items()}
-        node.workspace = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "workspace")
-                          for k, (s, d) in layer.workspace_specs.items()}
+        node.workspace = _workspace(lp.name, layer.workspace_specs, dtype)
+        bspecs = layer.backward_workspace_specs
+        node.backward_workspace = node.workspace if bspecs is None else _workspace(lp.name, bspecs, dtype)
         nodes.append(node)
     _decide_backward(nodes, param.force_backward)
     _make_diffs(nodes, blobs, dtype)
     graph = Graph(param, phase, nodes, blobs)
     graph.ops = _operators(nodes)
     return graph
+
+
+def _workspace(name, specs, dtype) -> dict:
+    return {k: Tensor(f"{name}#{k}", tuple(s), np.dtype(d or dtype), "workspace") for k, (s, d) in specs.items()}
 
 
 def _set_loss_weights(node: LayerNode, lp) -> None:
@@ -277,5 +283,5 @@ def _operators(nodes) -> list:
         writes = [b.diff for j, b in enumerate(node.bottoms) if node.propagate_down[j]]
         writes += [d for (_, d), need in zip(node.params, node.param_need_backward) if need]
         ops.append(Operator(node.name + ":backward", "backward", node, reads,
-                            writes + list(node.workspace.values())))
+                            writes + list(node.backward_workspace.values())))
     return ops

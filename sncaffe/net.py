@@ -146,7 +146,7 @@ class Net:
         layer = node.layer
         taken = []
         try:
-            for k, t in node.workspace.items():
+            for k, t in (node.workspace if op.kind == "forward" else node.backward_workspace).items():
                 off, arr = self.device.alloc(t.shape, t.dtype, t.name)
                 taken.append(off)
                 layer.workspace[k] = arr

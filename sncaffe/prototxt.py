@@ -232,3 +232,51 @@ def prepare_net(param, phase=TRAIN, stages=(), level=None):
 def load_net(path, phase=TRAIN, stages=(), level=None):
     """Read a net prototxt and prepare it for ``phase`` (filter, inputs, splits)."""
     return prepare_net(read_text(path, pb.NetParameter()), phase, stages, level)
+
+
+DATA_LAYERS = ("Data", "ImageData", "HDF5Data", "MemoryData", "WindowData")
+
+
+def replace_data_layers(param, shapes: dict):
+    """A copy of ``param`` whose data layers are Input layers giving ``shapes[top]``.
+
+    How a user times or tests a train_val net without its dataset, as ``caffe
+    time`` would need one; tops missing from ``shapes`` are an error.
+    """
+    out = pb.NetParameter()
+    out.CopyFrom(param)
+    for layer in out.layer:
+        if layer.type not in DATA_LAYERS:
+            continue
+        missing = [t for t in layer.top if t not in shapes]
+        if missing:
+            raise PrototxtError(f'layer "{layer.name}" ({layer.type}): no input shape given for top "{missing[0]}"')
+        new = pb.LayerParameter(name=layer.name, type="Input", top=layer.top)
+        new.include.extend(layer.include)
+        new.exclude.extend(layer.exclude)
+        for t in layer.top:
+            new.input_param.shape.add().dim.extend(int(d) for d in shapes[t])
+        layer.CopyFrom(new)
+    return out
+
+
+def set_batch(param, n: int):
+    """A copy of ``param`` with batch size ``n`` in every Input, DummyData and data layer."""
+    out = pb.NetParameter()
+    out.CopyFrom(upgrade_inputs(param))
+    for layer in out.layer:
+        if layer.type == "Input":
+            for s in layer.input_param.shape:
+                if s.dim:
+                    s.dim[0] = n
+        elif layer.type == "DummyData":
+            for s in layer.dummy_data_param.shape:
+                if s.dim:
+                    s.dim[0] = n
+            for i in range(len(layer.dummy_data_param.num)):
+                layer.dummy_data_param.num[i] = n
+        else:
+            for field in ("data_param", "image_data_param", "hdf5_data_param", "memory_data_param"):
+                if layer.HasField(field):
+                    getattr(layer, field).batch_size = n
+    return out

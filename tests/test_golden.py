@@ -10,6 +10,10 @@ CASES = sorted(p.relative_to(SHARED / "golden").as_posix()
                for kind in ("layers", "nets") for p in (SHARED / "golden" / kind).iterdir()) if SHARED else []
 
 
+def attr_list(value):
+    return (value.decode() if isinstance(value, bytes) else str(value)).split("\n")
+
+
 def key(name):
     return name.replace("/", "|")
 
@@ -22,8 +26,8 @@ def test_golden_case(case):
     net = Net(d / "net.prototxt", "TRAIN", weights=d / "weights.caffemodel")
     with h5py.File(d / "input.h5") as inp, h5py.File(d / "expected.h5") as exp:
         assert net.graph.param.layer[0].name == "input"
-        assert list(net.blobs) == exp.attrs["blob_names"].split("\n")
-        assert net.layer_names == exp.attrs["layer_names"].split("\n")
+        assert list(net.blobs) == attr_list(exp.attrs["blob_names"])
+        assert net.layer_names == attr_list(exp.attrs["layer_names"])
         for name, arr in inp["inputs"].items():
             net.blobs[name.replace("|", "/")].data[...] = arr[()]
         loss = net.forward()

@@ -12,6 +12,8 @@ needs and the executor carves it from the device pool before each call:
 - ``self.workspace_specs`` {name: (shape, dtype)} needed only inside one
                           forward or backward call (im2col buffers); bound
                           as ``self.workspace[name]``.
+- ``self.backward_workspace_specs`` the same for backward only, where it
+                          differs (None: backward uses workspace_specs too).
 
 dtype ``None`` in a spec means "the blobs' dtype" (float32 in a run, float64
 in the gradient checker).
@@ -82,6 +84,7 @@ class Layer:
         self.param_shapes: list[tuple] = []
         self.scratch_specs: dict = {}
         self.workspace_specs: dict = {}
+        self.backward_workspace_specs: dict | None = None
         self.blobs: list[Blob] = []
         self.scratch: dict = {}
         self.workspace: dict = {}

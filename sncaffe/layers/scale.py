@@ -1,0 +1,133 @@
+"""Scale and Bias: multiply or add a blob broadcast along axes [axis, axis + num_axes) of bottom[0].
+
+The scale (or bias) is a learned blob, or bottom[1] when given. Both view
+bottom[0] as (outer, dim, inner) around the broadcast axes, as Caffe does.
+"""
+from __future__ import annotations
+
+from .base import Layer, array_module, canonical_axis, count, register
+
+
+class _BroadcastLayer(Layer):
+    """Shared shape logic: the operand's shape and the (outer, dim, inner) view of bottom[0]."""
+    min_bottoms, max_bottoms, exact_tops = 1, 2, 1
+
+    def operand_shape(self, p, bottom_shapes):
+        """The scale/bias shape: bottom[1]'s, or bottom[0].shape[axis:axis+num_axes]."""
+        shape = tuple(bottom_shapes[0])
+        if len(bottom_shapes) > 1:
+            operand = tuple(bottom_shapes[1])
+        else:
+            axis = canonical_axis(self, p.axis, len(shape))
+            if p.num_axes < -1:
+                raise self.error(f"num_axes must be >= 0, or -1 for all remaining axes; got {p.num_axes}")
+            end = len(shape) if p.num_axes == -1 else axis + p.num_axes
+            if end > len(shape):
+                raise self.error(f"axis {p.axis} + num_axes {p.num_axes} extends past bottom shape {shape}")
+            operand = shape[axis:end]
+        # A scalar operand broadcasts the same along any axis; Caffe takes axis 0.
+        axis = canonical_axis(self, p.axis, len(shape)) if operand else 0
+        if shape[axis:axis + len(operand)] != operand:
+            raise self.error(f"shape {operand} does not match bottom shape {shape} from axis {axis}")
+        self.view = (count(shape, 0, axis), count(operand), count(shape, axis + len(operand)))
+        return operand
+
+    def as3(self, a):
+        return a.reshape(self.view)
+
+    def operand3(self, a):
+        return a.reshape(1, self.view[1], 1)
+
+    def sum_into(self, total, target, accumulate):
+        """A (dim,) sum over outer and inner: += into a parameter diff, = into a bottom diff."""
+        total = total.reshape(target.shape)
+        if accumulate:
+            target += total
+        else:
+            target[...] = total
+
+    def fill(self, blob, filler, rng):
+        from ..fillers import fill
+        fill(filler, blob.data, rng)
+
+
+@register
+class Scale(_BroadcastLayer):
+    """top = bottom[0] * scale (+ bias with bias_term). Blobs: [scale] (one bottom), then [bias].
+
+    In place, a copy of the input is kept in scratch for the scale's gradient, as in Caffe.
+    """
+    type = "Scale"
+
+    def setup(self, bottom_shapes):
+        p = self.param.scale_param
+        shape = self.operand_shape(p, bottom_shapes)
+        self.scale_is_param = len(bottom_shapes) == 1
+        self.bias_term = p.bias_term
+        self.param_shapes = [shape] * (self.scale_is_param + self.bias_term)
+        if self.inplace:
+            self.scratch_specs = {"bottom": (tuple(bottom_shapes[0]), None)}
+        self.backward_needs = () if self.inplace and self.scale_is_param else ("bottom",)
+        return [tuple(bottom_shapes[0])]
+
+    def init_params(self, rng):
+        from ..proto import sncaffe_pb2 as pb
+        p = self.param.scale_param
+        if self.scale_is_param:
+            filler = p.filler if p.HasField("filler") else pb.FillerParameter(type="constant", value=1)
+            self.fill(self.blobs[0], filler, rng)
+        if self.bias_term:
+            self.fill(self.blobs[-1], p.bias_filler, rng)
+
+    def scale_blob(self, bottom):
+        return self.blobs[0] if self.scale_is_param else bottom[1]
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        if self.inplace:
+            self.scratch["bottom"][...] = x
+        y3 = self.as3(top[0].data)
+        array_module(x).multiply(self.as3(x), self.operand3(self.scale_blob(bottom).data), out=y3)
+        if self.bias_term:
+            y3 += self.operand3(self.blobs[-1].data)
+
+    def backward(self, top, propagate_down, bottom):
+        xp = array_module(top[0].diff)
+        dy3 = self.as3(top[0].diff)
+        scale = self.scale_blob(bottom)
+        if self.bias_term:
+            self.sum_into(dy3.sum(axis=(0, 2)), self.blobs[-1].diff, True)
+        if self.scale_is_param or propagate_down[1]:
+            x3 = self.as3(self.scratch["bottom"] if self.inplace else bottom[0].data)
+            self.sum_into(xp.einsum("ijk,ijk->j", dy3, x3), scale.diff, self.scale_is_param)
+        if propagate_down[0]:
+            xp.multiply(dy3, self.operand3(scale.data), out=self.as3(bottom[0].diff))
+
+
+@register
+class Bias(_BroadcastLayer):
+    """top = bottom[0] + bias. Blobs: [bias] unless it is bottom[1]."""
+    type = "Bias"
+    backward_needs = ()
+
+    def setup(self, bottom_shapes):
+        shape = self.operand_shape(self.param.bias_param, bottom_shapes)
+        self.bias_is_param = len(bottom_shapes) == 1
+        self.param_shapes = [shape] if self.bias_is_param else []
+        return [tuple(bottom_shapes[0])]
+
+    def init_params(self, rng):
+        self.fill(self.blobs[0], self.param.bias_param.filler, rng)   # unset: constant 0
+
+    def forward(self, bottom, top):
+        bias = self.blobs[0] if self.bias_is_param else bottom[1]
+        array_module(bias.data).add(self.as3(bottom[0].data), self.operand3(bias.data),
+                                    out=self.as3(top[0].data))
+
+    def backward(self, top, propagate_down, bottom):
+        dy = top[0].diff
+        if self.bias_is_param or propagate_down[1]:
+            target = self.blobs[0].diff if self.bias_is_param else bottom[1].diff
+            self.sum_into(self.as3(dy).sum(axis=(0, 2)), target, self.bias_is_param)
+        if propagate_down[0] and bottom[0].diff is not dy:
+            bottom[0].diff[...] = dy

@@ -1,0 +1,325 @@
+"""Layers that combine, cut, copy or reshape blobs: Eltwise, Concat, Slice, Split,
+Flatten, Reshape, Silence (Caffe's eltwise, concat, slice, split, flatten,
+reshape and silence layers).
+
+Where Caffe shares memory between top and bottom (Split's data, Flatten's and
+Reshape's data and diff, a one-bottom Concat or one-top Slice) the executor may
+bind both to the same memory; then the copy is skipped, else it is made.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+
+import numpy as np
+
+from .base import Layer, array_module, canonical_axis, count, register
+
+
+def same_memory(a, b) -> bool:
+    """True when a and b are the same memory (views of one buffer, maybe reshaped)."""
+    return a.size == b.size and bool(array_module(a).shares_memory(a, b))
+
+
+def assign(dst, src) -> None:
+    """dst[...] = src (reshaped to dst's shape), skipped when the executor aliased them."""
+    if not same_memory(dst, src):
+        dst[...] = src.reshape(dst.shape)
+
+
+def bottom_name(layer, i) -> str:
+    return layer.param.bottom[i] if i < len(layer.param.bottom) else f"bottom[{i}]"
+
+
+def check_not_inplace(layer) -> None:
+    if set(layer.param.top) & set(layer.param.bottom):
+        raise layer.error("does not allow in-place computation")
+
+
+def cut_axis(layer, p, legacy: str, num_axes: int) -> int:
+    """Concat's/Slice's axis: ``axis``, or the legacy ``concat_dim``/``slice_dim``."""
+    if num_axes == 0:
+        raise layer.error("needs a bottom with at least one axis")
+    if p.HasField("axis") and p.HasField(legacy):
+        raise layer.error(f"Either axis or {legacy} should be specified; not both.")
+    if p.HasField(legacy):
+        axis = getattr(p, legacy)
+        if axis >= num_axes:
+            raise layer.error(f"{legacy} {axis} out of range for a {num_axes}-axis bottom")
+        return axis
+    return canonical_axis(layer, p.axis, num_axes)
+
+
+def pieces(a, outer, sizes, inner):
+    """Views of ``a`` cut along one axis: a as (outer, sum(sizes), inner), cut into sizes."""
+    a3 = a.reshape(outer, sum(sizes), inner)
+    return [a3[:, o:o + n] for o, n in zip(accumulate(sizes, initial=0), sizes)]
+
+
+@register
+class Eltwise(Layer):
+    """Elementwise PROD, SUM (with one coeff per bottom) or MAX of same-shape bottoms."""
+    type = "Eltwise"
+    min_bottoms, exact_tops = 2, 1
+
+    def setup(self, bottom_shapes):
+        p = self.param.eltwise_param
+        n = len(bottom_shapes)
+        self.op = p.EltwiseOp.Name(p.operation)
+        if p.coeff and self.op == "PROD":
+            raise self.error("Eltwise layer only takes coefficients for summation.")
+        if p.coeff and len(p.coeff) != n:
+            raise self.error(f"takes one coeff per bottom: {len(p.coeff)} coeff(s) for {n} bottoms")
+        self.coeffs = list(p.coeff) or [1.0] * n
+        self.stable_prod_grad = p.stable_prod_grad
+        shape = tuple(bottom_shapes[0])
+        for i, s in enumerate(bottom_shapes[1:], 1):
+            if tuple(s) != shape:
+                raise self.error(f'bottom "{bottom_name(self, i)}" shape {tuple(s)} differs from '
+                                 f'bottom "{bottom_name(self, 0)}" shape {shape}')
+        if self.op == "MAX":
+            self.scratch_specs = {"argmax": (shape, np.int32)}     # which bottom won, per element
+            self.workspace_specs = {"mask": (shape, np.bool_)}
+        elif self.op == "SUM" and any(c != 1 for c in self.coeffs):
+            self.workspace_specs = {"scaled": (shape, None)}
+        if self.op == "PROD":
+            self.backward_needs = ("bottom",) if self.stable_prod_grad else ("bottom", "top")
+        else:
+            self.backward_needs = ()
+        return [shape]
+
+    def forward(self, bottom, top):
+        xp = array_module(bottom[0].data)
+        y, x = top[0].data, [b.data for b in bottom]
+        if self.op == "PROD":
+            xp.multiply(x[0], x[1], out=y)
+            for xi in x[2:]:
+                y *= xi
+        elif self.op == "SUM":
+            xp.multiply(x[0], self.coeffs[0], out=y)
+            for xi, c in zip(x[1:], self.coeffs[1:]):
+                if c == 1:
+                    y += xi
+                else:
+                    y += xp.multiply(xi, c, out=self.workspace["scaled"])
+        else:
+            # Caffe's order: ties between bottoms 0 and 1 go to 1, later ties keep the earlier
+            argmax, mask = self.scratch["argmax"], self.workspace["mask"]
+            xp.greater(x[0], x[1], out=mask)
+            xp.copyto(y, x[1])
+            xp.copyto(y, x[0], where=mask)
+            argmax.fill(1)
+            xp.copyto(argmax, 0, where=mask)
+            for i, xi in enumerate(x[2:], 2):
+                xp.greater(xi, y, out=mask)
+                xp.copyto(y, xi, where=mask)
+                xp.copyto(argmax, i, where=mask)
+
+    def backward(self, top, propagate_down, bottom):
+        xp = array_module(top[0].diff)
+        dy = top[0].diff
+        for i, b in enumerate(bottom):
+            if not propagate_down[i]:
+                continue
+            dx = b.diff
+            if self.op == "PROD":
+                if self.stable_prod_grad:      # the product of the other bottoms
+                    others = [o.data for j, o in enumerate(bottom) if j != i]
+                    xp.copyto(dx, others[0])
+                    for o in others[1:]:
+                        dx *= o
+                else:
+                    xp.divide(top[0].data, b.data, out=dx)
+                dx *= dy
+            elif self.op == "SUM":
+                xp.multiply(dy, self.coeffs[i], out=dx)
+            else:
+                mask = self.workspace["mask"]
+                xp.equal(self.scratch["argmax"], i, out=mask)
+                dx.fill(0)
+                xp.copyto(dx, dy, where=mask)
+
+
+@register
+class Concat(Layer):
+    """Join bottoms along ``axis``; all other dims must agree."""
+    type = "Concat"
+    min_bottoms, exact_tops = 1, 1
+    backward_needs = ()
+
+    def setup(self, bottom_shapes):
+        first = tuple(bottom_shapes[0])
+        axis = cut_axis(self, self.param.concat_param, "concat_dim", len(first))
+        for i, s in enumerate(bottom_shapes[1:], 1):
+            s = tuple(s)
+            if len(s) != len(first) or s[:axis] != first[:axis] or s[axis + 1:] != first[axis + 1:]:
+                raise self.error(f'bottom "{bottom_name(self, i)}" shape {s} and bottom '
+                                 f'"{bottom_name(self, 0)}" shape {first} differ outside '
+                                 f'concat axis {axis}')
+        self.outer, self.inner = count(first, 0, axis), count(first, axis + 1)
+        self.sizes = [s[axis] for s in bottom_shapes]
+        return [first[:axis] + (sum(self.sizes),) + first[axis + 1:]]
+
+    def forward(self, bottom, top):
+        for piece, b in zip(pieces(top[0].data, self.outer, self.sizes, self.inner), bottom):
+            assign(piece, b.data)
+
+    def backward(self, top, propagate_down, bottom):
+        for i, piece in enumerate(pieces(top[0].diff, self.outer, self.sizes, self.inner)):
+            if propagate_down[i]:
+                assign(bottom[i].diff, piece)
+
+
+@register
+class Slice(Layer):
+    """Cut the bottom along ``axis`` at ``slice_point``s, or into equal parts per top."""
+    type = "Slice"
+    exact_bottoms, min_tops = 1, 1
+    backward_needs = ()
+
+    def setup(self, bottom_shapes):
+        p = self.param.slice_param
+        shape = tuple(bottom_shapes[0])
+        axis = cut_axis(self, p, "slice_dim", len(shape))
+        n_tops, dim = len(self.param.top), shape[axis]
+        points = list(p.slice_point)
+        if points:
+            if len(points) != n_tops - 1:
+                raise self.error(f"{len(points)} slice_point(s) need {len(points) + 1} tops, "
+                                 f"got {n_tops}")
+            bounds = [0] + points + [dim]
+            sizes = [hi - lo for lo, hi in zip(bounds, bounds[1:])]
+            if n_tops > dim or min(sizes[:-1]) <= 0 or sizes[-1] < 0:
+                raise self.error(f"slice_point {points} must rise strictly inside axis {axis} "
+                                 f"of size {dim} (bottom shape {shape})")
+        else:
+            if dim % n_tops:
+                raise self.error(f"{n_tops} tops do not evenly divide axis {axis} of size {dim} "
+                                 f"(bottom shape {shape})")
+            sizes = [dim // n_tops] * n_tops
+        self.outer, self.inner, self.sizes = count(shape, 0, axis), count(shape, axis + 1), sizes
+        return [shape[:axis] + (n,) + shape[axis + 1:] for n in sizes]
+
+    def forward(self, bottom, top):
+        for piece, t in zip(pieces(bottom[0].data, self.outer, self.sizes, self.inner), top):
+            assign(t.data, piece)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            for piece, t in zip(pieces(bottom[0].diff, self.outer, self.sizes, self.inner), top):
+                assign(piece, t.diff)
+
+
+@register
+class Split(Layer):
+    """Copy one bottom to N tops (data may be shared); backward sums the top diffs."""
+    type = "Split"
+    exact_bottoms, min_tops = 1, 1
+    backward_needs = ()
+
+    def setup(self, bottom_shapes):
+        check_not_inplace(self)
+        return [tuple(bottom_shapes[0])] * len(self.param.top)
+
+    def forward(self, bottom, top):
+        for t in top:
+            assign(t.data, bottom[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dx = bottom[0].diff
+        if len(top) == 1:
+            assign(dx, top[0].diff)
+            return
+        array_module(dx).add(top[0].diff, top[1].diff, out=dx)
+        for t in top[2:]:
+            dx += t.diff
+
+
+class _View(Layer):
+    """A top that is the bottom under another shape (Caffe shares data and diff)."""
+    exact_bottoms = exact_tops = 1
+    backward_needs = ()
+
+    def forward(self, bottom, top):
+        assign(top[0].data, bottom[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            assign(bottom[0].diff, top[0].diff)
+
+
+@register
+class Flatten(_View):
+    """Merge axes ``axis`` .. ``end_axis`` (inclusive) into one."""
+    type = "Flatten"
+
+    def setup(self, bottom_shapes):
+        check_not_inplace(self)
+        p, shape = self.param.flatten_param, tuple(bottom_shapes[0])
+        start = canonical_axis(self, p.axis, len(shape))
+        end = canonical_axis(self, p.end_axis, len(shape))
+        if end + 1 < start:
+            raise self.error(f"end_axis {p.end_axis} comes before axis {p.axis} "
+                             f"for bottom shape {shape}")
+        return [shape[:start] + (count(shape, start, end + 1),) + shape[end + 1:]]
+
+
+@register
+class Reshape(_View):
+    """Replace axes [axis, axis + num_axes) by ``shape``: 0 copies a bottom dim, -1 is inferred."""
+    type = "Reshape"
+
+    def setup(self, bottom_shapes):
+        check_not_inplace(self)
+        p, shape = self.param.reshape_param, tuple(bottom_shapes[0])
+        dims, n = list(p.shape.dim), len(shape)
+        if dims.count(-1) > 1:
+            raise self.error(f"shape {dims} has more than one -1 (at most one dim is inferred)")
+        if any(d < -1 for d in dims):
+            raise self.error(f"shape {dims} has a dim below -1")
+        start = p.axis if p.axis >= 0 else n + p.axis + 1
+        if not 0 <= start <= n:
+            raise self.error(f"axis {p.axis} out of range for a {n}-axis bottom {shape}")
+        if p.num_axes < -1:
+            raise self.error(f"num_axes {p.num_axes} must be >= 0, or -1 for all")
+        end = n if p.num_axes == -1 else start + p.num_axes
+        if end > n:
+            raise self.error(f"axis {p.axis} + num_axes {p.num_axes} out of range for bottom {shape}")
+        new = list(dims)
+        for i, d in enumerate(dims):
+            if d == 0:
+                if start + i >= n:
+                    raise self.error(f"shape {dims} has a 0 at {i} but bottom {shape} has no "
+                                     f"axis {start + i} to copy")
+                new[i] = shape[start + i]
+        if -1 in new:
+            known = count(shape, 0, start) * count(shape, end) * count([d for d in new if d != -1])
+            if known == 0 or count(shape) % known:
+                raise self.error(f"bottom count {count(shape)} (shape {shape}) is not divisible "
+                                 f"by the product of the specified dims {known}")
+            new[new.index(-1)] = count(shape) // known
+        top_shape = shape[:start] + tuple(new) + shape[end:]
+        if count(top_shape) != count(shape):
+            raise self.error(f"output count {count(top_shape)} (shape {top_shape}) must match "
+                             f"input count {count(shape)} (shape {shape})")
+        return [top_shape]
+
+
+@register
+class Silence(Layer):
+    """Consume bottoms so they count as used; backward writes zero diffs, as Caffe does."""
+    type = "Silence"
+    min_bottoms, exact_tops = 1, 0
+    backward_needs = ()
+
+    def setup(self, bottom_shapes):
+        return []
+
+    def forward(self, bottom, top):
+        pass
+
+    def backward(self, top, propagate_down, bottom):
+        for b, down in zip(bottom, propagate_down):
+            if down:
+                b.diff.fill(0)

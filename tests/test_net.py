@@ -1,0 +1,139 @@
+import numpy as np
+import pytest
+
+from sncaffe import Net
+from sncaffe.backend.cpu import CPUDevice
+from sncaffe.graph import GraphError
+from sncaffe.mem.pool import align
+from sncaffe.proto import sncaffe_pb2 as pb
+from sncaffe.prototxt import parse_text
+
+SMALL = """
+name: "small"
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" %s
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def small(extra="", **kw):
+    return Net(parse_text(SMALL % extra, pb.NetParameter()), "TRAIN", device=CPUDevice(64 << 20), **kw)
+
+
+def fill(net, seed=0):
+    rng = np.random.default_rng(seed)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].data.shape)
+    net.blobs["label"].data[...] = [0, 2]
+
+
+def test_every_tensor_is_carved_from_the_pool():
+    net = small()
+    arena = net.device.arena
+    arrays = [a for b in net.blobs.values() for a in (b.data, b.diff) if a is not None]
+    arrays += [a for bl in net.params.values() for b in bl for a in (b.data, b.diff)]
+    arrays += [a for layer in net.layers for a in layer.scratch.values()]
+    assert all(np.shares_memory(a, arena) for a in arrays)
+    roots = {id(t.root): t.root for op in net.graph.ops for t in op.reads + op.writes if t.kind != "workspace"}
+    assert net.device.pool.in_use == sum(align(t.nbytes) for t in roots.values())
+    workspace = max((sum(align(t.nbytes) for t in ws.values()) for n in net.graph.layers
+                     for ws in (n.workspace, n.backward_workspace)), default=0)
+    fill(net)
+    net.forward()
+    net.backward()
+    assert net.device.pool.peak == net.device.pool.in_use + workspace
+
+
+def test_forward_backward_and_gradient_against_finite_differences():
+    net = small()
+    fill(net)
+    loss = net.forward()
+    assert loss > 0
+    net.clear_param_diffs()
+    net.backward()
+    w = net.params["ip"][0]
+    i = (1, 5)
+    analytic = float(w.diff[i])
+    old = float(w.data[i])
+    eps = 1e-2
+    w.data[i] = old + eps
+    lp = net.forward()
+    w.data[i] = old - eps
+    lm = net.forward()
+    w.data[i] = old
+    assert analytic == pytest.approx((lp - lm) / (2 * eps), rel=1e-2, abs=1e-4)
+
+
+def test_backward_decisions_follow_caffe():
+    net = small()
+    assert net.blobs["data"].diff is None          # no force_backward: no gradient for the data
+    assert net.blobs["label"].diff is None
+    frozen = small('param { lr_mult: 0 } param { lr_mult: 0 }')
+    assert frozen.graph.layer("conv1").need_backward is False
+    assert frozen.graph.layer("pool1").need_backward is True
+    fill(frozen)
+    frozen.forward(); frozen.backward()
+    assert not np.any(frozen.params["conv1"][0].diff)
+    p = parse_text(SMALL % "", pb.NetParameter())
+    p.force_backward = True
+    forced = Net(p, "TRAIN", device=CPUDevice(64 << 20))
+    assert forced.blobs["data"].diff is not None and forced.blobs["label"].diff is None
+
+
+def test_layers_not_under_a_loss_get_no_backward():
+    text = (SMALL % "") + 'layer { name: "side" type: "TanH" bottom: "pool1" top: "side" }'
+    net = Net(parse_text(text, pb.NetParameter()), "TRAIN", device=CPUDevice(64 << 20))
+    assert net.graph.layer("side").need_backward is False
+    assert "side" in net.outputs and "pool1_pool1_0_split_0" in net.blobs
+
+
+def test_caffemodel_round_trip(tmp_path):
+    a = small(seed=1)
+    path = tmp_path / "a.caffemodel"
+    a.save(path)
+    b = small(seed=2, weights=path)
+    for name in a.params:
+        for x, y in zip(a.params[name], b.params[name]):
+            np.testing.assert_array_equal(x.data, y.data)
+    parsed = pb.NetParameter.FromString(path.read_bytes())
+    assert [len(layer.blobs) for layer in parsed.layer if layer.blobs] == [2, 2]
+
+
+def test_caffemodel_shape_mismatch_names_the_layer(tmp_path):
+    p = parse_text(SMALL % "", pb.NetParameter())
+    p.layer[1].convolution_param.num_output = 5
+    other = Net(p, "TRAIN", device=CPUDevice(64 << 20))
+    other.save(tmp_path / "o.caffemodel")
+    with pytest.raises(ValueError, match=r'layer "conv1" blob 0: shape \(5, 3, 3, 3\) in the file, \(4, 3, 3, 3\)'):
+        small(weights=tmp_path / "o.caffemodel")
+
+
+def test_unsupported_type_and_shape_mismatch_name_the_layers():
+    bad = 'layer { name: "input" type: "Input" top: "x" input_param { shape { dim: 1 } } }' \
+          'layer { name: "w" type: "Warp" bottom: "x" top: "y" }'
+    with pytest.raises(GraphError, match='layer "w": unsupported layer type "Warp"'):
+        Net(parse_text(bad, pb.NetParameter()))
+    mismatch = """
+      layer { name: "input" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 dim: 6 dim: 6 } } }
+      layer { name: "c1" type: "Convolution" bottom: "x" top: "a" convolution_param { num_output: 2 kernel_size: 3 } }
+      layer { name: "c2" type: "Convolution" bottom: "x" top: "b" convolution_param { num_output: 2 kernel_size: 1 } }
+      layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }
+    """
+    with pytest.raises(GraphError) as e:
+        Net(parse_text(mismatch, pb.NetParameter()))
+    msg = str(e.value)
+    assert 'layer "sum"' in msg and 'layer "c1"' in msg and 'layer "c2"' in msg
+    dup = 'layer { name: "input" type: "Input" top: "x" input_param { shape { dim: 1 } } }' \
+          'layer { name: "r" type: "TanH" bottom: "x" top: "x2" }' \
+          'layer { name: "s" type: "TanH" bottom: "x" top: "x2" }'
+    with pytest.raises(GraphError, match='top blob "x2" is already produced by layer "r"'):
+        Net(parse_text(dup, pb.NetParameter()))
+
+
+def test_out_of_memory_names_the_tensor():
+    with pytest.raises(MemoryError, match='tensor "'):
+        Net(parse_text(SMALL % "", pb.NetParameter()), "TRAIN", device=CPUDevice(4096))

@@ -1,7 +1,7 @@
 """Layers, one module per family; ``REGISTRY`` maps a prototxt type to its class."""
 from .base import REGISTRY, TRAIN, TEST, Blob, Layer, LayerError, register  # noqa: F401
 from . import (data, conv, pooling, neuron, normalization, scale,  # noqa: F401
-               inner_product, structure, loss)
+               inner_product, structure, loss, dataset)
 
 
 def create_layer(param, phase=TRAIN) -> Layer:

@@ -1,0 +1,190 @@
+"""Normalization layers: LRN (local response normalization) and BatchNorm."""
+from __future__ import annotations
+
+import itertools
+
+from .base import TEST, Layer, array_module, count, register
+from .pooling import padded_view
+
+ACROSS_CHANNELS = 0     # LRNParameter.NormRegion
+
+
+def window_sum(padded, out, size, axes):
+    """out = sum of ``padded`` over a window of ``size`` cells along each of
+    ``axes`` (``padded`` is out's shape plus size-1 cells on those axes)."""
+    for t, offsets in enumerate(itertools.product(range(size), repeat=len(axes))):
+        win = [slice(None)] * out.ndim
+        for a, o in zip(axes, offsets):
+            win[a] = slice(o, o + out.shape[a])
+        if t == 0:
+            out[...] = padded[tuple(win)]
+        else:
+            out += padded[tuple(win)]
+
+
+@register
+class LRN(Layer):
+    """Caffe's LRN: y = x * scale^-beta, scale = k + alpha/n * (sum of x^2 over
+    a zero-padded window of n cells centred on x).
+
+    ACROSS_CHANNELS: the window is local_size channels, n = local_size.
+    WITHIN_CHANNEL: a local_size x local_size square in one channel, k = 1 and
+    n = local_size^2 whatever lrn_param.k says, as Caffe builds it from Power,
+    AVE pooling (whose divisor counts the padding) and Eltwise PROD.
+    ``scale`` is kept in scratch for backward. Not in place: backward reads x and y.
+    """
+    type = "LRN"
+    exact_bottoms = exact_tops = 1
+    backward_needs = ("bottom", "top")
+
+    def setup(self, bottom_shapes):
+        lp = self.param.lrn_param
+        shape = tuple(bottom_shapes[0])
+        if len(shape) != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width), got {shape}")
+        if lp.local_size % 2 == 0:
+            raise self.error(f"local_size must be odd, got {lp.local_size}")
+        if self.param.top[0] == self.param.bottom[0]:
+            raise self.error("LRN cannot run in place")
+        self.size, self.beta = lp.local_size, lp.beta
+        if lp.norm_region == ACROSS_CHANNELS:
+            self.axes, self.k, n = (1,), lp.k, self.size
+        else:
+            self.axes, self.k, n = (2, 3), 1.0, self.size ** 2
+        self.alpha_over_n = lp.alpha / n
+        pre = (self.size - 1) // 2
+        self.offsets = tuple(pre if a in self.axes else 0 for a in range(4))
+        padded = tuple(d + 2 * pre if a in self.axes else d for a, d in enumerate(shape))
+        self.scratch_specs = {"scale": (shape, None)}
+        self.workspace_specs = {"padded": (padded, None)}
+        return [shape]
+
+    def forward(self, bottom, top):
+        x, y, scale = bottom[0].data, top[0].data, self.scratch["scale"]
+        xp = array_module(x)
+        ws = self.workspace["padded"]
+        xp.multiply(x, x, out=padded_view(ws, x.shape, self.offsets, 0))
+        window_sum(ws, scale, self.size, self.axes)
+        scale *= self.alpha_over_n
+        scale += self.k
+        xp.power(scale, -self.beta, out=y)
+        y *= x
+
+    def backward(self, top, propagate_down, bottom):
+        # dx = dy * scale^-beta - 2 alpha beta / n * x * window_sum(dy * y / scale)
+        if not propagate_down[0]:
+            return
+        x, y, dy, dx = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
+        scale = self.scratch["scale"]
+        xp = array_module(x)
+        ws = self.workspace["padded"]
+        inner = padded_view(ws, x.shape, self.offsets, 0)
+        xp.multiply(dy, y, out=inner)
+        inner /= scale
+        window_sum(ws, dx, self.size, self.axes)    # the window is symmetric: its own adjoint
+        dx *= x
+        dx *= -2 * self.alpha_over_n * self.beta
+        xp.power(scale, -self.beta, out=inner)
+        inner *= dy
+        dx += inner
+
+
+@register
+class BatchNorm(Layer):
+    """Caffe's BatchNorm: y = (x - mean) / sqrt(var + eps) per channel (axis 1).
+
+    Stored blobs (Caffe's order, never learned): [0] mean sum (C,), [1]
+    variance sum (C,), [2] scale factor (1,). use_global_stats defaults to
+    (phase == TEST).
+
+    - Without global stats the batch mean and biased variance (over N and
+      the spatial axes) normalize, and ``forward(bottom, top, update_stats=True)``
+      folds them into the running sums: factor = maf*factor + 1,
+      mean_sum = maf*mean_sum + mean, var_sum = maf*var_sum + m/(m-1)*var
+      (m = N*H*W). A recomputed forward (memory runtime) must pass
+      ``update_stats=False`` so the statistics move once per iteration.
+    - With global stats, mean = mean_sum/factor and var = var_sum/factor
+      (0 when factor is 0, as in Caffe).
+
+    Runs in place: backward reads only the top diff and scratch (``x_norm``,
+    ``std``), never bottom or top data.
+    """
+    type = "BatchNorm"
+    exact_bottoms = exact_tops = 1
+    learnable = False
+    backward_needs = ()
+
+    def setup(self, bottom_shapes):
+        bp = self.param.batch_norm_param
+        shape = tuple(bottom_shapes[0])
+        if any(spec.lr_mult != 0 for spec in self.param.param):
+            raise self.error("cannot configure batch normalization statistics as layer "
+                             "parameters: every param lr_mult must be 0")
+        self.use_global_stats = (bp.use_global_stats if bp.HasField("use_global_stats")
+                                 else self.phase == TEST)
+        self.maf, self.eps = bp.moving_average_fraction, bp.eps
+        C = shape[1] if len(shape) > 1 else 1
+        self.view = (shape[0], C, count(shape, 2))      # (num, channels, spatial)
+        self.param_shapes = [(C,), (C,), (1,)]
+        self.scratch_specs = {"std": ((C,), None)}
+        if not self.use_global_stats:
+            self.scratch_specs["x_norm"] = (shape, None)
+            self.workspace_specs = {"temp": (shape, None)}
+        return [shape]
+
+    def init_params(self, rng):
+        for blob in self.blobs:
+            blob.data[...] = 0
+
+    def forward(self, bottom, top, *, update_stats=True):
+        x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
+        xp = array_module(x)
+        std = self.scratch["std"]
+        if self.use_global_stats:
+            factor = self.blobs[2].data
+            inv_factor = (factor != 0) / xp.where(factor == 0, 1, factor)   # no host sync
+            xp.subtract(x, (self.blobs[0].data * inv_factor)[:, None], out=y)
+            xp.multiply(self.blobs[1].data, inv_factor, out=std)
+        else:
+            m = self.view[0] * self.view[2]
+            mean = x.sum(axis=(0, 2)) / m
+            xp.subtract(x, mean[:, None], out=y)
+            x_norm = self.scratch["x_norm"].reshape(self.view)
+            xp.square(y, out=x_norm)
+            xp.divide(x_norm.sum(axis=(0, 2)), m, out=std)      # the biased variance
+            if update_stats:
+                self._update_stats(mean, std, m)
+        std += self.eps
+        xp.sqrt(std, out=std)
+        y /= std[:, None]
+        if not self.use_global_stats:
+            x_norm[...] = y
+
+    def _update_stats(self, mean, var, m):
+        mean_sum, var_sum, factor = (b.data for b in self.blobs)
+        factor *= self.maf
+        factor += 1
+        mean_sum *= self.maf
+        mean_sum += mean
+        var_sum *= self.maf
+        var_sum += var * (m / (m - 1) if m > 1 else 1)
+
+    def backward(self, top, propagate_down, bottom):
+        # dx = (dy - mean(dy) - mean(dy * x_norm) * x_norm) / std, means over N and spatial
+        if not propagate_down[0]:
+            return
+        dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
+        xp = array_module(dy)
+        std = self.scratch["std"][:, None]
+        if self.use_global_stats:
+            xp.divide(dy, std, out=dx)
+            return
+        m = self.view[0] * self.view[2]
+        x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
+        xp.multiply(x_norm, dy, out=temp)
+        mean_dy_xn = temp.sum(axis=(0, 2)) / m
+        mean_dy = dy.sum(axis=(0, 2)) / m
+        xp.multiply(x_norm, mean_dy_xn[:, None], out=temp)
+        xp.subtract(dy, mean_dy[:, None], out=dx)       # dx may be dy itself (in place)
+        dx -= temp
+        dx /= std

@@ -1,0 +1,527 @@
+"""Caffe's Solver: nets from a SolverParameter, the training loop, testing, snapshots and resume.
+
+``Solver(solver.prototxt)`` builds the train net and the test nets as
+Caffe's Solver::Init does (paths relative to the current directory, NetState
+merged from the solver's train_state/test_state, random_seed seeding every
+net), and ``solve()`` runs Caffe's Solve/Step: the same iteration order, the
+same log lines (through the ``logging`` logger "sncaffe"), the same snapshot
+files. The solver history lives in the device pool next to the net.
+
+Hooks for Python callers and the command line:
+
+- ``feed(net, iteration)``: optional, called before every forward pass: of
+  the train net with ``iteration`` = ``solver.iter`` (each of the iter_size
+  passes of one iteration gets the same number), of test net ``net`` with the
+  test batch index 0..test_iter-1 (``net.phase`` tells them apart). It
+  writes the Input blobs (``net.blobs[name].data[...] = batch``); nets with
+  data layers need none.
+- ``callbacks``: functions called after every update as
+  ``fn(iteration, loss, lr)``: ``iteration`` is the number of updates done
+  (``solver.iter``), ``loss`` the loss as Caffe displays it (smoothed over
+  average_loss), ``lr`` the learning rate of that update.
+- ``request_stop()``: safe from a signal handler; training stops between
+  iterations (or test batches) and ``solve()`` writes a snapshot and returns,
+  like Caffe's SIGINT with -sigint_effect stop plus snapshot_after_train.
+  ``request_snapshot()`` snapshots after the current iteration and goes on.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import OrderedDict, namedtuple
+from pathlib import Path
+
+import numpy as np
+
+from .. import blobproto
+from ..layers.base import Blob, array_module
+from ..net import Net
+from ..proto import sncaffe_pb2 as pb
+from ..prototxt import read_solver, read_text
+from .lr_policy import SolverParamError, check_policy, learning_rate
+from .update import global_norm, make_rule, regularize
+
+log = logging.getLogger("sncaffe")
+
+# One of Caffe's learnable_params, with its params_lr and params_weight_decay.
+Param = namedtuple("Param", "layer index blob lr_mult decay_mult")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a non-finite loss or parameters); the last good snapshot is kept."""
+
+
+class SnapshotError(ValueError):
+    """A .solverstate or .caffemodel that cannot be restored into this solver's net."""
+
+
+def _g(x) -> str:
+    """A number as Caffe's glog prints it (C++ ostream: 6 significant digits)."""
+    return f"{float(x):.6g}"
+
+
+def _host(a):
+    """A NumPy array of a device array (CuPy's .get())."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write next to ``path`` and rename, so an interrupted write never replaces a good file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _upgrade_snapshot_prefix(param, path) -> None:
+    """Caffe's UpgradeSnapshotPrefixProperty: default to the solver file's name, or put it in a directory."""
+    if not param.HasField("snapshot_prefix"):
+        param.snapshot_prefix = str(Path(path).with_suffix(""))
+    elif os.path.isdir(param.snapshot_prefix):
+        param.snapshot_prefix = os.path.join(param.snapshot_prefix, Path(path).stem)
+
+
+class Solver:
+    def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32):
+        if isinstance(param, pb.SolverParameter):
+            self.param = pb.SolverParameter()
+            self.param.CopyFrom(param)
+        else:
+            self.param = read_solver(param)
+            _upgrade_snapshot_prefix(self.param, param)
+        p = self.param
+        self.dtype = np.dtype(dtype)
+        self.rule = make_rule(p, self.dtype)
+        check_policy(p)
+        self._check_settings()
+        if device is None or isinstance(device, str):
+            from ..backend import make_device
+            device = make_device(device or p.device or "cpu")
+        self.device = device
+        self.seed = p.random_seed if p.random_seed >= 0 else int(np.random.SeedSequence().entropy % 2**63)
+        self.net = self._train_net()
+        self.test_nets = self._test_nets()
+        extra = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights or ())
+        for w in list(p.weights) + extra:
+            for path in str(w).split(","):
+                log.info("Finetuning from %s", path)
+                for net in [self.net] + self.test_nets:
+                    net.copy_from(path)
+        for net in self.test_nets:
+            self._share_trained_layers(net)
+        self._learnable = self._learnable_params()
+        self.history = self._alloc_history()
+        self.iter = 0
+        self.current_step = 0
+        self.lr = 0.0
+        self.smoothed_loss = 0.0
+        self._losses = []
+        self.feed = feed
+        self.callbacks = []
+        self.test_scores = [OrderedDict() for _ in self.test_nets]
+        self.last_snapshot = None           # (caffemodel, solverstate) of the last good snapshot
+        self._stop = self._snapshot_now = False
+        log.info("Solver scaffolding done.")
+
+    # -- construction (Solver::Init, InitTrainNet, InitTestNets) --------------
+    def _check_settings(self):
+        p = self.param
+        if p.average_loss < 1:
+            raise SolverParamError(f"average_loss must be >= 1, got {p.average_loss}")
+        if p.iter_size < 1:
+            raise SolverParamError(f"iter_size must be >= 1, got {p.iter_size}")
+        if p.regularization_type not in ("L1", "L2"):
+            raise SolverParamError(f'unknown regularization_type "{p.regularization_type}" (L1 or L2)')
+        if p.snapshot_format != pb.SolverParameter.BINARYPROTO:
+            raise SolverParamError("snapshot_format HDF5 is not supported; use BINARYPROTO (the default)")
+        if p.snapshot > 0 or p.snapshot_after_train:
+            if not p.HasField("snapshot_prefix"):
+                raise SolverParamError("snapshot_prefix is not set (snapshots are written every `snapshot` "
+                                       "iterations and after training unless snapshot_after_train is false)")
+            folder = os.path.dirname(p.snapshot_prefix) or "."
+            if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+                raise SolverParamError(f"cannot write to snapshot prefix '{p.snapshot_prefix}': make sure "
+                                       f"that the directory '{folder}' exists and is writeable")
+
+    def _make_net(self, net_param, state, seed, what):
+        net_param.state.CopyFrom(state)
+        log.info("Creating %s", what)
+        return Net(net_param, state.phase, device=self.device, stages=list(state.stage),
+                   level=state.level, seed=seed, dtype=self.dtype)
+
+    def _train_net(self):
+        p = self.param
+        given = [f for f in ("net", "net_param", "train_net", "train_net_param") if p.HasField(f)]
+        if len(given) != 1:
+            raise SolverParamError("the solver must give exactly one train net in net, net_param, train_net "
+                                   f"or train_net_param (given: {', '.join(given) or 'none'})")
+        field = given[0]
+        if field.endswith("_param"):
+            net_param, source = pb.NetParameter(), f"specified in {field}"
+            net_param.CopyFrom(getattr(p, field))
+        else:
+            net_param = read_text(getattr(p, field), pb.NetParameter())
+            source = f"from {field} file: {getattr(p, field)}"
+        state = pb.NetState(phase=pb.TRAIN)     # solver default < the net's own state < train_state
+        state.MergeFrom(net_param.state)
+        state.MergeFrom(p.train_state)
+        return self._make_net(net_param, state, self.seed, "training net " + source)
+
+    def _test_nets(self):
+        p = self.param
+        generic = [f for f in ("net", "net_param") if p.HasField(f)]
+        if len(generic) > 1:
+            raise SolverParamError("give net or net_param, not both")
+        n_given = len(p.test_net_param) + len(p.test_net)
+        if len(p.test_iter) < n_given or (not generic and len(p.test_iter) != n_given):
+            raise SolverParamError(f"test_iter must be given once per test net ({n_given} test nets, "
+                                   f"{len(p.test_iter)} test_iter)")
+        sources = [(q, "test_net_param") for q in p.test_net_param]
+        sources += [(read_text(f, pb.NetParameter()), f"test_net file: {f}") for f in p.test_net]
+        for _ in range(len(p.test_iter) - n_given):   # the train net file in TEST phase
+            if p.HasField("net_param"):
+                sources.append((p.net_param, "net_param"))
+            else:
+                sources.append((read_text(p.net, pb.NetParameter()), f"net file: {p.net}"))
+        if p.test_state and len(p.test_state) != len(sources):
+            raise SolverParamError(f"test_state must be unset or given once per test net "
+                                   f"({len(sources)} test nets, {len(p.test_state)} test_state)")
+        if sources and p.test_interval <= 0:
+            raise SolverParamError("test_interval must be > 0 when there are test nets")
+        nets = []
+        for i, (src, what) in enumerate(sources):
+            net_param = pb.NetParameter()
+            net_param.CopyFrom(src)
+            state = pb.NetState(phase=pb.TEST)
+            state.MergeFrom(net_param.state)
+            if p.test_state:
+                state.MergeFrom(p.test_state[i])
+            nets.append(self._make_net(net_param, state, self.seed + 1 + i, f"test net (#{i}) specified by {what}"))
+        return nets
+
+    def _share_trained_layers(self, test):
+        """Caffe's ShareTrainedLayersWith: a test layer named like a train layer uses its weights (no copy)."""
+        for node in test.graph.layers:
+            src = self.net.params.get(node.name)
+            if not node.layer.blobs or src is None:
+                continue
+            mine = node.layer.blobs
+            if len(mine) != len(src) or any(a.shape != b.shape for a, b in zip(mine, src)):
+                raise SolverParamError(
+                    f'layer "{node.name}" has parameters {[b.shape for b in mine]} in the test net but '
+                    f"{[b.shape for b in src]} in the train net: they cannot be shared")
+            for j, b in enumerate(src):
+                if mine[j].data is not b.data:
+                    mine[j] = Blob(mine[j].name, b.data, mine[j].diff)
+
+    def _learnable_params(self):
+        """Every parameter blob in the net's order (Caffe's learnable_params), with its multipliers."""
+        out = []
+        for node in self.net.graph.layers:
+            specs = node.layer.param.param
+            for i, blob in enumerate(node.layer.blobs):
+                spec = specs[i] if i < len(specs) else pb.ParamSpec()
+                lr = spec.lr_mult if node.layer.learnable else 0.0   # BatchNorm's statistics: lr_mult 0
+                out.append(Param(node.name, i, blob, self.dtype.type(lr), self.dtype.type(spec.decay_mult)))
+        return out
+
+    def _alloc_history(self):
+        alloc = self.net.device.alloc
+        history = [alloc(q.blob.shape, self.dtype, f"history{k}/{q.layer}[{q.index}]", zero=True)[1]
+                   for k in range(self.rule.n_history) for q in self._learnable]
+        size = max((q.blob.data.size for q in self._learnable), default=0)
+        self._work = [alloc((size,), self.dtype, f"solver work {k}", zero=True)[1] for k in range(2)]
+        return history
+
+    # -- the update (SGDSolver::ApplyUpdate) ----------------------------------
+    def apply_update(self) -> float:
+        p, dt = self.param, self.dtype.type
+        rate, self.current_step = learning_rate(p, self.iter, self.current_step)
+        self.lr = rate
+        if p.display and self.iter % p.display == 0:
+            log.info("Iteration %d, lr = %s", self.iter, _g(rate))
+        if p.clip_gradients >= 0:
+            diffs = [q.blob.diff for q in self._learnable]
+            norm = global_norm(diffs)
+            clip = dt(p.clip_gradients)
+            if norm > clip:
+                scale = clip / dt(norm)
+                log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                         _g(norm), _g(clip), _g(scale))
+                for d in diffs:
+                    d *= scale
+        n = len(self._learnable)
+        for k, q in enumerate(self._learnable):
+            blob = q.blob
+            work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
+            if p.iter_size > 1:
+                blob.diff *= dt(1) / dt(p.iter_size)
+            regularize(blob.diff, blob.data, dt(p.weight_decay) * q.decay_mult, p.regularization_type, work[0])
+            self.rule.compute(blob.diff, self.history[k::n], work, dt(rate) * q.lr_mult, self.iter)
+        for q in self._learnable:            # Net::Update
+            q.blob.data -= q.blob.diff
+        return rate
+
+    # -- the loop (Solver::Step, Solve) ---------------------------------------
+    def _forward(self, net, index, backward):
+        if self.feed is not None:
+            self.feed(net, index)
+        loss = net.forward()
+        if not math.isfinite(loss):
+            raise TrainingError(self._nonfinite_message(net, loss))
+        if backward:
+            net.backward()
+        return loss
+
+    def _update_smoothed_loss(self, loss, start_iter):
+        n = self.param.average_loss
+        if len(self._losses) < n:
+            self._losses.append(loss)
+            size = len(self._losses)
+            self.smoothed_loss = (self.smoothed_loss * (size - 1) + loss) / size
+        else:
+            idx = (self.iter - start_iter) % n
+            self.smoothed_loss += (loss - self._losses[idx]) / n
+            self._losses[idx] = loss
+
+    def step(self, iters: int) -> None:
+        p = self.param
+        start_iter, stop_iter = self.iter, self.iter + iters
+        self._losses, self.smoothed_loss = [], 0.0
+        timer, iterations_last = time.perf_counter(), self.iter
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            if (p.test_interval and self.iter % p.test_interval == 0
+                    and (self.iter > 0 or p.test_initialization)):
+                self.test_all()
+                if self._stop:
+                    break
+            display = p.display and self.iter % p.display == 0
+            loss = 0.0
+            for _ in range(p.iter_size):
+                loss += self._forward(self.net, self.iter, backward=True)
+            loss /= p.iter_size
+            self._update_smoothed_loss(loss, start_iter)
+            if display:
+                lapse = time.perf_counter() - timer
+                per_s = (self.iter - iterations_last) / (lapse or 1)
+                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g(per_s), _g(lapse),
+                         p.display, _g(self.smoothed_loss))
+                timer, iterations_last = time.perf_counter(), self.iter
+                self._log_outputs(self.net, "Train", self._outputs(self.net))
+            rate = self.apply_update()
+            self.iter += 1
+            for fn in self.callbacks:
+                fn(self.iter, self.smoothed_loss, rate)
+            if (p.snapshot and self.iter % p.snapshot == 0) or self._snapshot_now:
+                self._snapshot_now = False
+                self.snapshot()
+            if self._stop:
+                break
+
+    def solve(self, resume_file=None) -> None:
+        p = self.param
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", p.lr_policy)
+        self._stop = False
+        if resume_file:
+            log.info("Restoring previous solver status from %s", resume_file)
+            self.restore(resume_file)
+        start_iter = self.iter
+        self.step(p.max_iter - self.iter)
+        if (p.snapshot_after_train or self._stop) and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if self._stop:
+            log.info("Optimization stopped early.")
+            return
+        # Caffe's one extra forward pass after the last update, to display the final loss.
+        if p.display and self.iter % p.display == 0:
+            loss = self._forward(self.net, self.iter, backward=False)
+            self._update_smoothed_loss(loss, start_iter)
+            log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def request_snapshot(self) -> None:
+        self._snapshot_now = True
+
+    # -- testing (Solver::TestAll, Test) --------------------------------------
+    def test_all(self):
+        for i in range(len(self.test_nets)):
+            if self._stop:
+                break
+            self.test(i)
+        return self.test_scores
+
+    def test(self, i: int = 0) -> "OrderedDict":
+        """Mean of every output blob of test net ``i`` over test_iter batches; also in ``test_scores[i]``."""
+        p, net = self.param, self.test_nets[i]
+        log.info("Iteration %d, Testing net (#%d)", self.iter, i)
+        self._share_trained_layers(net)
+        n_iter = p.test_iter[i]
+        sums, loss = None, 0.0
+        for k in range(n_iter):
+            if self._snapshot_now:
+                self._snapshot_now = False
+                self.snapshot()
+            if self._stop:
+                log.info("Test interrupted.")
+                return self.test_scores[i]
+            if self.feed is not None:
+                self.feed(net, k)
+            iter_loss = net.forward()
+            if p.test_compute_loss:
+                loss += iter_loss
+            outs = self._outputs(net)
+            if sums is None:     # summed in the net's dtype, as Caffe's Dtype test_score
+                sums = OrderedDict((name, np.array(v, dtype=self.dtype)) for name, v in outs.items())
+            else:
+                for name, v in outs.items():
+                    sums[name] += v
+        if p.test_compute_loss:
+            log.info("Test loss: %s", _g(loss / n_iter))
+        means = OrderedDict((name, s / self.dtype.type(n_iter)) for name, s in (sums or {}).items())
+        self._log_outputs(net, "Test", means)
+        self.test_scores[i] = OrderedDict((k, float(v.ravel()[0]) if v.size == 1 else v) for k, v in means.items())
+        return self.test_scores[i]
+
+    @staticmethod
+    def _outputs(net) -> "OrderedDict":
+        """Output blobs as host arrays, in Caffe's order (a std::set: sorted by name)."""
+        return OrderedDict((name, _host(net.blobs[name].data).ravel()) for name in sorted(net.outputs))
+
+    @staticmethod
+    def _log_outputs(net, which, outputs):
+        weights = {t.name: w for node in net.graph.layers for w, t in zip(node.loss_weights, node.tops)}
+        idx = 0
+        for name, values in outputs.items():
+            w = weights.get(name, 0.0)
+            for v in np.asarray(values).ravel():
+                extra = f" (* {_g(w)} = {_g(w * float(v))} loss)" if w else ""
+                log.info("    %s net output #%d: %s = %s%s", which, idx, name, _g(v), extra)
+                idx += 1
+
+    # -- non-finite values ----------------------------------------------------
+    def _nonfinite_message(self, net, loss) -> str:
+        msg = f"iteration {self.iter}: the {'train' if net is self.net else 'test'} net's loss is {loss}"
+        bad = next(((node, top) for node in net.graph.layers for top in node.top_blobs
+                    if not np.isfinite(_host(top.data)).all()), None)
+        if bad:
+            node, top = bad
+            writers = [n.name for n in net.graph.layers if top.name in (t.name for t in n.tops)]
+            inplace = f", written in place by {', '.join(writers[1:])}" if len(writers) > 1 else ""
+            params = " (its parameters are non-finite too)" if any(
+                not np.isfinite(_host(b.data)).all() for b in node.layer.blobs) else ""
+            msg += (f'; layer "{node.name}" ({node.type}) is the first whose output went non-finite '
+                    f'(top "{top.name}"{inplace}){params}')
+        return msg + self._kept()
+
+    def _kept(self) -> str:
+        if self.last_snapshot:
+            return f"; the last good snapshot is {self.last_snapshot[1]}"
+        return "; no snapshot was written"
+
+    # -- snapshots (Solver::Snapshot, SGDSolver::SnapshotSolverState) ---------
+    def _filename(self, ext) -> str:
+        return f"{self.param.snapshot_prefix}_iter_{self.iter}{ext}"
+
+    def snapshot(self):
+        """Write <prefix>_iter_N.caffemodel and .solverstate; refuse to write non-finite parameters."""
+        for q in self._learnable:
+            if not bool(array_module(q.blob.data).isfinite(q.blob.data).all()):
+                raise TrainingError(f'iteration {self.iter}: parameter {q.index} of layer "{q.layer}" went '
+                                    "non-finite in the update; not writing a snapshot" + self._kept())
+        model = self._filename(".caffemodel")
+        log.info("Snapshotting to binary proto file %s", model)
+        _write_atomic(model, self.net.to_proto(write_diff=self.param.snapshot_diff).SerializeToString())
+        state = pb.SolverState(iter=self.iter, learned_net=model, current_step=self.current_step)
+        for h in self.history:
+            blobproto.from_array(_host(h), state.history.add())
+        path = self._filename(".solverstate")
+        log.info("Snapshotting solver state to binary proto file %s", path)
+        _write_atomic(path, state.SerializeToString())
+        self.last_snapshot = (model, path)
+        return model, path
+
+    def restore(self, path) -> None:
+        """Resume from a .solverstate (and the .caffemodel it names); checked fully before anything changes."""
+        path = Path(path)
+        if path.suffix == ".h5":
+            raise SnapshotError(f"{path}: HDF5 solver states are not supported (snapshot_format BINARYPROTO)")
+        state = blobproto.read_binary(path, pb.SolverState())
+        history = self._check_history(state, path)
+        model = None
+        if state.learned_net:
+            model_path = self._find_learned_net(state.learned_net, path)
+            model = blobproto.read_caffemodel(model_path)
+            self._check_model(model, model_path)
+        if model is not None:
+            self.net.copy_from(model)
+        log.info("%sSolver: restoring history", self.rule.type)
+        for h, a in zip(self.history, history):
+            h[...] = a
+        self.iter, self.current_step = state.iter, state.current_step
+
+    @staticmethod
+    def _find_learned_net(name, state_path) -> Path:
+        tried = [Path(name), state_path.parent / name, state_path.parent / Path(name).name]
+        for p in tried:
+            if p.is_file():
+                return p
+        raise SnapshotError(f"{state_path}: its learned_net {name} is not found (looked for "
+                            + ", ".join(str(p) for p in dict.fromkeys(tried)) + ")")
+
+    def _check_history(self, state, path):
+        n, need = len(self._learnable), len(self.history)
+        out = []
+        for k, blob in enumerate(state.history[:need]):
+            q = self._learnable[k % n]
+            try:
+                a = blobproto.to_array(blob, self.dtype)
+            except ValueError as e:
+                raise SnapshotError(f"{path}: history blob {k}: {e}") from None
+            if a.shape != q.blob.shape:
+                if a.size == q.blob.data.size and blob.HasField("num"):
+                    a = a.reshape(q.blob.shape)       # legacy 4-D shapes
+                else:
+                    raise SnapshotError(f"{path}: history blob {k} has shape {a.shape}, but parameter {q.index} "
+                                        f'of layer "{q.layer}" has shape {q.blob.shape}: the state is from a '
+                                        "different net")
+            out.append(a)
+        if len(state.history) != need:
+            per = self.rule.n_history
+            hint = ("a solver of another type" if len(state.history) % n == 0 and len(state.history)
+                    else "a different net")
+            raise SnapshotError(f"{path}: holds {len(state.history)} history blobs, but {self.rule.type} on this "
+                                f"net needs {need} ({per} per learnable parameter, {n} parameters): it was "
+                                f"written by {hint}")
+        return out
+
+    def _check_model(self, model, path) -> None:
+        """The snapshot's layers with parameters must be exactly the net's: name, count and shapes."""
+        if model.layers:
+            raise SnapshotError(f"{path}: V1 `layers` caffemodels are not supported")
+        in_file = OrderedDict((lp.name, lp) for lp in model.layer if lp.blobs)
+        in_net = OrderedDict((node.name, node) for node in self.net.graph.layers if node.layer.blobs)
+        for name, node in in_net.items():
+            lp = in_file.get(name)
+            if lp is None:
+                raise SnapshotError(f'{path}: layer "{name}" ({node.type}) of the net has no parameters in the '
+                                    "file: the snapshot is from a different net")
+            shapes = [blobproto.blob_shape(b) for b in lp.blobs]
+            mine = [b.shape for b in node.layer.blobs]
+            legacy = [b.HasField("num") and math.prod(s) == math.prod(m)    # old 4-D shapes
+                      for b, s, m in zip(lp.blobs, shapes, mine)]
+            if len(shapes) != len(mine) or any(s != m and not ok for s, m, ok in zip(shapes, mine, legacy)):
+                raise SnapshotError(f'{path}: layer "{name}" has parameters {shapes} in the file but {mine} '
+                                    "in the net: the snapshot is from a different net")
+        extra = [name for name in in_file if name not in in_net]
+        if extra:
+            raise SnapshotError(f'{path}: layer "{extra[0]}" ({in_file[extra[0]].type}) has parameters in the '
+                                "file but is not in the net: the snapshot is from a different net")

@@ -236,7 +236,7 @@ def _decide_backward(nodes, force_backward: bool) -> None:
                 skip.add(id(b))
     if force_backward:
         for node in nodes:
-            node.need_backward = True
+            node.need_backward = bool(node.bottoms or node.params)   # data layers have nothing to do
             node.propagate_down = [pd or node.layer.allow_force_backward(j)
                                    for j, pd in enumerate(node.propagate_down)]
     for node in nodes:

@@ -74,7 +74,8 @@ def test_backward_decisions_follow_caffe():
     assert net.blobs["label"].diff is None
     frozen = small('param { lr_mult: 0 } param { lr_mult: 0 }')
     assert frozen.graph.layer("conv1").need_backward is False
-    assert frozen.graph.layer("pool1").need_backward is True
+    assert frozen.graph.layer("pool1").need_backward is False   # nothing below it learns
+    assert frozen.graph.layer("ip").need_backward is True
     fill(frozen)
     frozen.forward(); frozen.backward()
     assert not np.any(frozen.params["conv1"][0].diff)

@@ -42,6 +42,13 @@ def test_zoo_net_forward_backward(path):
     param.force_backward = True
     net = Net(param, "TRAIN", seed=1)
     rng = np.random.default_rng(0)
+    for layer in net.layers:            # deploy nets have no fillers: their weights would all be zero
+        if layer.learnable and not any(np.any(b.data) for b in layer.blobs):
+            for b in layer.blobs:
+                b.data[...] = rng.normal(0, 0.05, b.data.shape)
+        elif layer.type == "BatchNorm" and not layer.blobs[2].data.any():
+            layer.blobs[1].data[...] = 1          # unit running variance
+            layer.blobs[2].data[...] = 1
     for name in net.inputs:
         blob = net.blobs[name]
         blob.data[...] = rng.integers(0, 2, blob.data.shape) if name == "label" else rng.standard_normal(blob.data.shape)

@@ -21,8 +21,12 @@ from .prototxt import _phase, load_net, prepare_net
 
 
 class Net:
+    """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
+    ``offload``, ``recompute``, ``all`` or ``auto``); ``reserve`` is pool bytes that
+    others take beside the net (the solver's history), so the plan accounts for them."""
+
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
-                 weights=None, seed=0, dtype=np.float32):
+                 weights=None, seed=0, dtype=np.float32, memory="none", reserve=0):
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -37,40 +41,58 @@ class Net:
         self.phase = phase
         self.graph = build_graph(param, phase, dtype)
         self.name = param.name
-        self._offsets = []          # pool blocks this net holds
+        self.plan = self._make_plan(memory, reserve)
         self._bind()
         self.init_params(seed)
         if weights is not None:
             self.copy_from(weights)
 
     # -- memory ---------------------------------------------------------------
-    def _array(self, tensor):
-        if tensor is None:
-            return None
-        arr = self._arrays.get(id(tensor))
-        if arr is None:
-            if tensor.base is not None:
-                arr = self._array(tensor.base).reshape(tensor.shape)
-            else:
-                off, arr = self.device.alloc(tensor.shape, tensor.dtype, tensor.name, zero=True)
-                self._offsets.append(off)
-            self._arrays[id(tensor)] = arr
-        return arr
+    def _make_plan(self, memory, reserve):
+        from .mem.planner import auto_plan, make_plan
+        capacity = self.device.pool.capacity - self.device.pool.in_use
+        if memory == "auto":
+            return auto_plan(self.graph, capacity, reserve)
+        return make_plan(self.graph, memory, capacity if memory in ("offload", "all") else None, reserve)
+
+    def _binders(self):
+        """id(root) -> setters that point every view of that root at its block (or None)."""
+        binders = {}
+
+        def on(tensor, setter):
+            if tensor is not None:
+                shape = tensor.shape
+                binders.setdefault(id(tensor.root), []).append(
+                    lambda a: setter(None if a is None else a.reshape(shape)))
+        for name, b in self.graph.blobs.items():
+            blob = self.blobs[name]
+            on(b.data, lambda a, blob=blob: setattr(blob, "data", a))
+            on(b.diff, lambda a, blob=blob: setattr(blob, "diff", a))
+        for node in self.graph.layers:
+            layer = node.layer
+            for (d, g), blob in zip(node.params, layer.blobs):
+                on(d, lambda a, blob=blob: setattr(blob, "data", a))
+                on(g, lambda a, blob=blob: setattr(blob, "diff", a))
+            for k, t in node.scratch.items():
+                on(t, lambda a, layer=layer, k=k: layer.scratch.__setitem__(k, a))
+        return binders
 
     def _bind(self):
-        """Allocate every persistent tensor; workspaces are taken per call."""
-        self._arrays = {}
-        self.blobs = OrderedDict((name, Blob(name, self._array(b.data), self._array(b.diff)))
-                                 for name, b in self.graph.blobs.items())
+        """Blobs for every tensor; the plan's persistent tensors allocated (zeroed) now."""
+        from .mem.executor import Executor
+        self.blobs = OrderedDict((name, Blob(name)) for name in self.graph.blobs)
         self.params = OrderedDict()
         for node in self.graph.layers:
             layer = node.layer
-            layer.blobs = [Blob(d.name, self._array(d), self._array(g)) for d, g in node.params]
-            layer.scratch = {k: self._array(t) for k, t in node.scratch.items()}
+            layer.blobs = [Blob(d.name) for d, _ in node.params]
+            layer.scratch = {k: None for k in node.scratch}
             node.bottom_blobs = [self.blobs[b.name] for b in node.bottoms]
             node.top_blobs = [self.blobs[t.name] for t in node.tops]
             if layer.blobs:
                 self.params[node.name] = layer.blobs
+        self.executor = Executor(self.device, self._binders(), self._run_op)
+        for root in self.plan.persistent:
+            self.executor.alloc(root, fill=0, persistent=True)
         self._set_loss_diffs()
 
     def _set_loss_diffs(self):
@@ -81,9 +103,9 @@ class Net:
 
     def release(self):
         """Give every pool block back to the device."""
-        for off in self._offsets:
-            self.device.free(off)
-        self._offsets, self._arrays = [], {}
+        self.executor.reset()
+        for root in self.plan.persistent:
+            self.executor.free(root)
 
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed=0):
@@ -141,34 +163,38 @@ class Net:
                 b.diff[...] = 0
 
     # -- running --------------------------------------------------------------
-    def run(self, op, timings=None):
+    def _run_op(self, op, recompute=False, workspace=None):
         node = op.node
         layer = node.layer
-        taken = []
+        layer.workspace = {k: workspace[t] for k, t in
+                           (node.workspace if op.kind == "forward" else node.backward_workspace).items()}
+        t0 = time.perf_counter()
         try:
-            for k, t in (node.workspace if op.kind == "forward" else node.backward_workspace).items():
-                off, arr = self.device.alloc(t.shape, t.dtype, t.name)
-                taken.append(off)
-                layer.workspace[k] = arr
-            t0 = time.perf_counter()
             if op.kind == "forward":
-                layer.forward(node.bottom_blobs, node.top_blobs)
+                (layer.recompute if recompute else layer.forward)(node.bottom_blobs, node.top_blobs)
             else:
                 layer.backward(node.top_blobs, node.propagate_down, node.bottom_blobs)
                 for blob, need in zip(layer.blobs, node.param_need_backward):
                     if not need:
                         blob.diff[...] = 0      # frozen parameters keep a zero gradient, as in Caffe
-            if timings is not None:
-                self.device.synchronize()
-                timings[op.name] = timings.get(op.name, 0.0) + time.perf_counter() - t0
         finally:
             layer.workspace = {}
-            for off in taken:
-                self.device.free(off)
+        timings = self._timings
+        if timings is not None:
+            self.device.synchronize()
+            name = op.name + (" (recompute)" if recompute else "")
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+
+    _timings = None
 
     def forward(self, timings=None) -> float:
-        for op in self.graph.forward_ops:
-            self.run(op, timings)
+        if self.executor.busy:
+            self.executor.reset()       # the last forward had no backward
+        self._timings = timings
+        try:
+            self.executor.execute(self.plan.schedule.forward)
+        finally:
+            self._timings = None
         return self.loss()
 
     def loss(self) -> float:
@@ -181,8 +207,12 @@ class Net:
 
     def backward(self, timings=None) -> None:
         self._set_loss_diffs()
-        for op in self.graph.backward_ops:
-            self.run(op, timings)
+        self._timings = timings
+        try:
+            self.executor.execute(self.plan.schedule.backward)
+        finally:
+            self._timings = None
+        self.executor.reset()
 
     def forward_backward(self) -> float:
         loss = self.forward()

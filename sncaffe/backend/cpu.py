@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from ..mem.pool import Pool, parse_bytes
+from ..mem.streams import Stream
 
 
 def default_capacity() -> int:
@@ -20,10 +21,36 @@ class CPUDevice:
     name = "cpu"
     xp = np
 
-    def __init__(self, capacity=None):
+    def __init__(self, capacity=None, host_capacity=None):
         capacity = default_capacity() if capacity is None else parse_bytes(capacity)
         self.pool = Pool(capacity)
         self.arena = np.empty(self.pool.capacity, dtype=np.uint8)
+        host = default_capacity() if host_capacity is None else parse_bytes(host_capacity)
+        self.host_pool = Pool(host)
+        self.host_arena = np.empty(self.host_pool.capacity, dtype=np.uint8)
+        self._streams = {}
+
+    def stream(self, name: str) -> Stream:
+        """The ``d2h`` and ``h2d`` copy streams (started on first use)."""
+        if name not in self._streams:
+            self._streams[name] = Stream(name)
+        return self._streams[name]
+
+    def host_alloc(self, nbytes: int, name=None):
+        """A block of the host pool for an offloaded tensor: (offset, uint8 array)."""
+        off = self.host_pool.alloc(nbytes, name)
+        return off, self.host_arena[off:off + nbytes]
+
+    def host_free(self, offset: int) -> None:
+        self.host_pool.free(offset)
+
+    def copy_to_host(self, host, array, after=None):
+        """Copy a device array into host bytes on the d2h stream; returns the event."""
+        return self.stream("d2h").submit(lambda: _copy(host, array, after))
+
+    def copy_to_device(self, array, host, after=None):
+        """Copy host bytes into a device array on the h2d stream; returns the event."""
+        return self.stream("h2d").submit(lambda: _copy(array, host, after))
 
     def alloc(self, shape, dtype=np.float32, name=None, zero=False):
         """A pool block and the array viewing it: returns (offset, array)."""
@@ -39,7 +66,14 @@ class CPUDevice:
         self.pool.free(offset)
 
     def synchronize(self) -> None:
-        pass
+        for stream in self._streams.values():
+            stream.synchronize()
 
     def __repr__(self):
         return f"CPUDevice(capacity={self.pool.capacity})"
+
+
+def _copy(dst, src, after):
+    if after is not None:
+        after.wait()                       # a copy this one depends on (another stream)
+    np.copyto(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))   # bytes either way

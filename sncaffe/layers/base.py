@@ -101,6 +101,10 @@ class Layer:
     def backward(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
         raise NotImplementedError(f"{self.type} has no backward")
 
+    def recompute(self, bottom: list[Blob], top: list[Blob]) -> None:
+        """Forward again in backward (the memory runtime): same outputs, no side effects."""
+        self.forward(bottom, top)
+
     def init_params(self, rng) -> None:
         """Fill ``self.blobs[i].data`` from the layer's fillers (parameterised layers)."""
 

@@ -264,6 +264,9 @@ class Dropout(NeuronLayer):
         else:
             self.scale = 1.0 if scale_train else 1 - self.ratio
 
+    def recompute(self, bottom, top):
+        self.forward(bottom, top, redraw=False)   # the kept mask, so recomputation is exact
+
     def forward(self, bottom, top, *, redraw=True):
         x, y = bottom[0].data, top[0].data
         xp = array_module(x)

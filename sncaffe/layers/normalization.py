@@ -136,6 +136,9 @@ class BatchNorm(Layer):
         for blob in self.blobs:
             blob.data[...] = 0
 
+    def recompute(self, bottom, top):
+        self.forward(bottom, top, update_stats=False)   # running statistics move once per pass
+
     def forward(self, bottom, top, *, update_stats=True):
         x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
         xp = array_module(x)

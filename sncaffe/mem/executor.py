@@ -1,0 +1,122 @@
+"""The executor: replays a schedule on a device, instruction by instruction.
+
+Compute runs in order on the calling thread (the compute stream); copies go
+to the device's d2h and h2d streams and return events. An operator waits only
+for the copies it depends on: prefetches of what it touches, offloads of what
+it overwrites. A block is freed only after the copies that use it are done.
+Because allocations and frees happen exactly in the planned order, the pool's
+measured peak equals the planned one.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .liveness import op_tensors, workspaces
+
+
+class Executor:
+    def __init__(self, device, binders, run_op):
+        self.device = device
+        self.binders = binders          # id(root) -> [callable(array or None)]
+        self.run_op = run_op            # (op, recompute) -> None
+        self.offsets, self.arrays = {}, {}
+        self.host = {}                  # id(value) -> (offset, bytes)
+        self.d2h, self.h2d = {}, {}     # id(device root) -> event of a copy out of / into it
+        self.host_events = {}           # id(value) -> events reading or writing its host block
+        self.transient = {}             # id(root) -> root, allocated by a schedule and not yet freed
+        self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "waits": 0}
+
+    # -- memory -----------------------------------------------------------------
+    def alloc(self, t, fill=None, persistent=False):
+        off, arr = self.device.alloc(t.shape, t.dtype, t.name)
+        self.offsets[id(t)], self.arrays[id(t)] = off, arr
+        if fill is not None:
+            arr[...] = fill
+        for bind in self.binders.get(id(t), ()):
+            bind(arr)
+        if not persistent:
+            self.transient[id(t)] = t
+        return arr
+
+    def free(self, t):
+        key = id(t)
+        self._wait(self.d2h.pop(key, None))
+        self._wait(self.h2d.pop(key, None))
+        self.device.free(self.offsets.pop(key))
+        del self.arrays[key]
+        self.transient.pop(key, None)
+        for bind in self.binders.get(key, ()):
+            bind(None)
+
+    def _wait(self, event):
+        if event is not None:
+            if not event.query():
+                self.stats["waits"] += 1
+            event.wait()
+
+    # -- instructions -----------------------------------------------------------
+    def execute(self, instrs):
+        for ins in instrs:
+            getattr(self, "_" + ins.kind)(ins)
+
+    def _alloc(self, ins):
+        self.alloc(ins.tensor, ins.fill)
+
+    def _free(self, ins):
+        self.free(ins.tensor)
+
+    def _run(self, ins):
+        op = ins.op
+        for r, write in op_tensors(op):
+            self._wait(self.h2d.pop(id(r), None))
+            if write:
+                self._wait(self.d2h.pop(id(r), None))   # an offload still reading what we overwrite
+        ws = {}
+        for t in workspaces(op):
+            ws[t] = self.arrays[id(t)]
+        self.run_op(op, ins.recompute, ws)
+
+    def _offload(self, ins):
+        value, dev = ins.tensor, ins.source or ins.tensor
+        if id(value) not in self.host:
+            self.host[id(value)] = self.device.host_alloc(max(value.nbytes, 1), value.name)
+        event = self.device.copy_to_host(self.host[id(value)][1][:value.nbytes], self.arrays[id(dev)])
+        self.d2h[id(dev)] = event
+        self.host_events.setdefault(id(value), []).append(event)
+        self.stats["d2h_bytes"] += value.nbytes
+
+    def _prefetch(self, ins):
+        value, dev = ins.tensor, ins.source or ins.tensor
+        events = self.host_events.get(id(value), [])
+        after = events[-1] if events else None
+        event = self.device.copy_to_device(self.arrays[id(dev)], self.host[id(value)][1][:value.nbytes], after)
+        self.h2d[id(dev)] = event
+        self.host_events.setdefault(id(value), []).append(event)
+        self.stats["h2d_bytes"] += value.nbytes
+
+    def _drop(self, ins):
+        key = id(ins.tensor)
+        for event in self.host_events.pop(key, []):
+            self._wait(event)
+        self.device.host_free(self.host.pop(key)[0])
+
+    def _snapshot(self, ins):
+        self._wait(self.h2d.pop(id(ins.tensor), None))
+        np.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
+
+    def _restore(self, ins):
+        np.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
+
+    # -- iteration boundaries ---------------------------------------------------
+    def reset(self):
+        """Release everything a partial iteration left (a forward without its backward)."""
+        for t in list(self.transient.values()):
+            self.free(t)
+        for key in list(self.host):
+            for event in self.host_events.pop(key, []):
+                self._wait(event)
+            self.device.host_free(self.host.pop(key)[0])
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.transient or self.host)

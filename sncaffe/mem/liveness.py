@@ -1,0 +1,74 @@
+"""Liveness: which tensors each step uses, and where each tensor's life begins and ends.
+
+Works on roots (an aliasing layer's top shares its bottom's block), over the
+forward operators then the backward operators of one iteration. Workspaces
+live only inside their operator; persistent tensors (parameters, their
+gradients, the net's inputs and outputs) live across iterations and are not
+scheduled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Uses:
+    reads: list = field(default_factory=list)     # op indices
+    writes: list = field(default_factory=list)
+
+    @property
+    def first(self):
+        return min(self.reads + self.writes)
+
+    @property
+    def last(self):
+        return max(self.reads + self.writes)
+
+
+def persistent_roots(graph) -> list:
+    """Roots that live across iterations: parameters and gradients, net inputs and outputs."""
+    out, seen = [], set()
+
+    def add(t):
+        if t is not None and id(t.root) not in seen:
+            seen.add(id(t.root))
+            out.append(t.root)
+    consumed = {id(b) for n in graph.layers for b in n.bottoms}
+    for node in graph.layers:
+        for d, g in node.params:
+            add(d)
+            add(g)
+        for t in node.tops:
+            if not node.bottoms or id(t) not in consumed:   # filled by the caller / read after the pass
+                add(t.data)
+                add(t.diff)
+    return out
+
+
+def op_tensors(op, kinds=("reads", "writes")):
+    """(root, is_write) for every non-workspace tensor the operator touches."""
+    seen = {}
+    for kind in kinds:
+        for t in getattr(op, kind):
+            if t.kind == "workspace":
+                continue
+            r = t.root
+            seen[id(r)] = (r, seen.get(id(r), (r, False))[1] or kind == "writes")
+    return list(seen.values())
+
+
+def analyze(ops, persistent) -> dict:
+    """id(root) -> (root, Uses) for every scheduled (transient, non-workspace) root."""
+    keep = {id(t) for t in persistent}
+    uses: dict = {}
+    for i, op in enumerate(ops):
+        for r, write in op_tensors(op):
+            if id(r) in keep:
+                continue
+            entry = uses.setdefault(id(r), (r, Uses()))[1]
+            (entry.writes if write else entry.reads).append(i)
+    return uses
+
+
+def workspaces(op) -> list:
+    return [t for t in op.writes if t.kind == "workspace"]

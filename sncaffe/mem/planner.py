@@ -1,0 +1,379 @@
+"""The planner: one iteration's schedule for a memory mode, simulated without compute.
+
+Modes combine the techniques of SuperNeurons:
+
+- ``none``       every tensor allocated once, as Caffe does
+- ``liveness``   a tensor lives from its first use to its last
+- ``offload``    liveness, and tensors backward needs are copied to host after
+                 forward produces them, released, and prefetched before backward
+- ``recompute``  liveness, and what cheap layers produce is dropped after
+                 forward and replayed from the segment's checkpoint in backward
+- ``all``        recompute and offload together (checkpoints go to host)
+
+Given a capacity, offloaded tensors stay cached on the device while they fit
+(LRU eviction), and ``auto`` picks the cheapest mode whose plan fits.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..graph import Tensor
+from .liveness import analyze, op_tensors, persistent_roots, workspaces
+from .pool import align
+from .recompute import is_cheap, kept_scratch, segments
+from .schedule import Instr, Schedule, simulate
+
+MODES = ("none", "liveness", "offload", "recompute", "all")
+# Cheapest first: what ``auto`` tries in order.
+AUTO_ORDER = ("none", "liveness", "recompute", "offload", "all")
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass
+class Plan:
+    mode: str
+    schedule: Schedule
+    persistent: list                  # roots allocated at bind time
+    persistent_bytes: int
+    extra_bytes: int                  # pool bytes held outside the graph (solver history)
+    capacity: int | None
+    peak: int = 0
+    host_peak: int = 0
+    lower_bound: int = 0
+    lower_bound_step: str = ""
+    d2h_bytes: int = 0
+    h2d_bytes: int = 0
+    recompute_flops: int = 0
+    recomputed_ops: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    offloaded: list = field(default_factory=list)
+    dropped: list = field(default_factory=list)
+    timeline: object = None
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity is None or self.peak <= self.capacity
+
+    def summary(self) -> dict:
+        return dict(mode=self.mode, peak=self.peak, lower_bound=self.lower_bound,
+                    d2h_bytes=self.d2h_bytes, h2d_bytes=self.h2d_bytes,
+                    recompute_flops=self.recompute_flops, host_peak=self.host_peak,
+                    cache_hits=self.cache_hits, cache_misses=self.cache_misses, fits=self.fits)
+
+
+def layer_flops(node) -> int:
+    """Forward FLOPs of a layer: exact for convolutions and inner products, element counts otherwise."""
+    top = node.tops[0].shape if node.tops else ()
+    out = int(np.prod(top, dtype=np.int64)) if node.tops else 0
+    if node.type in ("Convolution", "Deconvolution", "InnerProduct") and node.params:
+        w = node.params[0][0].shape
+        per_out = int(np.prod(w[1:], dtype=np.int64)) if node.type != "InnerProduct" else \
+            int(np.prod(w, dtype=np.int64)) // max(1, top[-1] if top else 1)
+        if node.type == "Deconvolution":
+            return 2 * int(np.prod(node.bottoms[0].shape, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+        return 2 * out * per_out
+    return out * {"LRN": 10, "BatchNorm": 6, "Pooling": 9}.get(node.type, 2)
+
+
+def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3) -> Plan:
+    if mode not in MODES:
+        raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
+    return _Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap).build()
+
+
+def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
+    """The cheapest mode whose plan fits ``capacity``; the ``all`` plan if none does."""
+    for mode in AUTO_ORDER:
+        plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
+        if plan.fits:
+            return plan
+    return plan
+
+
+class _Builder:
+    def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap):
+        self.graph, self.mode, self.capacity = graph, mode, capacity
+        self.extra = extra_bytes
+        self.lookahead, self.min_gap = lookahead, min_gap
+        self.offload = mode in ("offload", "all")
+        self.recompute = mode in ("recompute", "all")
+        self.F, self.B = graph.forward_ops, graph.backward_ops
+        self.ops = self.F + self.B
+        self.nf = len(self.F)
+
+    # -- bookkeeping ----------------------------------------------------------
+    def emit(self, kind, tensor=None, **kw):
+        if kind == "alloc":
+            self.make_room(tensor)
+        ins = Instr(kind, tensor, **kw)
+        self.out.append(ins)
+        if kind == "alloc":
+            self.in_use += align(tensor.nbytes)
+            if self.pos >= self.nf and tensor.kind != "workspace":
+                last = self.need_times(tensor, -1)
+                if not last or last[-1] <= self.pos:
+                    self.free_at.setdefault(self.pos, []).append(tensor)   # only this step needs it
+                else:
+                    self.free_at.setdefault(last[-1], []).append(tensor)
+            self.live[id(tensor)] = tensor
+        elif kind == "free":
+            self.in_use -= align(tensor.nbytes)
+            self.live.pop(id(tensor), None)
+            self.cache.pop(id(tensor), None)
+        elif kind == "offload":
+            self.hosted[id(tensor)] = tensor
+            self.plan.d2h_bytes += tensor.nbytes
+        elif kind == "prefetch":
+            self.plan.h2d_bytes += tensor.nbytes
+        elif kind == "drop":
+            self.hosted.pop(id(tensor), None)
+        return ins
+
+    def make_room(self, tensor):
+        """LRU: evict cached copies until ``tensor`` fits under the capacity."""
+        need = align(tensor.nbytes)
+        while self.capacity is not None and self.cache and self.in_use + need > self.capacity:
+            _, victim = self.cache.popitem(last=False)
+            self.emit("free", victim)
+
+    def alloc(self, r, fill=None):
+        if id(r) not in self.live:
+            self.emit("alloc", r, fill=fill)
+
+    def run(self, i, recompute=False):
+        op = self.ops[i]
+        ws = workspaces(op)
+        for t in ws:
+            self.emit("alloc", t)
+        self.out.append(Instr("run", op=op, recompute=recompute))
+        for t in ws:
+            self.emit("free", t)
+        if recompute:
+            self.plan.recompute_flops += layer_flops(op.node)
+            self.plan.recomputed_ops += 1
+
+    # -- analysis ---------------------------------------------------------------
+    def analyze(self):
+        g = self.graph
+        roots = persistent_roots(g)
+        self.uses = analyze(self.ops, roots)
+        if self.mode == "none":
+            roots += [r for r, _ in self.uses.values()]
+            self.uses = {}
+        self.persistent = roots
+        self.persistent_ids = {id(r) for r in roots}
+        self.segs, self.seg_of = ([], []) if not self.recompute else segments(self.F, self.persistent_ids)
+        self.dropped = {}                      # id(root) -> segment
+        self.snap_at = {}                      # forward index -> [(root, checkpoint value)]
+        for seg in self.segs:
+            seg.snapshots, seg.externals, seg.written, seg.dropped, seg.needed_by = [], [], [], [], []
+            seg.done = False
+            produced = set()
+            cheap = set(seg.cheap)
+            for k in seg.cheap:
+                kept = kept_scratch(self.F[k].node)
+                for r, _ in op_tensors(self.F[k], ("reads",)) + [(t, 0) for t in self.F[k].writes if id(t) in kept]:
+                    if id(r) in self.persistent_ids or id(r) in produced:
+                        continue
+                    if id(r) in kept or not any(w >= k for w in self.uses[id(r)][1].writes if w < self.nf):
+                        if r not in seg.externals:
+                            seg.externals.append(r)      # its final value, from elsewhere
+                        continue
+                    point = min(w for w in self.uses[id(r)][1].writes if k <= w < self.nf)
+                    ckpt = Tensor(r.name + "@checkpoint", r.shape, r.dtype, "checkpoint")
+                    seg.snapshots.append((r, ckpt))
+                    self.snap_at.setdefault(point, []).append((r, ckpt))
+                    produced.add(id(r))
+                for r, write in op_tensors(self.F[k]):
+                    if write and id(r) not in self.persistent_ids and id(r) not in kept and id(r) not in produced:
+                        produced.add(id(r))
+                for r, write in op_tensors(self.F[k]):
+                    if write and id(r) in produced and r not in seg.written:
+                        seg.written.append(r)
+            for r in seg.written:
+                u = self.uses[id(r)][1]
+                fw = [w for w in u.writes if w < self.nf]
+                bwd = [x for x in u.reads + u.writes if x >= self.nf]
+                if bwd and fw and max(fw) in cheap:
+                    seg.dropped.append(r)
+                    self.dropped[id(r)] = seg
+                    seg.needed_by.extend(bwd)
+            seg.needed_by = sorted(set(seg.needed_by))
+        self.plan.dropped = [r.name for seg in self.segs for r in seg.dropped]
+        self.times = {}
+        for key, (r, u) in self.uses.items():
+            t = u.reads + u.writes
+            self.times[key] = [x for x in t if x >= self.nf] if key in self.dropped else t
+        for seg in self.segs:
+            if seg.needed_by:
+                for r in seg.externals:
+                    self.times[id(r)].append(seg.needed_by[0])
+        self.times = {k: sorted(set(v)) for k, v in self.times.items()}
+        # Offload candidates: needed again in backward, long after forward is done with them.
+        self.offloaded = {}
+        if self.offload:
+            for key, (r, u) in self.uses.items():
+                if key in self.dropped:
+                    continue
+                fwd = [x for x in u.reads + u.writes if x < self.nf]
+                later = self.need_times(r, self.nf - 1)
+                if fwd and later and later[0] - max(fwd) >= self.min_gap:
+                    self.offloaded[key] = r
+            self.plan.offloaded = [r.name for r in self.offloaded.values()]
+        # Each offloaded value is brought back once, before its first need in backward.
+        self.to_bring = sorted(((self.need_times(r, self.nf - 1)[0], i, r)
+                                for i, r in enumerate(self.offloaded.values())), key=lambda x: x[:2])
+        self.free_at = {}
+
+    def need_times(self, r, after):
+        """Op indices after ``after`` where ``r`` must be on the device (replays of segments
+        that read it included: a segment is replayed at its first need, speed-centric)."""
+        t = self.times.get(id(r), [])
+        return t[bisect.bisect_right(t, after):]
+    # -- building ---------------------------------------------------------------
+    def build(self) -> Plan:
+        self.plan = Plan(self.mode, Schedule(), [], 0, self.extra, self.capacity)
+        self.analyze()
+        plan = self.plan
+        plan.persistent = self.persistent
+        plan.persistent_bytes = sum(align(r.nbytes) for r in self.persistent)
+        self.in_use = plan.persistent_bytes + self.extra
+        self.live, self.hosted, self.cache = {}, {}, OrderedDict()
+        self.pos = -1
+        self.out = plan.schedule.forward
+        for i in range(self.nf):
+            self.pos = i
+            self.forward_step(i)
+        for r in self.live.values():            # what forward leaves for backward
+            t = self.need_times(r, self.nf - 1)
+            if t:
+                self.free_at.setdefault(t[-1], []).append(r)
+        self.out = plan.schedule.backward
+        for j in range(self.nf, len(self.ops)):
+            self.pos = j
+            self.backward_step(j)
+        plan.timeline = simulate(plan.schedule, plan.persistent_bytes + self.extra)
+        plan.peak, plan.host_peak = plan.timeline.peak, plan.timeline.host_peak
+        plan.lower_bound, plan.lower_bound_step = self.lower_bound()
+        return plan
+
+    def forward_step(self, i):
+        op = self.F[i]
+        for r, ckpt in self.snap_at.get(i, []):
+            if self.offload:
+                self.emit("offload", ckpt, source=r)
+            else:
+                self.emit("alloc", ckpt)
+                self.out.append(Instr("snapshot", r, source=ckpt))
+        for r, write in op_tensors(op):
+            if id(r) in self.persistent_ids:
+                continue
+            self.alloc(r, fill=None if write else 0.0)
+        self.run(i)
+        for r, write in op_tensors(op):
+            key = id(r)
+            if key in self.persistent_ids:
+                continue
+            u = self.uses[key][1]
+            fwd_writes = [w for w in u.writes if w < self.nf]
+            if key in self.offloaded and fwd_writes and max(fwd_writes) == i:
+                self.emit("offload", r)
+            fwd = [x for x in u.reads + u.writes if x < self.nf]
+            if max(fwd) != i:
+                continue
+            if not self.need_times(r, self.nf - 1):
+                self.emit("free", r)                  # liveness: dead after forward
+            elif key in self.dropped:
+                self.emit("free", r)                  # recomputed in backward
+            elif key in self.offloaded:
+                if self.capacity is not None:
+                    self.cache[key] = r               # kept while it fits (LRU)
+                else:
+                    self.emit("free", r)
+
+    def backward_step(self, j):
+        op = self.ops[j]
+        # Prefetch what the next few operators need, so the copy hides behind compute.
+        while self.to_bring and self.to_bring[0][0] <= j + self.lookahead:
+            self.bring(self.to_bring.pop(0)[2])
+        for r, write in op_tensors(op):
+            if id(r) in self.persistent_ids:
+                continue
+            self.ensure(r, write)
+        self.run(j)
+        self.release(j)
+
+    def bring(self, r):
+        """Make an offloaded value resident: a cache hit, or an allocation and a prefetch."""
+        key = id(r)
+        if key in self.live:
+            if key in self.cache:
+                del self.cache[key]
+                self.plan.cache_hits += 1
+            return
+        self.emit("alloc", r)
+        self.emit("prefetch", r)
+        self.plan.cache_misses += 1
+
+    def ensure(self, r, write=False):
+        key = id(r)
+        if key in self.live:
+            self.cache.pop(key, None)
+            return
+        if key in self.dropped:
+            self.replay(self.dropped[key])
+        elif key in self.offloaded and key in self.hosted:
+            self.bring(r)
+        else:
+            u = self.uses[key][1]
+            self.alloc(r, fill=None if (write and self.pos in u.writes) else 0.0)
+        if key not in self.live:
+            raise PlanError(f"plan bug: {r.name} not resident at {self.ops[self.pos].name}")
+
+    def replay(self, seg):
+        """Recompute a segment's cheap operators (speed-centric: once, keeping the results)."""
+        for r in seg.externals:
+            self.ensure(r)
+        for r, ckpt in seg.snapshots:
+            self.alloc(r)
+            if self.offload:
+                self.emit("prefetch", ckpt, source=r)
+            else:
+                self.out.append(Instr("restore", r, source=ckpt))
+        for k in seg.cheap:
+            for r, write in op_tensors(self.F[k]):
+                if id(r) not in self.persistent_ids:
+                    self.ensure(r) if not write else self.alloc(r)
+            self.run(k, recompute=True)
+        seg.done = True
+        for r, ckpt in seg.snapshots:
+            if self.offload:
+                self.emit("drop", ckpt)
+            else:
+                self.emit("free", ckpt)
+
+    def release(self, j):
+        """Free the resident values no later step needs (and their host copies)."""
+        for r in self.free_at.pop(j, []):
+            if id(r) in self.live and not self.need_times(r, j):
+                self.emit("free", r)
+                if id(r) in self.hosted:
+                    self.emit("drop", r)
+
+    def lower_bound(self):
+        best, where = 0, ""
+        base = sum(align(r.nbytes) for r in self.persistent) + self.extra
+        for op in self.ops:
+            need = base + sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in self.persistent_ids)
+            need += sum(align(t.nbytes) for t in workspaces(op))
+            if need > best:
+                best, where = need, op.name
+        return best, where

@@ -1,0 +1,90 @@
+"""A schedule: the instructions of one iteration, in the order the executor issues them.
+
+The planner writes a schedule and the executor replays it on the device, so
+the pool sees exactly the allocations and frees the planner simulated and the
+measured peak equals the planned one. Instructions:
+
+- ``alloc T``      take T's block from the device pool (``fill``: write a value first)
+- ``free T``       give it back (waits for a copy of T still in flight)
+- ``run op``       an operator on the compute stream (``recompute``: a forward
+                   replayed in backward, without side effects)
+- ``offload T``    copy T to its host block on the device-to-host stream
+- ``prefetch T``   copy T's host block into its (just allocated) device block on
+                   the host-to-device stream
+- ``drop T``       give T's host block back to the host pool
+- ``snapshot T``   copy T into its checkpoint tensor (device to device), before
+                   an in-place layer overwrites the value a recomputation starts from
+- ``restore T``    copy the checkpoint back into T
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .pool import align
+
+
+@dataclass(eq=False)
+class Instr:
+    kind: str                   # alloc | free | run | offload | prefetch | drop | snapshot | restore
+    tensor: object = None       # a graph Tensor (a root), for memory instructions
+    op: object = None           # a graph Operator, for run
+    recompute: bool = False
+    fill: float | None = None   # alloc: value to write before first use (None: leave as is)
+    source: object = None       # snapshot/restore: the checkpoint copy of ``tensor``
+
+    def __repr__(self):
+        if self.kind == "run":
+            return f"run {self.op.name}" + (" (recompute)" if self.recompute else "")
+        extra = f" fill={self.fill}" if self.fill is not None else ""
+        return f"{self.kind} {self.tensor.name}{extra}"
+
+
+@dataclass
+class Schedule:
+    forward: list = field(default_factory=list)
+    backward: list = field(default_factory=list)
+
+    def __iter__(self):
+        yield from self.forward
+        yield from self.backward
+
+
+@dataclass
+class Timeline:
+    """The simulated device and host bytes in use after every instruction."""
+    device: list
+    host: list
+    labels: list                 # the instruction behind each point
+    steps: list                  # (index into device/host, op name) where each run starts
+
+    @property
+    def peak(self) -> int:
+        return max(self.device, default=0)
+
+    @property
+    def host_peak(self) -> int:
+        return max(self.host, default=0)
+
+
+def simulate(schedule: Schedule, persistent: int) -> Timeline:
+    """Replay the schedule's memory instructions: bytes in use, as the pool will count them."""
+    dev, host = persistent, 0
+    d, h, labels, steps = [dev], [host], ["start"], []
+    for ins in schedule:
+        if ins.kind == "alloc":
+            dev += align(ins.tensor.nbytes)
+        elif ins.kind == "free":
+            dev -= align(ins.tensor.nbytes)
+        elif ins.kind == "offload":
+            host += align(ins.tensor.nbytes)
+        elif ins.kind == "drop":
+            host -= align(ins.tensor.nbytes)
+        elif ins.kind == "run":
+            steps.append((len(d), ins.op.name + (" (recompute)" if ins.recompute else "")))
+            continue
+        else:
+            continue
+        d.append(dev)
+        h.append(host)
+        labels.append(repr(ins))
+    return Timeline(d, h, labels, steps)

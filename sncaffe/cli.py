@@ -1,14 +1,120 @@
-"""The ``sncaffe`` command."""
+"""The ``sncaffe`` command: train, test and time, as Caffe's ``caffe`` tool."""
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import re
+import signal
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
 from .mem.pool import fmt_bytes
 
+log = logging.getLogger("sncaffe")
+
+# What `sncaffe train NET.prototxt` trains with (a net, not a solver); flags override any of it.
+DEFAULT_SOLVER = """
+type: "SGD"
+base_lr: 0.01
+momentum: 0.9
+weight_decay: 0.0005
+lr_policy: "fixed"
+max_iter: 100
+display: 10
+snapshot_after_train: true
+"""
+SIGNAL_EFFECTS = ("stop", "snapshot", "none")
+
+
+def _g(x) -> str:
+    return f"{float(x):.6g}"
+
+
+# -- inputs ---------------------------------------------------------------------
+
+def _label_classes(net) -> dict:
+    """Input blobs that are labels of a loss or Accuracy layer, and their number of classes.
+
+    A label is a bottom after the first that the layer never differentiates;
+    its classes are the extent of the layer's first bottom (the scores) along
+    the class axis, i.e. the num_output of the layer feeding the loss.
+    """
+    out = {}
+    for node in net.graph.layers:
+        for i, bottom in enumerate(node.bottoms[1:], 1):
+            if node.layer.allow_force_backward(i):
+                continue
+            while bottom.producer.type == "Split":
+                bottom = bottom.producer.bottoms[0]
+            if bottom.producer.type != "Input":
+                continue
+            lp, shape = node.layer.param, node.bottoms[0].shape
+            axis = lp.accuracy_param.axis if node.type == "Accuracy" else lp.softmax_param.axis
+            n = 2 if node.type == "SigmoidCrossEntropyLoss" else (
+                int(shape[axis]) if -len(shape) <= axis < len(shape) else 0)
+            out[bottom.name] = max(out.get(bottom.name, 0), n)
+    return out
+
+
+class SyntheticInputs:
+    """Fills a net's Input blobs: data N(0,1), labels integers in [0, classes) (0 when unknown).
+
+    A batch depends only on (seed, phase, index, pass within the index), so a
+    resumed run sees the same batches as an uninterrupted one.
+    """
+
+    def __init__(self, seed=0):
+        self.seed = seed
+        self._labels = {}
+        self._last, self._pass = None, 0
+
+    def __call__(self, net, index=0):
+        from .layers.base import array_module
+        labels = self._labels.get(id(net))
+        if labels is None:
+            labels = self._labels[id(net)] = _label_classes(net)
+        key = (id(net), index)
+        self._pass = self._pass + 1 if key == self._last else 0    # iter_size passes of one iteration
+        self._last = key
+        rng = np.random.default_rng([self.seed % 2**63, int(net.phase), index, self._pass])
+        for name in net.inputs:
+            data = net.blobs[name].data
+            if name in labels:
+                x = rng.integers(max(labels[name], 1), size=data.shape)
+            else:
+                x = rng.standard_normal(data.shape)
+            data[...] = array_module(data).asarray(x, dtype=data.dtype)
+
+    @staticmethod
+    def describe(net) -> str:
+        labels = _label_classes(net)
+        parts = [f"{n}: integers in [0, {labels[n]})" if labels.get(n) else
+                 f"{n}: 0" if n in labels else f"{n}: N(0,1)" for n in net.inputs]
+        return ", ".join(parts)
+
+
+def _close_data_layers(nets):
+    """Stop the prefetch threads of Data/ImageData/HDF5Data layers."""
+    for net in nets:
+        for layer in net.layers:
+            if hasattr(layer, "close"):
+                layer.close()
+
+
+def _batch_size(net) -> int:
+    """Images per forward pass: the first top of the first layer without bottoms."""
+    for node in net.graph.layers:
+        if not node.bottoms and node.tops and node.tops[0].shape:
+            return int(node.tops[0].shape[0])
+    return 0
+
+
+# -- common ---------------------------------------------------------------------
 
 def _net_param(args):
     from .proto import sncaffe_pb2 as pb
@@ -24,30 +130,252 @@ def _device(args):
     return make_device(args.device, args.device_memory)
 
 
+def _peak(device) -> str:
+    return fmt_bytes(device.pool.peak)
+
+
+# -- train ----------------------------------------------------------------------
+
+def _read_solver_or_net(path):
+    """(SolverParameter, None) for a solver file, (None, NetParameter) for a net file."""
+    from .proto import sncaffe_pb2 as pb
+    from .prototxt import PrototxtError, parse_text
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return parse_text(text, pb.SolverParameter(), str(path)), None
+    except PrototxtError as solver_error:
+        try:
+            net = parse_text(text, pb.NetParameter(), str(path))
+        except PrototxtError as net_error:
+            # Report the error against what the file looks like.
+            raise (net_error if re.search(r"^\s*(layers?\s*:?\s*\{|input\s*:)", text, re.M)
+                   else solver_error) from None
+    if not (net.layer or net.layers or net.input):
+        raise PrototxtError(f"{path}: neither a solver nor a net with layers")
+    return None, net
+
+
+def _materialize_nets(p, batch):
+    """Read the solver's net files into its *_param fields, with every batch size set to ``batch``."""
+    from .proto import sncaffe_pb2 as pb
+    from .prototxt import read_text, set_batch
+    for field in ("net", "train_net"):
+        if p.HasField(field):
+            getattr(p, field + "_param").CopyFrom(read_text(getattr(p, field), pb.NetParameter()))
+            p.ClearField(field)
+    for f in p.test_net:
+        p.test_net_param.add().CopyFrom(read_text(f, pb.NetParameter()))
+    del p.test_net[:]
+    for field in ("net_param", "train_net_param"):
+        if p.HasField(field):
+            getattr(p, field).CopyFrom(set_batch(getattr(p, field), batch))
+    for q in p.test_net_param:
+        q.CopyFrom(set_batch(q, batch))
+
+
+def _solver_param(args):
+    """The SolverParameter to train with: the file's (or the defaults for a net), then the flags."""
+    from google.protobuf import text_format
+
+    from .proto import sncaffe_pb2 as pb
+    from .solvers.solver import _upgrade_snapshot_prefix
+    p, net = _read_solver_or_net(args.path)
+    if net is not None:
+        p = text_format.Parse(DEFAULT_SOLVER, pb.SolverParameter())
+        p.net_param.CopyFrom(net)
+        p.snapshot_prefix = os.path.join("out", Path(args.path).stem)
+    if args.max_iter is not None:
+        p.max_iter = args.max_iter
+    if args.base_lr is not None:
+        p.base_lr = args.base_lr
+    if args.seed is not None:
+        p.random_seed = args.seed
+    if args.snapshot_prefix:
+        p.snapshot_prefix = args.snapshot_prefix
+    if args.batch:
+        _materialize_nets(p, args.batch)
+    if p.HasField("snapshot_prefix") and (p.snapshot or p.snapshot_after_train):
+        if p.snapshot_prefix.endswith(("/", os.sep)):      # a directory: files named after the solver
+            os.makedirs(p.snapshot_prefix, exist_ok=True)
+        _upgrade_snapshot_prefix(p, args.path)
+        os.makedirs(os.path.dirname(p.snapshot_prefix) or ".", exist_ok=True)
+    return p, net is not None
+
+
+@contextmanager
+def _signal_effects(solver, sigint, sighup):
+    """Caffe's -sigint_effect / -sighup_effect: stop (snapshot and exit), snapshot (and go on), none."""
+    from threading import current_thread, main_thread
+    if current_thread() is not main_thread():
+        yield
+        return
+    actions = {"stop": solver.request_stop, "snapshot": solver.request_snapshot, "none": None}
+    stopping = []
+
+    def handler(signum, frame):
+        effect = sigint if signum == signal.SIGINT else sighup
+        name = signal.Signals(signum).name
+        if effect == "stop" and stopping:
+            raise KeyboardInterrupt         # a second stop aborts; snapshots are written atomically
+        if actions[effect] is None:
+            log.info("%s ignored (its effect is none)", name)
+            return
+        actions[effect]()
+        if effect == "stop":
+            stopping.append(signum)
+            log.info("%s: snapshotting and stopping after this iteration (again to abort)", name)
+        else:
+            log.info("%s: snapshotting after this iteration", name)
+
+    wanted = [signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    saved = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+class _TrainProgress:
+    """Solver callback: the bar's iteration count, loss, lr, images/s and the pool's peak."""
+
+    def __init__(self, con, solver):
+        self.solver = solver
+        self.images = _batch_size(solver.net) * solver.param.iter_size
+        self.con, self.bar, self.start = con, None, None
+        self.t, self.rate = time.perf_counter(), None
+
+    def __call__(self, iteration, loss, lr):
+        if self.bar is None:                # made here: a resumed run starts at the restored iteration
+            self.start = iteration - 1
+            self.bar = self.con.progress(self.solver.param.max_iter, self.start, desc="train")
+        now = time.perf_counter()
+        rate = self.images / max(now - self.t, 1e-9)
+        self.t = now
+        self.rate = rate if self.rate is None else 0.9 * self.rate + 0.1 * rate
+        self.bar.update(1, f"loss={_g(loss)}, lr={_g(lr)}, {self.rate:.0f} img/s, "
+                           f"peak {_peak(self.solver.device)}")
+
+
+def cmd_train(args) -> int:
+    """Train from a solver, or a net with default solver settings, like ``caffe train``."""
+    from .backend import make_device
+    from .solvers import Solver, SolverParamError
+    if args.snapshot and args.weights:
+        raise ValueError("give --snapshot to resume training or --weights to fine-tune, not both")
+    p, from_net = _solver_param(args)
+    device = make_device(args.device or p.device or "cpu", args.device_memory or p.memory_param.device_memory or None)
+    with args.console as con:
+        if from_net:
+            log.info("%s is a net: training it with the default solver (SGD, base_lr %s, momentum %s, "
+                     "weight_decay %s, lr_policy %s, max_iter %d), snapshots to %s", args.path, _g(p.base_lr),
+                     _g(p.momentum), _g(p.weight_decay), p.lr_policy, p.max_iter, p.snapshot_prefix)
+        try:
+            solver = Solver(p, device=device, weights=args.weights)
+        except SolverParamError as e:
+            raise SolverParamError(f"{args.path}: {e}") from None
+        nets = [solver.net] + solver.test_nets
+        try:
+            fed = [net for net in nets if net.inputs]
+            if fed:
+                solver.feed = SyntheticInputs(solver.seed)
+                log.info("Input layers get synthetic data: %s", SyntheticInputs.describe(fed[0]))
+            progress = _TrainProgress(con, solver)
+            solver.callbacks.append(progress)
+            t0 = time.perf_counter()
+            try:
+                with _signal_effects(solver, args.sigint_effect, args.sighup_effect):
+                    solver.solve(args.snapshot)
+            finally:
+                if progress.bar is not None:
+                    progress.bar.close()
+            wall = time.perf_counter() - t0
+            done = solver.iter - (progress.start if progress.start is not None else solver.iter)
+            log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s%s", solver.iter, wall,
+                     done * progress.images / max(wall, 1e-9), _peak(device),
+                     f"; snapshot {solver.last_snapshot[0]}" if solver.last_snapshot else "")
+        finally:
+            _close_data_layers(nets)
+    return 0
+
+
+# -- test -----------------------------------------------------------------------
+
+def cmd_test(args) -> int:
+    """Score a net: forward ``iterations`` batches and average every output blob, like ``caffe test``."""
+    from .net import Net
+    from .solvers.solver import _host
+    param = _net_param(args)
+    with args.console as con:
+        if not args.weights:
+            log.warning("no --weights: scoring the net's initial (random) parameters")
+        net = Net(param, args.phase, device=_device(args), weights=args.weights, seed=args.seed or 0)
+        try:
+            feed = None
+            if net.inputs:
+                feed = SyntheticInputs(args.seed or 0)
+                log.info("Input layers get synthetic data: %s", SyntheticInputs.describe(net))
+            weights = {t.name: w for node in net.graph.layers for w, t in zip(node.loss_weights, node.tops)}
+            names = sorted(net.outputs)           # Caffe's order: a std::set of names
+            log.info("Running for %d iterations.", args.iterations)
+            bar = con.progress(args.iterations, desc="test")
+            sums, loss = {}, 0.0
+            try:
+                for i in range(args.iterations):
+                    if feed:
+                        feed(net, i)
+                    loss += net.forward()
+                    for name in names:
+                        values = _host(net.blobs[name].data).astype(np.float64).ravel()
+                        sums[name] = sums.get(name, 0) + values
+                        if not con.bar:
+                            for v in values:
+                                log.info("Batch %d, %s = %s", i, name, _g(v))
+                    bar.update(1)
+            finally:
+                bar.close()
+            n = args.iterations
+            log.info("Loss: %s", _g(loss / n))
+            for name in names:
+                w = weights.get(name, 0.0)
+                for v in sums[name] / n:
+                    extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
+                    log.info("%s = %s%s", name, _g(v), extra)
+        finally:
+            _close_data_layers([net])
+    return 0
+
+
+# -- time -----------------------------------------------------------------------
+
 def cmd_time(args) -> int:
     """Per-layer forward and backward times, like ``caffe time``."""
     from .net import Net
     param = _net_param(args)
     param.force_backward = True           # time every layer's backward, as caffe time does
     net = Net(param, args.phase, device=_device(args), weights=args.weights)
+    SyntheticInputs(0)(net)
     rng = np.random.default_rng(0)
-    for name in net.inputs:
-        blob = net.blobs[name]
-        blob.data[...] = 0 if "label" in name else rng.standard_normal(blob.data.shape)
     for name in net.outputs:
         blob = net.blobs[name]
         if blob.diff is not None and blob.data.ndim:
             blob.diff[...] = rng.standard_normal(blob.diff.shape)
     print(f"sncaffe time: {args.net} ({net.name or 'net'}), phase {args.phase}, "
           f"{args.iterations} iterations, device {net.device.name}", flush=True)
-    net.forward()                          # warm-up, as caffe time does
-    net.backward()
-    fwd, bwd = {}, {}
-    t0 = time.perf_counter()
-    for _ in range(args.iterations):
-        net.forward(timings=fwd)
-        net.backward(timings=bwd)
-    total = time.perf_counter() - t0
+    try:
+        net.forward()                          # warm-up, as caffe time does
+        net.backward()
+        fwd, bwd = {}, {}
+        t0 = time.perf_counter()
+        for _ in range(args.iterations):
+            net.forward(timings=fwd)
+            net.backward(timings=bwd)
+        total = time.perf_counter() - t0
+    finally:
+        _close_data_layers([net])
     n = args.iterations
     width = max(len(x) for x in net.layer_names) + 2
     print(f"{'layer':<{width}}{'type':<24}{'forward ms':>12}{'backward ms':>13}")
@@ -56,7 +384,7 @@ def cmd_time(args) -> int:
         b = bwd.get(node.name + ":backward", 0.0) / n * 1e3
         print(f"{node.name:<{width}}{node.type:<24}{f:>12.3f}{b:>13.3f}")
     f_all, b_all = sum(fwd.values()) / n * 1e3, sum(bwd.values()) / n * 1e3
-    batch = net.blobs[net.inputs[0]].data.shape[0] if net.inputs else 0
+    batch = _batch_size(net)
     print(f"Average Forward pass: {f_all:.3f} ms.")
     print(f"Average Backward pass: {b_all:.3f} ms.")
     print(f"Average Forward-Backward: {total / n * 1e3:.3f} ms"
@@ -67,24 +395,75 @@ def cmd_time(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+# -- the command ----------------------------------------------------------------
+
+def _parser():
     p = argparse.ArgumentParser(prog="sncaffe", description="Train and run Caffe networks.")
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("time", help="time forward and backward per layer (like caffe time)")
-    t.add_argument("net", help="net prototxt")
-    t.add_argument("--iterations", "-n", type=int, default=50)
-    t.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
-    t.add_argument("--batch", type=int, help="override the batch size")
-    t.add_argument("--weights", help=".caffemodel to load")
-    t.add_argument("--device", default="cpu")
-    t.add_argument("--device-memory", help="device capacity, e.g. 12GiB")
-    t.set_defaults(func=cmd_time)
-    args = p.parse_args(argv)
+
+    def device_flags(q, default="cpu"):
+        q.add_argument("--device", default=default, help="cpu or cuda (default: %(default)s)")
+        q.add_argument("--device-memory", help="device capacity, e.g. 12GiB")
+
+    t = sub.add_parser("train", help="train from a solver or a net prototxt (like caffe train)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Train from a solver prototxt, or from a net prototxt with these "
+                                   "solver settings:\n" + DEFAULT_SOLVER +
+                                   'snapshot_prefix: "out/<the net file\'s name>"\n'
+                                   "Input layers get synthetic data: N(0,1), and labels in [0, classes).")
+    t.add_argument("path", metavar="SOLVER_OR_NET", help="solver prototxt, or a net prototxt")
+    t.add_argument("--weights", help="initialize from a .caffemodel, by layer name (fine-tuning)")
+    t.add_argument("--snapshot", help="resume from a .solverstate")
+    t.add_argument("--max-iter", type=int)
+    t.add_argument("--base-lr", type=float)
+    t.add_argument("--batch", type=int, help="batch size of every data/Input layer, train and test "
+                                              "(test_iter is kept)")
+    t.add_argument("--snapshot-prefix", help="where snapshots go; folders are created")
+    t.add_argument("--seed", type=int, help="random_seed")
+    t.add_argument("--sigint-effect", default="stop", choices=SIGNAL_EFFECTS,
+                   help="on Ctrl-C: stop (snapshot and exit; again to abort), snapshot (and go on), none")
+    t.add_argument("--sighup-effect", default="snapshot", choices=SIGNAL_EFFECTS, help="on SIGHUP (as Caffe)")
+    device_flags(t, default=None)
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("test", help="score a net: average its outputs over batches (like caffe test)")
+    s.add_argument("net", help="net prototxt")
+    s.add_argument("--weights", help=".caffemodel to score")
+    s.add_argument("--iterations", "-n", type=int, default=50)
+    s.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
+    s.add_argument("--batch", type=int, help="override the batch size")
+    s.add_argument("--seed", type=int, help="seed for synthetic inputs and unset weights")
+    device_flags(s)
+    s.set_defaults(func=cmd_test)
+
+    m = sub.add_parser("time", help="time forward and backward per layer (like caffe time)")
+    m.add_argument("net", help="net prototxt")
+    m.add_argument("--iterations", "-n", type=int, default=50)
+    m.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    m.add_argument("--batch", type=int, help="override the batch size")
+    m.add_argument("--weights", help=".caffemodel to load")
+    device_flags(m)
+    m.set_defaults(func=cmd_time)
+    return p
+
+
+def main(argv=None) -> int:
+    from .progress import console
+    args = _parser().parse_args(argv)
+    args.console = console()
+    for flag in ("iterations", "max_iter", "batch"):
+        if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
+            _parser().error(f"--{flag.replace('_', '-')} must be positive")
     try:
         return args.func(args)
-    except (ValueError, MemoryError, RuntimeError) as e:
-        print(f"sncaffe {args.command}: error: {e}", file=sys.stderr)
+    except (ValueError, MemoryError, RuntimeError, OSError) as e:
+        where = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""
+        msg = f"{where}{e.strerror}" if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        print(f"sncaffe {args.command}: error: {' '.join(msg.split())}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"sncaffe {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

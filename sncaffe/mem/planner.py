@@ -172,6 +172,7 @@ class _Builder:
         self.persistent_ids = {id(r) for r in roots}
         self.segs, self.seg_of = ([], []) if not self.recompute else segments(self.F, self.persistent_ids)
         self.dropped = {}                      # id(root) -> segment
+        fidx = {id(op.node): i for i, op in enumerate(self.F)}
         self.snap_at = {}                      # forward index -> [(root, checkpoint value)]
         for seg in self.segs:
             seg.snapshots, seg.externals, seg.written, seg.dropped, seg.needed_by = [], [], [], [], []
@@ -198,11 +199,16 @@ class _Builder:
                 for r, write in op_tensors(self.F[k]):
                     if write and id(r) in produced and r not in seg.written:
                         seg.written.append(r)
+            own = cheap | {seg.checkpoint}
             for r in seg.written:
                 u = self.uses[id(r)][1]
                 fw = [w for w in u.writes if w < self.nf]
                 bwd = [x for x in u.reads + u.writes if x >= self.nf]
-                if bwd and fw and max(fw) in cheap:
+                # Only what the segment's own backward reads is dropped: a value another
+                # segment's backward needs (the next convolution's bottom) is a checkpoint.
+                # (Without offload, dropping it anyway still saves more than it costs.)
+                if bwd and fw and max(fw) in cheap and (not self.offload or all(
+                        fidx[id(self.ops[x].node)] in own for x in bwd)):
                     seg.dropped.append(r)
                     self.dropped[id(r)] = seg
                     seg.needed_by.extend(bwd)

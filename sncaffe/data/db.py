@@ -1,0 +1,145 @@
+"""LMDB databases as Caffe uses them: records read in key order, wrapping around; written in batches.
+
+Caffe's LEVELDB backend is not supported (convert with Caffe's tools to LMDB).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import weakref
+from pathlib import Path
+
+import lmdb
+
+COMMIT_EVERY = 1000          # records per write transaction, as Caffe's converters
+
+
+# py-lmdb refuses to open one environment twice in a process, so readers share it.
+_shared: dict[str, list] = {}           # real path -> [environment, readers]
+_lock = threading.Lock()
+# Paths of readers that were closed or collected; released under the lock at the next call,
+# never from inside a garbage collection (which may run while the lock is held).
+_released = collections.deque()
+
+
+def _drain():
+    while _released:
+        key = _released.popleft()
+        entry = _shared.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _shared[key]
+                entry[0].close()
+
+
+def open_lmdb(path) -> "lmdb.Environment":
+    """Open an LMDB read-only; a missing, empty or corrupt database is an error naming the path.
+
+    Pair every call with ``close_lmdb(path)``.
+    """
+    p = Path(path)
+    key = os.path.realpath(p)
+    with _lock:
+        _drain()
+        if key in _shared:
+            _shared[key][1] += 1
+            return _shared[key][0]
+        if not p.exists():
+            raise FileNotFoundError(f"LMDB {path} does not exist")
+        try:
+            env = lmdb.open(str(p), readonly=True, lock=False, readahead=False, subdir=p.is_dir())
+            entries = env.stat()["entries"]
+        except lmdb.Error as e:
+            raise ValueError(f"LMDB {path} cannot be opened: {e}") from None
+        if entries == 0:
+            env.close()
+            raise ValueError(f"LMDB {path} holds no records")
+        _shared[key] = [env, 1]
+        return env
+
+
+def close_lmdb(path) -> None:
+    """Release one ``open_lmdb(path)``; the last release closes the environment."""
+    _released.append(os.path.realpath(path))
+    with _lock:
+        _drain()
+
+
+class LMDBReader:
+    """Records (key, value) of an LMDB in key order, starting over after the last (Caffe's cursor)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.env = open_lmdb(path)
+        self.entries = self.env.stat()["entries"]
+        self._txn = self._cursor = None
+        self._release = weakref.finalize(self, _released.append, os.path.realpath(self.path))
+
+    def first(self) -> tuple[bytes, bytes]:
+        with self.env.begin(buffers=False) as txn:
+            cur = txn.cursor()
+            cur.first()
+            return cur.key(), cur.value()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        # The transaction is opened by the first call, so it belongs to the reading thread.
+        if self._cursor is None:
+            self._txn = self.env.begin(buffers=False)
+            self._cursor = self._txn.cursor()
+            self._cursor.first()
+        elif not self._cursor.next():
+            self._cursor.first()
+        return self._cursor.key(), self._cursor.value()
+
+    def close(self):
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = self._cursor = None
+        self._release()
+        with _lock:
+            _drain()
+
+
+class LMDBWriter:
+    """A new LMDB (it must not exist yet, as Caffe's db::NEW); the map grows as records arrive."""
+
+    def __init__(self, path, map_size=1 << 26):
+        self.path = Path(path)
+        if self.path.exists():
+            raise FileExistsError(f"{path} already exists; remove it or choose another output")
+        self.path.mkdir(parents=True)
+        self.env = lmdb.open(str(self.path), map_size=map_size, subdir=True)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self.count = 0
+
+    def put(self, key, value: bytes) -> None:
+        self._pending.append((key.encode() if isinstance(key, str) else key, value))
+        self.count += 1
+        if len(self._pending) >= COMMIT_EVERY:
+            self.commit()
+
+    def commit(self) -> None:
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for key, value in self._pending:
+                        txn.put(key, value)
+                break
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.commit()
+        self.env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,353 @@
+"""Layers that read datasets: Data (LMDB of Datum), ImageData (an image list), HDF5Data, MemoryData.
+
+Data, ImageData and HDF5Data make their batches on a background thread
+(``sncaffe.data.prefetch``) into host buffers, ``prefetch`` batches ahead, so
+the next batch is ready when forward asks for it; forward copies it into the
+tops. Their shapes are fixed at setup from the first record, as Caffe reads
+one record in DataLayerSetUp, and a record of another shape is an error.
+Random crops, mirrors and shuffles draw from ``self.rng`` (seeded by the net),
+on the reader thread only, so a run is repeatable.
+"""
+from __future__ import annotations
+
+import weakref
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from ..data import datum as datums
+from ..data import image
+from ..data.db import LMDBReader
+from ..data.prefetch import Prefetcher
+from ..data.transform import DataTransformer
+from ..proto import sncaffe_pb2 as pb
+from .base import LayerError, array_module, register
+from .data import _Source
+
+LEGACY_TRANSFORM = ("scale", "mean_file", "crop_size", "mirror", "force_encoded_color")
+
+
+def _copy_to_top(top, host_arrays):
+    for blob, a in zip(top, host_arrays):
+        blob.data[...] = array_module(blob.data).asarray(a)
+
+
+class _Prefetching(_Source):
+    """Runs ``load_batch(batch)`` on a reader thread; ``batch`` is one host array per top."""
+    depth = 4
+
+    def __init__(self, param, phase):
+        super().__init__(param, phase)
+        self._prefetcher = None
+        self._closed = False
+
+    @contextmanager
+    def _named(self, where=""):
+        """Report a bad file or record as this layer's error."""
+        try:
+            yield
+        except LayerError:
+            raise
+        except (OSError, ValueError) as e:
+            raise self.error(f"{where}{e}") from None
+
+    def _batch_size(self, n):
+        if n <= 0:
+            raise self.error("batch_size must be positive")
+        return int(n)
+
+    def _legacy(self, p, field):
+        # Caffe ignores these in `layer` nets (only V1 nets are upgraded); sncaffe says so.
+        for f in LEGACY_TRANSFORM:
+            if f in p.DESCRIPTOR.fields_by_name and p.HasField(f):
+                name = "force_color" if f == "force_encoded_color" else f
+                raise self.error(f"{field}.{f} is Caffe's legacy field, which Caffe ignores here; "
+                                 f"set transform_param.{name} instead")
+
+    def setup(self, bottom_shapes):
+        with self._named():
+            return self._setup()
+
+    def load_batch(self, batch):
+        raise NotImplementedError
+
+    def forward(self, bottom, top):
+        if self._closed:
+            raise self.error("the layer is closed")
+        if self._prefetcher is None:            # started here: the net seeds self.rng after setup
+            buffers = [[np.empty(t.shape, t.data.dtype) for t in top] for _ in range(self.depth)]
+            ref = weakref.ref(self)             # the thread must not keep the layer alive
+
+            def fill(batch):
+                ref().load_batch(batch)
+            self._prefetcher = Prefetcher(fill, buffers, name=f"{self.type} {self.name}")
+            # Collected without close(): only signal the thread (a collection must not wait or lock).
+            self._finalizer = weakref.finalize(self, self._prefetcher.stop)
+        with self._prefetcher.batch() as batch:
+            _copy_to_top(top, batch)
+
+    def close(self):
+        """Stop the reader thread and release the source."""
+        self._closed = True
+        if self._prefetcher is not None:
+            self._finalizer.detach()
+            self._prefetcher.close()
+            if self._prefetcher.running:
+                return                          # still inside a read: leave its source open
+        self._release()
+
+    def _release(self):
+        pass
+
+
+@register
+class Data(_Prefetching):
+    type = "Data"
+    max_tops = 2
+
+    def _setup(self):
+        p = self.param.data_param
+        self._legacy(p, "data_param")
+        if p.backend != pb.DataParameter.LMDB:
+            raise self.error("backend LEVELDB (Caffe's default) is not supported: convert the data "
+                             "to LMDB and set data_param { backend: LMDB }")
+        batch = self._batch_size(p.batch_size)
+        self.depth = max(1, p.prefetch)
+        self.source = p.source
+        self.transformer = DataTransformer(self.param.transform_param, self.phase)
+        self.db = LMDBReader(p.source)
+        self.datum_shape = self._decode(*self.db.first())[0].shape
+        shape = self.transformer.infer_shape(self.datum_shape, f"the data in {p.source}")
+        self._started = False
+        return [(batch, *shape), (batch,)][:len(self.param.top)]
+
+    def _decode(self, key, value):
+        what = f"LMDB {self.source} key {key.decode(errors='replace')}"
+        d = datums.parse(value, what)
+        return datums.to_array(d, self.transformer.color, what), d.label
+
+    def load_batch(self, batch):
+        with self._named():
+            if not self._started:
+                self._started = True
+                skip = self.param.data_param.rand_skip
+                for _ in range(self.rng.integers(skip) if skip else 0):
+                    next(self.db)                   # Caffe's rand_skip: start at a random record
+            data = batch[0]
+            for i in range(len(data)):
+                key, value = next(self.db)
+                x, label = self._decode(key, value)
+                if x.shape != self.datum_shape:
+                    raise self.error(f"LMDB {self.source}: the datum at key {key.decode(errors='replace')} "
+                                     f"has shape {x.shape}, the first datum {self.datum_shape}; "
+                                     "every datum must have the first one's shape")
+                self.transformer(x, data[i], self.rng)
+                if len(batch) > 1:
+                    batch[1][i] = label
+
+    def _release(self):
+        self.db.close()
+
+
+@register
+class ImageData(_Prefetching):
+    type = "ImageData"
+    exact_tops = 2
+
+    def _setup(self):
+        p = self.param.image_data_param
+        self._legacy(p, "image_data_param")
+        batch = self._batch_size(p.batch_size)
+        if (p.new_height > 0) != (p.new_width > 0):
+            raise self.error("new_height and new_width must be set together")
+        self.lines = self._read_list(p.source)
+        self.transformer = DataTransformer(self.param.transform_param, self.phase)
+        self.image_shape = self._load(0).shape
+        shape = self.transformer.infer_shape(self.image_shape, f"image {self.lines[0][1]}")
+        self._order = None
+        return [(batch, *shape), (batch,)]
+
+    def _read_list(self, source):
+        """Caffe's list format: a path, a space, an integer label (split at the last space)."""
+        try:
+            text = Path(source).read_text()
+        except OSError as e:
+            raise self.error(f"cannot read the image list {source}: {e.strerror}") from None
+        lines = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            path, _, label = line.rstrip().rpartition(" ")
+            try:
+                lines.append((n, path, int(label)))
+            except ValueError:
+                raise self.error(f'{source} line {n}: expected "path label", got {line!r}') from None
+            if not path:
+                raise self.error(f'{source} line {n}: expected "path label", got {line!r}')
+        if not lines:
+            raise self.error(f"the image list {source} is empty")
+        return lines
+
+    def _load(self, i):
+        p = self.param.image_data_param
+        n, path, _ = self.lines[i]
+        with self._named(f"{p.source} line {n}: "):
+            return image.load(p.root_folder + path, p.new_height, p.new_width, p.is_color)
+
+    def load_batch(self, batch):
+        p = self.param.image_data_param
+        with self._named():
+            if self._order is None:                 # on the reader thread: shuffle, skip
+                self._order = np.arange(len(self.lines))
+                if p.shuffle:
+                    self.rng.shuffle(self._order)
+                self._pos = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
+                if self._pos >= len(self.lines):
+                    raise self.error(f"rand_skip {p.rand_skip}: not enough images to skip")
+            data, labels = batch
+            for i in range(len(data)):
+                k = self._order[self._pos]
+                x = self._load(k)
+                n, path, label = self.lines[k]
+                if x.shape != self.image_shape:
+                    raise self.error(f"{p.source} line {n}: image {p.root_folder + path} has shape {x.shape}, "
+                                     f"the first image {self.image_shape}; set new_height and new_width "
+                                     "to resize them all")
+                self.transformer(x, data[i], self.rng)
+                labels[i] = label
+                self._pos += 1
+                if self._pos == len(self.lines):
+                    self._pos = 0
+                    if p.shuffle:
+                        self.rng.shuffle(self._order)
+
+
+@register
+class HDF5Data(_Prefetching):
+    """Rows of the datasets named after the tops, file after file, as Caffe's HDF5DataLayer.
+
+    Caffe's order: the listed files in turn (a permutation, reshuffled every
+    pass, with shuffle), rows of each file in order (a permutation shuffled
+    when the file is loaded and again whenever its rows run out, with
+    shuffle); after the last file, back to the first.
+    """
+    type = "HDF5Data"
+    min_tops = 1
+
+    def _setup(self):
+        if self.param.HasField("transform_param"):
+            raise self.error("HDF5Data does not transform data (Caffe refuses transform_param too)")
+        p = self.param.hdf5_data_param
+        batch = self._batch_size(p.batch_size)
+        try:
+            self.files = Path(p.source).read_text().split()
+        except OSError as e:
+            raise self.error(f"cannot read the HDF5 file list {p.source}: {e.strerror}") from None
+        if not self.files:
+            raise self.error(f"the HDF5 file list {p.source} names no file")
+        self.row_shapes = None
+        self.row_shapes = [a.shape[1:] for a in self._read(self.files[0])]
+        self._rows = None
+        return [(batch, *s) for s in self.row_shapes]
+
+    def _read(self, path):
+        import h5py
+        where = f"HDF5 file {path} (listed in {self.param.hdf5_data_param.source})"
+        tops = list(self.param.top)
+        try:
+            with h5py.File(path, "r") as f:
+                missing = [t for t in tops if t not in f]
+                if missing:
+                    raise self.error(f'{where} has no dataset "{missing[0]}" for top "{missing[0]}" '
+                                     f"(it has: {', '.join(sorted(f.keys()))})")
+                arrays = [f[t][...] for t in tops]
+        except OSError as e:
+            raise self.error(f"{where} cannot be read: {e}") from None
+        rows = {a.shape[0] if a.ndim else 0 for a in arrays}
+        if len(rows) != 1 or 0 in rows:
+            raise self.error(f"{where}: every top needs the same positive number of rows; "
+                             + ", ".join(f'"{t}" {a.shape}' for t, a in zip(tops, arrays)))
+        for t, a, s in zip(tops, arrays, self.row_shapes or [a.shape[1:] for a in arrays]):
+            if a.shape[1:] != s:
+                raise self.error(f'{where}: dataset "{t}" has rows of shape {a.shape[1:]}, '
+                                 f"the first file {s}")
+        return arrays
+
+    def _iter_rows(self):
+        """(arrays, row) in Caffe's order, forever; on the reader thread."""
+        shuffle = self.param.hdf5_data_param.shuffle
+        files = np.arange(len(self.files))
+        if shuffle:
+            self.rng.shuffle(files)
+
+        def load(i):
+            arrays = self._read(self.files[files[i]])
+            order = np.arange(len(arrays[0]))
+            if shuffle:
+                self.rng.shuffle(order)
+            return arrays, order
+        current = 0
+        arrays, order = load(current)
+        while True:
+            for r in range(len(order)):
+                yield arrays, order[r]
+            if len(files) > 1:
+                current += 1
+                if current == len(files):
+                    current = 0
+                    if shuffle:
+                        self.rng.shuffle(files)
+                arrays, order = load(current)
+            if shuffle:
+                self.rng.shuffle(order)
+
+    def load_batch(self, batch):
+        if self._rows is None:
+            self._rows = self._iter_rows()
+        for i in range(len(batch[0])):
+            arrays, r = next(self._rows)
+            for out, a in zip(batch, arrays):
+                out[i] = a[r]
+
+
+@register
+class MemoryData(_Source):
+    """Batches from arrays a Python caller hands over with ``reset(data, labels)`` (Caffe's Reset).
+
+    As in Caffe, the arrays are not copied and not transformed; batches are
+    served in order and wrap around.
+    """
+    type = "MemoryData"
+    exact_tops = 2
+
+    def setup(self, bottom_shapes):
+        p = self.param.memory_data_param
+        self.shape = (p.batch_size, p.channels, p.height, p.width)
+        if not all(self.shape):
+            raise self.error("batch_size, channels, height and width must be set and positive "
+                             "in memory_data_param")
+        self._data = None
+        return [self.shape, (p.batch_size,)]
+
+    def reset(self, data, labels):
+        data, labels = np.asarray(data), np.asarray(labels)
+        n = len(data) if data.ndim else 0
+        if data.ndim != 4 or data.shape[1:] != self.shape[1:]:
+            raise self.error(f"reset: data has shape {data.shape}, expected (N, {', '.join(map(str, self.shape[1:]))})")
+        if labels.size != n or (labels.ndim and labels.shape[0] != n):
+            raise self.error(f"reset: {n} images but labels of shape {labels.shape}")
+        if n == 0 or n % self.shape[0]:
+            raise self.error(f"reset: N = {n} must be a positive multiple of batch_size {self.shape[0]}")
+        if self.param.HasField("transform_param"):
+            warnings.warn(f'layer "{self.name}": MemoryData does not transform the arrays given to reset()',
+                          stacklevel=2)
+        self._data, self._labels, self._pos = data, labels.reshape(n), 0
+
+    def forward(self, bottom, top):
+        if self._data is None:
+            raise self.error("no data: call reset(data, labels) on this layer first")
+        end = self._pos + self.shape[0]
+        _copy_to_top(top, (self._data[self._pos:end], self._labels[self._pos:end]))
+        self._pos = end % len(self._data)

@@ -41,7 +41,7 @@ class Net:
         self.phase = phase
         self.graph = build_graph(param, phase, dtype)
         self.name = param.name
-        self.plan = self._make_plan(memory, reserve)
+        self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
         self._bind()
         self.init_params(seed)
         if weights is not None:
@@ -49,11 +49,14 @@ class Net:
 
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve):
-        from .mem.planner import auto_plan, make_plan
+        from .mem.planner import auto_plan, check_fits, make_plan
         capacity = self.device.pool.capacity - self.device.pool.in_use
         if memory == "auto":
-            return auto_plan(self.graph, capacity, reserve)
-        return make_plan(self.graph, memory, capacity if memory in ("offload", "all") else None, reserve)
+            plan = auto_plan(self.graph, capacity, reserve)
+        else:
+            plan = make_plan(self.graph, memory, capacity if memory in ("offload", "all") else None, reserve)
+        check_fits(self.graph, plan, capacity, reserve)
+        return plan
 
     def _binders(self):
         """id(root) -> setters that point every view of that root at its block (or None)."""

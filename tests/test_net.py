@@ -135,6 +135,25 @@ def test_unsupported_type_and_shape_mismatch_name_the_layers():
         Net(parse_text(dup, pb.NetParameter()))
 
 
-def test_out_of_memory_names_the_tensor():
-    with pytest.raises(MemoryError, match='tensor "'):
-        Net(parse_text(SMALL % "", pb.NetParameter()), "TRAIN", device=CPUDevice(4096))
+def test_a_plan_that_does_not_fit_is_refused_with_what_would_fit():
+    net_param = parse_text(SMALL % "", pb.NetParameter())
+    from sncaffe.mem.planner import make_plan
+    graph = Net(net_param, "TRAIN", device=CPUDevice(64 << 20)).graph
+    lean = make_plan(graph, "liveness").peak
+    assert lean < make_plan(graph, "none").peak
+    with pytest.raises(MemoryError) as e:
+        Net(net_param, "TRAIN", device=CPUDevice(lean))
+    msg = str(e.value)
+    assert "memory mode 'none' needs" in msg and "short) at step" in msg and "memory mode 'liveness' fits" in msg
+    with pytest.raises(MemoryError, match="no memory mode fits; the leanest"):
+        Net(net_param, "TRAIN", device=CPUDevice(4096), memory="all")
+
+
+def test_running_out_at_a_step_names_the_step_and_tensor():
+    net = small()
+    net.device.alloc((net.device.pool.largest_free - 256,), "uint8", "someone else")   # taken behind the plan
+    fill(net)
+    with pytest.raises(MemoryError) as e:
+        net.forward()
+    msg = str(e.value)
+    assert "conv1:forward" in msg and 'tensor "' in msg and "short" in msg

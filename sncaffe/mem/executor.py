@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .liveness import op_tensors, workspaces
+from .pool import OutOfMemory
 
 
 class Executor:
@@ -56,8 +57,14 @@ class Executor:
 
     # -- instructions -----------------------------------------------------------
     def execute(self, instrs):
-        for ins in instrs:
-            getattr(self, "_" + ins.kind)(ins)
+        for i, ins in enumerate(instrs):
+            try:
+                getattr(self, "_" + ins.kind)(ins)
+            except OutOfMemory as e:
+                from .planner import MemoryExhausted
+                step = next((x.op.name for x in instrs[i:] if x.kind == "run"), "the end")
+                raise MemoryExhausted(f"at step {step}: {e}; memory was taken outside the plan "
+                                      f"(another net or buffer on this device?)") from None
 
     def _alloc(self, ins):
         self.alloc(ins.tensor, ins.fill)

@@ -36,6 +36,35 @@ class PlanError(ValueError):
     pass
 
 
+class MemoryExhausted(MemoryError):
+    """A plan or a step that does not fit the device, with what would fit."""
+
+
+def advice(graph, capacity, reserve=0) -> str:
+    """Which memory mode fits ``capacity``, or how much memory the leanest plan needs."""
+    from .pool import fmt_bytes
+    peaks = {}
+    for mode in AUTO_ORDER:
+        peaks[mode] = make_plan(graph, mode, capacity if mode in ("offload", "all") else None, reserve).peak
+        if peaks[mode] <= capacity:
+            return f"memory mode '{mode}' fits ({fmt_bytes(peaks[mode])})"
+    return (f"no memory mode fits; the leanest ('all') needs {fmt_bytes(min(peaks.values()))}: "
+            f"give the device at least that much (--device-memory) or use a smaller batch")
+
+
+def check_fits(graph, plan, capacity, reserve=0) -> None:
+    """Refuse, before anything runs, a plan whose peak exceeds the device."""
+    if plan.peak <= capacity:
+        return
+    from .pool import fmt_bytes
+    t = plan.timeline
+    i = max(range(len(t.device)), key=t.device.__getitem__)
+    step = next((name for at, name in reversed(t.steps) if at <= i), "the start")
+    raise MemoryExhausted(
+        f"memory mode '{plan.mode}' needs {fmt_bytes(plan.peak)} but the device has {fmt_bytes(capacity)} free "
+        f"({fmt_bytes(plan.peak - capacity)} short) at step {step}, {t.labels[i]}; {advice(graph, capacity, reserve)}")
+
+
 @dataclass
 class Plan:
     mode: str

@@ -148,8 +148,18 @@ class Solver:
     def _make_net(self, net_param, state, seed, what):
         net_param.state.CopyFrom(state)
         log.info("Creating %s", what)
+        train = state.phase == pb.TRAIN and what.startswith("training")
+        mode = self.param.memory_param.mode if self.param.HasField("memory_param") else \
+            (net_param.memory_param.mode or "none")
         return Net(net_param, state.phase, device=self.device, stages=list(state.stage),
-                   level=state.level, seed=seed, dtype=self.dtype)
+                   level=state.level, seed=seed, dtype=self.dtype, memory=mode or "none",
+                   reserve=self._history_bytes if train else 0)
+
+    def _history_bytes(self, graph) -> int:
+        """What ``_alloc_history`` will take from the pool, for the train net's memory plan."""
+        from ..mem.pool import align
+        sizes = [int(np.prod(d.shape, dtype=np.int64)) * self.dtype.itemsize for n in graph.layers for d, _ in n.params]
+        return self.rule.n_history * sum(align(b) for b in sizes) + 2 * align(max(sizes, default=0))
 
     def _train_net(self):
         p = self.param

@@ -195,6 +195,8 @@ def _solver_param(args):
         p.random_seed = args.seed
     if args.snapshot_prefix:
         p.snapshot_prefix = args.snapshot_prefix
+    if args.memory:
+        p.memory_param.mode = args.memory
     if args.batch:
         _materialize_nets(p, args.batch)
     if p.HasField("snapshot_prefix") and (p.snapshot or p.snapshot_after_train):
@@ -356,7 +358,7 @@ def cmd_time(args) -> int:
     from .net import Net
     param = _net_param(args)
     param.force_backward = True           # time every layer's backward, as caffe time does
-    net = Net(param, args.phase, device=_device(args), weights=args.weights)
+    net = Net(param, args.phase, device=_device(args), weights=args.weights, memory=args.memory)
     SyntheticInputs(0)(net)
     rng = np.random.default_rng(0)
     for name in net.outputs:
@@ -395,11 +397,68 @@ def cmd_time(args) -> int:
     return 0
 
 
+# -- plan -----------------------------------------------------------------------
+
+MEMORY_MODES = ("none", "liveness", "offload", "recompute", "all", "auto")
+
+
+def cmd_plan(args) -> int:
+    """The memory of one iteration in every mode, simulated: nothing is allocated or computed."""
+    from .graph import build_graph
+    from .mem.planner import MODES, auto_plan, make_plan
+    from .mem.pool import parse_bytes
+    from .mem.report import draw_timelines, plan_table
+    from .prototxt import prepare_net
+    from .solvers.solver import history_bytes
+    from .solvers.update import RULES
+    t0 = time.perf_counter()
+    param = _net_param(args)
+    graph = build_graph(prepare_net(param, args.phase), 0 if args.phase == "TRAIN" else 1)
+    capacity = parse_bytes(args.device_memory) if args.device_memory else None
+    rule = RULES.get(args.solver_type)
+    if rule is None:
+        raise ValueError(f"unknown solver type {args.solver_type!r} ({', '.join(RULES)})")
+    train = args.phase == "TRAIN"
+    reserve = history_bytes(graph, rule.n_history) if train else 0
+    learnable = sum(int(np.prod(d.shape)) for n in graph.layers for d, _ in n.params if n.layer.learnable)
+    batch = next((t.shape[0] for n in graph.layers if not n.bottoms for t in n.tops if t.shape), 0)
+    print(f"sncaffe plan: {args.net} ({graph.param.name or 'net'}), phase {args.phase}, batch {batch}, "
+          f"{len(graph.layers)} layers, {learnable / 1e6:.1f} M learnable parameters"
+          + (f", {args.solver_type} history {fmt_bytes(reserve)}" if train else ""))
+    plans = [make_plan(graph, mode, None, reserve) for mode in MODES]
+    lb = plans[0].lower_bound
+    print(f"lower bound (the most one step needs): {fmt_bytes(lb)} at {plans[-1].lower_bound_step}")
+    print(plan_table(plans))
+    if capacity is not None:
+        cached = [make_plan(graph, mode, capacity, reserve) for mode in ("offload", "all")]
+        print(f"device memory {fmt_bytes(capacity)}: offloaded tensors stay cached on the device while they "
+              f"fit (LRU):")
+        print(plan_table(cached, capacity))
+    if args.memory == "auto" or (args.memory is None and capacity is not None):
+        if capacity is None:
+            raise ValueError("--memory auto needs --device-memory")
+        chosen = auto_plan(graph, capacity, reserve)
+        verdict = "fits" if chosen.fits else "does NOT fit; the leanest plan is shown"
+        print(f"auto: mode '{chosen.mode}' {verdict} (peak {fmt_bytes(chosen.peak)} of {fmt_bytes(capacity)})")
+    elif args.memory:
+        chosen = next(p for p in plans if p.mode == args.memory)
+        print(f"mode '{chosen.mode}': peak {fmt_bytes(chosen.peak)}, {len(chosen.offloaded)} tensors offloaded, "
+              f"{len(chosen.dropped)} dropped and recomputed ({chosen.recomputed_ops} replays)")
+    png = args.png or str(Path(args.net).with_suffix("").name) + "_plan.png"
+    draw_timelines(plans, png, title=f"{graph.param.name or args.net}, batch {batch}", capacity=capacity)
+    print(f"timelines: {png} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
 # -- the command ----------------------------------------------------------------
 
 def _parser():
     p = argparse.ArgumentParser(prog="sncaffe", description="Train and run Caffe networks.")
     sub = p.add_subparsers(dest="command", required=True)
+
+    def memory_flag(q, default="none"):
+        q.add_argument("--memory", default=default, choices=MEMORY_MODES,
+                       help="memory mode (default: %(default)s; auto: the cheapest that fits the device)")
 
     def device_flags(q, default="cpu"):
         q.add_argument("--device", default=default, help="cpu or cuda (default: %(default)s)")
@@ -424,6 +483,7 @@ def _parser():
                    help="on Ctrl-C: stop (snapshot and exit; again to abort), snapshot (and go on), none")
     t.add_argument("--sighup-effect", default="snapshot", choices=SIGNAL_EFFECTS, help="on SIGHUP (as Caffe)")
     device_flags(t, default=None)
+    memory_flag(t, default=None)
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("test", help="score a net: average its outputs over batches (like caffe test)")
@@ -443,7 +503,20 @@ def _parser():
     m.add_argument("--batch", type=int, help="override the batch size")
     m.add_argument("--weights", help=".caffemodel to load")
     device_flags(m)
+    memory_flag(m)
     m.set_defaults(func=cmd_time)
+
+    q = sub.add_parser("plan", help="simulate the memory of one training iteration in every mode, "
+                                    "without computing")
+    q.add_argument("net", help="net prototxt")
+    q.add_argument("--device-memory", help="device capacity to plan for, e.g. 12GiB")
+    q.add_argument("--batch", type=int, help="override the batch size")
+    q.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    q.add_argument("--memory", default=None, choices=MEMORY_MODES,
+                   help="show this mode's plan in detail (auto: the cheapest that fits --device-memory)")
+    q.add_argument("--solver-type", default="SGD", help="the solver whose history is counted (default: SGD)")
+    q.add_argument("--png", help="where to draw the memory timelines (default: <net>_plan.png)")
+    q.set_defaults(func=cmd_plan)
     return p
 
 

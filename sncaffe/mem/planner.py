@@ -404,10 +404,13 @@ class _Builder:
                     self.emit("drop", r)
 
     def lower_bound(self):
+        """max over steps of what that step itself touches, beside what always lives (any mode)."""
         best, where = 0, ""
-        base = sum(align(r.nbytes) for r in self.persistent) + self.extra
+        always = persistent_roots(self.graph)
+        keep = {id(r) for r in always}
+        base = sum(align(r.nbytes) for r in always) + self.extra
         for op in self.ops:
-            need = base + sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in self.persistent_ids)
+            need = base + sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in keep)
             need += sum(align(t.nbytes) for t in workspaces(op))
             if need > best:
                 best, where = need, op.name

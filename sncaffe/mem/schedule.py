@@ -56,6 +56,7 @@ class Timeline:
     host: list
     labels: list                 # the instruction behind each point
     steps: list                  # (index into device/host, op name) where each run starts
+    backward_start: int = 0      # index where backward begins
 
     @property
     def peak(self) -> int:
@@ -70,7 +71,10 @@ def simulate(schedule: Schedule, persistent: int) -> Timeline:
     """Replay the schedule's memory instructions: bytes in use, as the pool will count them."""
     dev, host = persistent, 0
     d, h, labels, steps = [dev], [host], ["start"], []
-    for ins in schedule:
+    backward_start = None
+    for k, ins in enumerate(schedule):
+        if k == len(schedule.forward):
+            backward_start = len(d) - 1
         if ins.kind == "alloc":
             dev += align(ins.tensor.nbytes)
         elif ins.kind == "free":
@@ -87,4 +91,4 @@ def simulate(schedule: Schedule, persistent: int) -> Timeline:
         d.append(dev)
         h.append(host)
         labels.append(repr(ins))
-    return Timeline(d, h, labels, steps)
+    return Timeline(d, h, labels, steps, len(d) - 1 if backward_start is None else backward_start)

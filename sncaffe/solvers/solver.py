@@ -83,6 +83,14 @@ def _upgrade_snapshot_prefix(param, path) -> None:
         param.snapshot_prefix = os.path.join(param.snapshot_prefix, Path(path).stem)
 
 
+def history_bytes(graph, n_history, dtype=np.float32) -> int:
+    """What a solver's history and work buffers take from the pool (for a memory plan)."""
+    from ..mem.pool import align
+    size = np.dtype(dtype).itemsize
+    sizes = [int(np.prod(d.shape, dtype=np.int64)) * size for n in graph.layers for d, _ in n.params]
+    return n_history * sum(align(b) for b in sizes) + 2 * align(max(sizes, default=0))
+
+
 class Solver:
     def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32):
         if isinstance(param, pb.SolverParameter):
@@ -156,10 +164,7 @@ class Solver:
                    reserve=self._history_bytes if train else 0)
 
     def _history_bytes(self, graph) -> int:
-        """What ``_alloc_history`` will take from the pool, for the train net's memory plan."""
-        from ..mem.pool import align
-        sizes = [int(np.prod(d.shape, dtype=np.int64)) * self.dtype.itemsize for n in graph.layers for d, _ in n.params]
-        return self.rule.n_history * sum(align(b) for b in sizes) + 2 * align(max(sizes, default=0))
+        return history_bytes(graph, self.rule.n_history, self.dtype)
 
     def _train_net(self):
         p = self.param

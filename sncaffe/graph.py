@@ -9,7 +9,9 @@ writes. The graph is plain data: nothing here allocates memory or computes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -32,9 +34,9 @@ class Tensor:
     kind: str                       # data | diff | param | param_diff | scratch | workspace
     base: "Tensor | None" = None    # shares base's memory (aliasing layers)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def root(self) -> "Tensor":

@@ -26,7 +26,7 @@ class Net:
     others take beside the net (the solver's history), so the plan accounts for them."""
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
-                 weights=None, seed=0, dtype=np.float32, memory="none", reserve=0):
+                 weights=None, seed=0, dtype=np.float32, memory="none", reserve=0, host_params=False):
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -41,7 +41,11 @@ class Net:
         self.phase = phase
         self.graph = build_graph(param, phase, dtype)
         self.name = param.name
+        self.host_params = host_params
+        if host_params:
+            reserve = 0                 # the solver's history lives on the host too
         self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
+        self.host_params = bool(self.plan.host_params)      # auto may have chosen them
         self._bind()
         self.init_params(seed)
         if weights is not None:
@@ -52,9 +56,9 @@ class Net:
         from .mem.planner import auto_plan, check_fits, make_plan
         capacity = self.device.pool.capacity - self.device.pool.in_use
         if memory == "auto":
-            plan = auto_plan(self.graph, capacity, reserve)
+            plan = auto_plan(self.graph, capacity, reserve, host_params=self.host_params)
         else:
-            plan = make_plan(self.graph, memory, capacity if memory in ("offload", "all") else None, reserve)
+            plan = make_plan(self.graph, memory, capacity, reserve, host_params=self.host_params)
         check_fits(self.graph, plan, capacity, reserve)
         return plan
 
@@ -96,7 +100,21 @@ class Net:
         self.executor = Executor(self.device, self._binders(), self._run_op)
         for root in self.plan.persistent:
             self.executor.alloc(root, fill=0, persistent=True)
+        for root in self.plan.host_params:
+            self.executor.host_home(root)
         self._set_loss_diffs()
+
+    def alloc_state(self, shape, dtype, name):
+        """An array for state beside the net (the solver's history): in the device pool, or in
+        the host pool when the parameters live on the host."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self.host_params:
+            off, raw = self.device.host_alloc(max(nbytes, 1), name)
+            arr = raw[:nbytes].view(dtype).reshape(shape)
+            arr[...] = 0
+            return arr
+        return self.device.alloc(shape, dtype, name, zero=True)[1]
 
     def _set_loss_diffs(self):
         for node in self.graph.layers:
@@ -166,11 +184,12 @@ class Net:
                 b.diff[...] = 0
 
     # -- running --------------------------------------------------------------
-    def _run_op(self, op, recompute=False, workspace=None):
+    def _run_op(self, op, recompute=False, workspace=None, chunk=None):
         node = op.node
         layer = node.layer
-        layer.workspace = {k: workspace[t] for k, t in
-                           (node.workspace if op.kind == "forward" else node.backward_workspace).items()}
+        layer.workspace = workspace or {}
+        if chunk:
+            saved, layer.chunk = layer.chunk, chunk
         t0 = time.perf_counter()
         try:
             if op.kind == "forward":
@@ -182,6 +201,8 @@ class Net:
                         blob.diff[...] = 0      # frozen parameters keep a zero gradient, as in Caffe
         finally:
             layer.workspace = {}
+            if chunk:
+                layer.chunk = saved
         timings = self._timings
         if timings is not None:
             self.device.synchronize()

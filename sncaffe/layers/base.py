@@ -105,6 +105,11 @@ class Layer:
         """Forward again in backward (the memory runtime): same outputs, no side effects."""
         self.forward(bottom, top)
 
+    def workspace_for_chunk(self, chunk: int) -> dict | None:
+        """Workspace specs when the batch is processed ``chunk`` images at a time
+        (setting ``self.chunk``); None: this layer cannot work in chunks."""
+        return None
+
     def init_params(self, rng) -> None:
         """Fill ``self.blobs[i].data`` from the layer's fillers (parameterised layers)."""
 

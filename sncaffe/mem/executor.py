@@ -9,10 +9,7 @@ measured peak equals the planned one.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from .liveness import op_tensors, workspaces
-from .pool import OutOfMemory
+from .liveness import op_tensors
 
 
 class Executor:
@@ -25,6 +22,7 @@ class Executor:
         self.d2h, self.h2d = {}, {}     # id(device root) -> event of a copy out of / into it
         self.host_events = {}           # id(value) -> events reading or writing its host block
         self.transient = {}             # id(root) -> root, allocated by a schedule and not yet freed
+        self.home = {}                  # id(root) -> host array a hosted parameter lives in
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "waits": 0}
 
     # -- memory -----------------------------------------------------------------
@@ -46,8 +44,20 @@ class Executor:
         self.device.free(self.offsets.pop(key))
         del self.arrays[key]
         self.transient.pop(key, None)
+        home = self.home.get(key)
         for bind in self.binders.get(key, ()):
-            bind(None)
+            bind(home)
+
+    def host_home(self, t):
+        """Give ``t`` a permanent host block (a hosted parameter); its views point there between steps."""
+        off, raw = self.device.host_alloc(max(t.nbytes, 1), t.name)
+        raw = raw[:t.nbytes]
+        raw[...] = 0
+        self.host[id(t)] = (off, raw)
+        home = self.home[id(t)] = raw.view(t.dtype).reshape(t.shape)
+        for bind in self.binders.get(id(t), ()):
+            bind(home)
+        return home
 
     def _wait(self, event):
         if event is not None:
@@ -60,8 +70,10 @@ class Executor:
         for i, ins in enumerate(instrs):
             try:
                 getattr(self, "_" + ins.kind)(ins)
-            except OutOfMemory as e:
+            except MemoryError as e:     # the pool's OutOfMemory, or a library's (cuDNN, CuPy)
                 from .planner import MemoryExhausted
+                if isinstance(e, MemoryExhausted):
+                    raise
                 step = next((x.op.name for x in instrs[i:] if x.kind == "run"), "the end")
                 raise MemoryExhausted(f"at step {step}: {e}; memory was taken outside the plan "
                                       f"(another net or buffer on this device?)") from None
@@ -78,10 +90,13 @@ class Executor:
             self._wait(self.h2d.pop(id(r), None))
             if write:
                 self._wait(self.d2h.pop(id(r), None))   # an offload still reading what we overwrite
-        ws = {}
-        for t in workspaces(op):
-            ws[t] = self.arrays[id(t)]
-        self.run_op(op, ins.recompute, ws)
+        node = op.node
+        if ins.workspace is not None:
+            names = ins.workspace
+        else:
+            names = node.workspace if op.kind == "forward" else node.backward_workspace
+        ws = {k: self.arrays[id(t)] for k, t in names.items()}
+        self.run_op(op, ins.recompute, ws, ins.chunk)
 
     def _offload(self, ins):
         value, dev = ins.tensor, ins.source or ins.tensor
@@ -109,10 +124,10 @@ class Executor:
 
     def _snapshot(self, ins):
         self._wait(self.h2d.pop(id(ins.tensor), None))
-        np.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
+        self.device.xp.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
 
     def _restore(self, ins):
-        np.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
+        self.device.xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
 
     # -- iteration boundaries ---------------------------------------------------
     def reset(self):
@@ -122,8 +137,9 @@ class Executor:
         for key in list(self.host):
             for event in self.host_events.pop(key, []):
                 self._wait(event)
-            self.device.host_free(self.host.pop(key)[0])
+            if key not in self.home:
+                self.device.host_free(self.host.pop(key)[0])
 
     @property
     def busy(self) -> bool:
-        return bool(self.transient or self.host)
+        return bool(self.transient or len(self.host) > len(self.home))

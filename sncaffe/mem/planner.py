@@ -23,7 +23,7 @@ import numpy as np
 
 from ..graph import Tensor
 from .liveness import analyze, op_tensors, persistent_roots, workspaces
-from .pool import align
+from .pool import OutOfMemory, Pool, align
 from .recompute import is_cheap, kept_scratch, segments
 from .schedule import Instr, Schedule, simulate
 
@@ -45,8 +45,9 @@ def advice(graph, capacity, reserve=0) -> str:
     from .pool import fmt_bytes
     peaks = {}
     for mode in AUTO_ORDER:
-        peaks[mode] = make_plan(graph, mode, capacity if mode in ("offload", "all") else None, reserve).peak
-        if peaks[mode] <= capacity:
+        plan = make_plan(graph, mode, capacity, reserve)
+        peaks[mode] = plan.peak
+        if plan.fits:
             return f"memory mode '{mode}' fits ({fmt_bytes(peaks[mode])})"
     return (f"no memory mode fits; the leanest ('all') needs {fmt_bytes(min(peaks.values()))}: "
             f"give the device at least that much (--device-memory) or use a smaller batch")
@@ -54,9 +55,12 @@ def advice(graph, capacity, reserve=0) -> str:
 
 def check_fits(graph, plan, capacity, reserve=0) -> None:
     """Refuse, before anything runs, a plan whose peak exceeds the device."""
-    if plan.peak <= capacity:
+    if plan.peak <= capacity and not plan.overflow:
         return
     from .pool import fmt_bytes
+    if plan.peak <= capacity:
+        raise MemoryExhausted(f"memory mode '{plan.mode}' cannot place every tensor in {fmt_bytes(capacity)} "
+                              f"(fragmentation) {plan.overflow}; {advice(graph, capacity, reserve)}")
     t = plan.timeline
     i = max(range(len(t.device)), key=t.device.__getitem__)
     step = next((name for at, name in reversed(t.steps) if at <= i), "the start")
@@ -73,6 +77,7 @@ class Plan:
     persistent_bytes: int
     extra_bytes: int                  # pool bytes held outside the graph (solver history)
     capacity: int | None
+    overflow: str = ""                # the first allocation a capacity-bound plan could not place
     peak: int = 0
     host_peak: int = 0
     lower_bound: int = 0
@@ -85,11 +90,12 @@ class Plan:
     cache_misses: int = 0
     offloaded: list = field(default_factory=list)
     dropped: list = field(default_factory=list)
+    host_params: list = field(default_factory=list)   # roots kept on the host, brought in per step
     timeline: object = None
 
     @property
     def fits(self) -> bool:
-        return self.capacity is None or self.peak <= self.capacity
+        return self.capacity is None or (self.peak <= self.capacity and not self.overflow)
 
     def summary(self) -> dict:
         return dict(mode=self.mode, peak=self.peak, lower_bound=self.lower_bound,
@@ -112,25 +118,34 @@ def layer_flops(node) -> int:
     return out * {"LRN": 10, "BatchNorm": 6, "Pooling": 9}.get(node.type, 2)
 
 
-def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3) -> Plan:
+def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
+              host_params=False) -> Plan:
+    """``host_params``: parameters and their gradients live in host memory and each layer's are
+    brought in for its forward and backward (the solver then updates them on the host)."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
-    return _Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap).build()
+    return _Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params).build()
 
 
 def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
-    """The cheapest mode whose plan fits ``capacity``; the ``all`` plan if none does."""
+    """The cheapest mode whose plan fits ``capacity``; then ``all`` with parameters on the host."""
     for mode in AUTO_ORDER:
         plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
         if plan.fits:
             return plan
+    if not kw.get("host_params"):
+        kw["host_params"] = True
+        return make_plan(graph, "all", capacity, 0, **kw)
     return plan
 
 
 class _Builder:
-    def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap):
+    def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False):
         self.graph, self.mode, self.capacity = graph, mode, capacity
-        self.extra = extra_bytes
+        self.host_params = host_params
+        # Blocks others take beside the net (the solver's history), in their allocation order.
+        self.extra_blocks = [extra_bytes] if isinstance(extra_bytes, int) else list(extra_bytes)
+        self.extra = sum(align(b) for b in self.extra_blocks if b)
         self.lookahead, self.min_gap = lookahead, min_gap
         self.offload = mode in ("offload", "all")
         self.recompute = mode in ("recompute", "all")
@@ -145,8 +160,9 @@ class _Builder:
         ins = Instr(kind, tensor, **kw)
         self.out.append(ins)
         if kind == "alloc":
+            self.place(tensor)
             self.in_use += align(tensor.nbytes)
-            if self.pos >= self.nf and tensor.kind != "workspace":
+            if self.pos >= self.nf and tensor.kind != "workspace" and id(tensor) not in self.param_ids:
                 last = self.need_times(tensor, -1)
                 if not last or last[-1] <= self.pos:
                     self.free_at.setdefault(self.pos, []).append(tensor)   # only this step needs it
@@ -154,6 +170,8 @@ class _Builder:
                     self.free_at.setdefault(last[-1], []).append(tensor)
             self.live[id(tensor)] = tensor
         elif kind == "free":
+            if id(tensor) in self.placed:
+                self.sim.free(self.placed.pop(id(tensor)))
             self.in_use -= align(tensor.nbytes)
             self.live.pop(id(tensor), None)
             self.cache.pop(id(tensor), None)
@@ -166,10 +184,38 @@ class _Builder:
             self.hosted.pop(id(tensor), None)
         return ins
 
-    def make_room(self, tensor):
-        """LRU: evict cached copies until ``tensor`` fits under the capacity."""
-        need = align(tensor.nbytes)
-        while self.capacity is not None and self.cache and self.in_use + need > self.capacity:
+    def place(self, tensor):
+        """Where the pool will put ``tensor``: the planner runs the device's own allocator, so a
+        plan that fits here is placed alike at run time (fragmentation included)."""
+        if self.sim is None:
+            return
+        try:
+            self.placed[id(tensor)] = self.sim.alloc(tensor.nbytes, tensor.name)
+        except OutOfMemory as e:
+            if not self.plan.overflow:
+                step = self.ops[self.pos].name if self.pos >= 0 else "the start"
+                self.plan.overflow = f"at step {step}: {e}"
+
+    def fits_now(self, sizes) -> bool:
+        if self.capacity is None:
+            return True
+        if self.sim is None:
+            return self.in_use + sum(align(n) for n in sizes) <= self.capacity
+        taken, ok = [], True
+        for n in sizes:             # a trial on the allocator, undone at once
+            try:
+                taken.append(self.sim.alloc(n))
+            except OutOfMemory:
+                ok = False
+                break
+        for off in taken:
+            self.sim.free(off)
+        return ok
+
+    def make_room(self, tensor=None, sizes=None):
+        """LRU: evict cached copies until ``tensor`` (or blocks of ``sizes``) can be placed."""
+        sizes = [tensor.nbytes] if sizes is None else sizes
+        while self.cache and not self.fits_now(sizes):
             _, victim = self.cache.popitem(last=False)
             self.emit("free", victim)
 
@@ -179,10 +225,15 @@ class _Builder:
 
     def run(self, i, recompute=False):
         op = self.ops[i]
-        ws = workspaces(op)
+        ws, chunk = workspaces(op), None
+        if self.capacity is not None and ws and not self.fits_now([t.nbytes for t in ws]):
+            self.make_room(sizes=[t.nbytes for t in ws])
+            if not self.fits_now([t.nbytes for t in ws]):
+                chunk, ws = self.chunked(op) or (None, ws)
         for t in ws:
             self.emit("alloc", t)
-        self.out.append(Instr("run", op=op, recompute=recompute))
+        self.out.append(Instr("run", op=op, recompute=recompute, chunk=chunk,
+                              workspace={t.name.split("#", 1)[1]: t for t in ws} if chunk else None))
         for t in ws:
             self.emit("free", t)
         if recompute:
@@ -197,8 +248,20 @@ class _Builder:
         if self.mode == "none":
             roots += [r for r, _ in self.uses.values()]
             self.uses = {}
+        self.persistent_ids = {id(r) for r in roots}     # never scheduled as activations
+        self.param_ids, self.param_ops = {}, {}
+        if self.host_params:
+            for node in g.layers:
+                for d, dd in node.params:
+                    for t in (d, dd):
+                        self.param_ids[id(t.root)] = t.root
+            for i, op in enumerate(self.ops):
+                # A layer without learnable blobs (BatchNorm) moves its statistics in forward.
+                moved = op.kind == "forward" and not op.node.layer.learnable
+                self.param_ops[i] = [(r, w or moved) for r, w in op_tensors(op) if id(r) in self.param_ids]
+            roots = [r for r in roots if id(r) not in self.param_ids]
+            self.plan.host_params = list(self.param_ids.values())
         self.persistent = roots
-        self.persistent_ids = {id(r) for r in roots}
         self.segs, self.seg_of = ([], []) if not self.recompute else segments(self.F, self.persistent_ids)
         self.dropped = {}                      # id(root) -> segment
         fidx = {id(op.node): i for i, op in enumerate(self.F)}
@@ -282,6 +345,18 @@ class _Builder:
         plan.persistent_bytes = sum(align(r.nbytes) for r in self.persistent)
         self.in_use = plan.persistent_bytes + self.extra
         self.live, self.hosted, self.cache = {}, {}, OrderedDict()
+        self.sim, self.placed = None, {}
+        if self.capacity is not None:
+            self.sim = Pool(self.capacity)
+            try:
+                for r in self.persistent:       # in the order the net binds them
+                    self.sim.alloc(r.nbytes)
+                for b in self.extra_blocks:
+                    if b:
+                        self.sim.alloc(b)
+            except OutOfMemory as e:
+                plan.overflow = f"at the start: {e}"
+                self.sim = None
         self.pos = -1
         self.out = plan.schedule.forward
         for i in range(self.nf):
@@ -308,11 +383,13 @@ class _Builder:
             else:
                 self.emit("alloc", ckpt)
                 self.out.append(Instr("snapshot", r, source=ckpt))
+        self.bring_params(i, self.nf)
         for r, write in op_tensors(op):
             if id(r) in self.persistent_ids:
                 continue
             self.alloc(r, fill=None if write else 0.0)
         self.run(i)
+        self.return_params(i, self.nf)
         for r, write in op_tensors(op):
             key = id(r)
             if key in self.persistent_ids:
@@ -329,7 +406,7 @@ class _Builder:
             elif key in self.dropped:
                 self.emit("free", r)                  # recomputed in backward
             elif key in self.offloaded:
-                if self.capacity is not None:
+                if self.capacity is not None:    # (offload modes only reach here)
                     self.cache[key] = r               # kept while it fits (LRU)
                 else:
                     self.emit("free", r)
@@ -339,12 +416,45 @@ class _Builder:
         # Prefetch what the next few operators need, so the copy hides behind compute.
         while self.to_bring and self.to_bring[0][0] <= j + self.lookahead:
             self.bring(self.to_bring.pop(0)[2])
+        self.bring_params(j, len(self.ops))
         for r, write in op_tensors(op):
             if id(r) in self.persistent_ids:
                 continue
             self.ensure(r, write)
         self.run(j)
+        self.return_params(j, len(self.ops))
         self.release(j)
+
+    def chunked(self, op):
+        """The largest batch chunk whose workspace fits now: (chunk, workspace tensors)."""
+        layer, node = op.node.layer, op.node
+        n = node.bottoms[0].shape[0] if node.bottoms and node.bottoms[0].shape else 0
+        for chunk in range(n - 1, 0, -1):
+            specs = layer.workspace_for_chunk(chunk)
+            if specs is None:
+                return None
+            ws = [Tensor(f"{node.name}#{k}", tuple(shape), np.dtype(d or op.writes[0].dtype), "workspace")
+                  for k, (shape, d) in specs.items()]
+            if self.fits_now([t.nbytes for t in ws]):
+                return chunk, ws
+        return None
+
+    def bring_params(self, i, end):
+        """Host parameters of this step and the next few, prefetched (the copies overlap compute)."""
+        for k in range(i, min(i + self.lookahead + 1, end)):
+            for r, _ in self.param_ops.get(k, ()):
+                if id(r) not in self.live:
+                    self.emit("alloc", r)
+                    self.emit("prefetch", r)
+
+    def return_params(self, i, end, replay=False):
+        """After a step: what it changed goes back to the host; what no near step needs is freed."""
+        soon = {id(r) for k in range(i + 1, min(i + self.lookahead + 1, end)) for r, _ in self.param_ops.get(k, ())}
+        for r, write in self.param_ops.get(i, ()):
+            if write and not replay:
+                self.emit("offload", r)
+            if id(r) not in soon and id(r) in self.live:
+                self.emit("free", r)
 
     def bring(self, r):
         """Make an offloaded value resident: a cache hit, or an allocation and a prefetch."""
@@ -384,10 +494,17 @@ class _Builder:
             else:
                 self.out.append(Instr("restore", r, source=ckpt))
         for k in seg.cheap:
+            for r, _ in self.param_ops.get(k, ()):
+                if id(r) not in self.live:
+                    self.emit("alloc", r)
+                    self.emit("prefetch", r)
             for r, write in op_tensors(self.F[k]):
                 if id(r) not in self.persistent_ids:
                     self.ensure(r) if not write else self.alloc(r)
             self.run(k, recompute=True)
+            for r, _ in self.param_ops.get(k, ()):
+                if id(r) in self.live and not any(id(r) == id(q) for q, _ in self.param_ops.get(self.pos, ())):
+                    self.emit("free", r)
         seg.done = True
         for r, ckpt in seg.snapshots:
             if self.offload:
@@ -406,8 +523,8 @@ class _Builder:
     def lower_bound(self):
         """max over steps of what that step itself touches, beside what always lives (any mode)."""
         best, where = 0, ""
-        always = persistent_roots(self.graph)
-        keep = {id(r) for r in always}
+        always = [r for r in persistent_roots(self.graph) if id(r) not in self.param_ids]
+        keep = {id(r) for r in always}           # host parameters count where they are brought in
         base = sum(align(r.nbytes) for r in always) + self.extra
         for op in self.ops:
             need = base + sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in keep)

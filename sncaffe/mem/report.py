@@ -10,7 +10,8 @@ def plan_table(plans, capacity=None) -> str:
             f"{'host peak':>12}{'recompute':>12}{'cache hit/miss':>16}")
     lines = [head, "-" * len(head)]
     for p in plans:
-        fits = "-" if capacity is None else ("yes" if p.peak <= capacity else "NO")
+        ok = p.fits if p.capacity is not None else p.peak <= (capacity or 0)
+        fits = "-" if capacity is None else ("yes" if ok else "NO")
         lines.append(f"{p.mode:<10}{fmt_bytes(p.peak):>12}{fits:>6}{p.peak / max(p.lower_bound, 1):>12.2f}"
                      f"{fmt_bytes(p.d2h_bytes):>12}{fmt_bytes(p.h2d_bytes):>12}{fmt_bytes(p.host_peak):>12}"
                      f"{p.recompute_flops / 1e9:>9.1f} GF{p.cache_hits:>9}/{p.cache_misses:<6}")

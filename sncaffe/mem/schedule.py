@@ -30,11 +30,14 @@ class Instr:
     op: object = None           # a graph Operator, for run
     recompute: bool = False
     fill: float | None = None   # alloc: value to write before first use (None: leave as is)
-    source: object = None       # snapshot/restore: the checkpoint copy of ``tensor``
+    source: object = None       # the device tensor holding the value, when not ``tensor`` itself
+    chunk: int | None = None    # run: images per pass, where the full workspace does not fit
+    workspace: dict | None = None   # run: the chunked workspace tensors, by the layer's names
 
     def __repr__(self):
         if self.kind == "run":
-            return f"run {self.op.name}" + (" (recompute)" if self.recompute else "")
+            return (f"run {self.op.name}" + (" (recompute)" if self.recompute else "")
+                    + (f" in chunks of {self.chunk}" if self.chunk else ""))
         extra = f" fill={self.fill}" if self.fill is not None else ""
         return f"{self.kind} {self.tensor.name}{extra}"
 

@@ -83,12 +83,16 @@ def _upgrade_snapshot_prefix(param, path) -> None:
         param.snapshot_prefix = os.path.join(param.snapshot_prefix, Path(path).stem)
 
 
-def history_bytes(graph, n_history, dtype=np.float32) -> int:
-    """What a solver's history and work buffers take from the pool (for a memory plan)."""
-    from ..mem.pool import align
+def history_blocks(graph, n_history, dtype=np.float32) -> list:
+    """The pool blocks a solver's history and work buffers take, in allocation order (for a memory plan)."""
     size = np.dtype(dtype).itemsize
     sizes = [int(np.prod(d.shape, dtype=np.int64)) * size for n in graph.layers for d, _ in n.params]
-    return n_history * sum(align(b) for b in sizes) + 2 * align(max(sizes, default=0))
+    return sizes * n_history + [max(sizes, default=0)] * 2
+
+
+def history_bytes(graph, n_history, dtype=np.float32) -> int:
+    from ..mem.pool import align
+    return sum(align(b) for b in history_blocks(graph, n_history, dtype))
 
 
 class Solver:
@@ -159,12 +163,13 @@ class Solver:
         train = state.phase == pb.TRAIN and what.startswith("training")
         mode = self.param.memory_param.mode if self.param.HasField("memory_param") else \
             (net_param.memory_param.mode or "none")
+        host_params = self.param.memory_param.host_params or net_param.memory_param.host_params
         return Net(net_param, state.phase, device=self.device, stages=list(state.stage),
                    level=state.level, seed=seed, dtype=self.dtype, memory=mode or "none",
-                   reserve=self._history_bytes if train else 0)
+                   reserve=self._history_bytes if train else 0, host_params=host_params and train)
 
-    def _history_bytes(self, graph) -> int:
-        return history_bytes(graph, self.rule.n_history, self.dtype)
+    def _history_bytes(self, graph) -> list:
+        return history_blocks(graph, self.rule.n_history, self.dtype)
 
     def _train_net(self):
         p = self.param
@@ -243,11 +248,11 @@ class Solver:
         return out
 
     def _alloc_history(self):
-        alloc = self.net.device.alloc
-        history = [alloc(q.blob.shape, self.dtype, f"history{k}/{q.layer}[{q.index}]", zero=True)[1]
+        alloc = self.net.alloc_state          # the device pool, or the host pool with host parameters
+        history = [alloc(q.blob.shape, self.dtype, f"history{k}/{q.layer}[{q.index}]")
                    for k in range(self.rule.n_history) for q in self._learnable]
         size = max((q.blob.data.size for q in self._learnable), default=0)
-        self._work = [alloc((size,), self.dtype, f"solver work {k}", zero=True)[1] for k in range(2)]
+        self._work = [alloc((size,), self.dtype, f"solver work {k}") for k in range(2)]
         return history
 
     # -- the update (SGDSolver::ApplyUpdate) ----------------------------------

@@ -1,0 +1,154 @@
+"""Convolution and Deconvolution (Caffe's ConvolutionParameter), 2-D over NCHW.
+
+Both run on the kernels of ``im2col.ConvPlan`` in Caffe's conv view (image ->
+grid side): a Convolution's forward is the plan's forward; a Deconvolution's
+forward is the plan's backward-data (Caffe's transposed convolution) and its
+backward-data the plan's forward. The batch runs in chunks of ``self.chunk``
+images (None: the whole batch) and the workspace is sized for one chunk, so
+the memory runtime can trade speed for memory: set ``chunk`` (and
+``plan_options``) before ``setup``. Only a 4-D bottom with channel axis 1 is
+supported (N-d convolution is a layer error).
+"""
+from __future__ import annotations
+
+from ..fillers import fill
+from .base import Layer, register
+from .im2col import ConvPlan
+
+
+def _spatial(layer, p, name, default):
+    """Caffe's repeated field ``name`` with its ``name_h``/``name_w`` override, as (h, w)."""
+    values = list(getattr(p, name))
+    short = "kernel" if name == "kernel_size" else name
+    hw = [f"{short}_h", f"{short}_w"] if name != "dilation" else []
+    if any(p.HasField(f) for f in hw):
+        if values:
+            raise layer.error(f"give either {name} or {short}_h/{short}_w, not both")
+        return getattr(p, hw[0]), getattr(p, hw[1])
+    if not values:
+        return default, default
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) == 2:
+        return tuple(values)
+    raise layer.error(f"{name} needs 1 or 2 values for a 2-D convolution, got {len(values)}")
+
+
+class _ConvolutionBase(Layer):
+    min_bottoms = 1
+    backward_needs = ("bottom",)    # weight gradient reads bottom data; top data is never read
+    deconv = False
+    chunk = None                    # images per pass (None: the whole batch)
+    plan_options: dict = {}         # ConvPlan layout overrides (tests, benchmarks)
+
+    def setup(self, bottom_shapes):
+        p = self.param.convolution_param
+        if len(self.param.top) != len(bottom_shapes):
+            raise self.error(f"needs one top per bottom ({len(bottom_shapes)} bottoms, {len(self.param.top)} tops)")
+        shape = tuple(bottom_shapes[0])
+        if any(tuple(s) != shape for s in bottom_shapes):
+            raise self.error(f"all bottoms must have the same shape, got {[tuple(s) for s in bottom_shapes]}")
+        if len(shape) != 4:
+            raise self.error(f"only 2-D convolution (a 4-D NCHW bottom) is supported, bottom is {shape}")
+        if p.axis not in (1, -3):
+            raise self.error(f"only channel axis 1 is supported, got axis {p.axis}")
+        kernel = _spatial(self, p, "kernel_size", 0)
+        stride = _spatial(self, p, "stride", 1)
+        pad = _spatial(self, p, "pad", 0)
+        dilation = _spatial(self, p, "dilation", 1)
+        for what, v in (("kernel size", kernel), ("stride", stride), ("dilation", dilation)):
+            if min(v) < 1:
+                raise self.error(f"{what} must be positive, got {v}")
+        N, C, H, W = shape
+        M, group = p.num_output, p.group
+        if M < 1:
+            raise self.error("convolution_param.num_output must be set (> 0)")
+        if group < 1 or C % group or M % group:
+            raise self.error(f"channels ({C}) and num_output ({M}) must be multiples of group ({group})")
+        extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+        if self.deconv:
+            out = tuple(s * (n - 1) + e - 2 * q for n, s, e, q in zip((H, W), stride, extent, pad))
+            if min(out) < 1:
+                raise self.error(f"output size {out} < 1 (input {H}x{W}, kernel extent {extent}, pad {pad})")
+            # conv view: the image side is top (M channels), the grid side is bottom (C)
+            self.plan = ConvPlan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
+            self.param_shapes = [(C, M // group) + kernel]
+        else:
+            if any(n + 2 * q < e for n, q, e in zip((H, W), pad, extent)):
+                raise self.error(f"kernel extent {extent} exceeds the padded input "
+                                 f"{H + 2 * pad[0]}x{W + 2 * pad[1]}")
+            self.plan = ConvPlan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
+            out = self.plan.out_shape
+            self.param_shapes = [(M, C // group) + kernel]
+        self.bias_term = p.bias_term
+        self.param_shapes += [(M,)] * self.bias_term
+        self.workspace_specs = {k: ((n,), None) for k, n in self.plan.workspace(self.chunk or N).items()}
+        return [(N, M) + tuple(out)] * len(bottom_shapes)
+
+    def init_params(self, rng):
+        p = self.param.convolution_param
+        fill(p.weight_filler, self.blobs[0].data, rng)
+        if self.bias_term:
+            fill(p.bias_filler, self.blobs[1].data, rng)
+
+    def _learns(self, i):
+        """Caffe skips the gradient of a blob with lr_mult 0."""
+        return i >= len(self.param.param) or self.param.param[i].lr_mult != 0
+
+    def _chunks(self, n):
+        step = self.chunk or n
+        return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+    def _bias_grad(self, dy):
+        """bias diff += dy (n, M, H, W) summed over n, H, W (the contiguous axis first)."""
+        self.blobs[1].diff += dy.reshape(dy.shape[0], dy.shape[1], -1).sum(axis=2).sum(axis=0)
+
+
+@register
+class Convolution(_ConvolutionBase):
+    """Caffe's Convolution: weight (num_output, channels/group, kh, kw), bias (num_output,)."""
+    type = "Convolution"
+
+    def forward(self, bottom, top):
+        w, bias = self.blobs[0].data, (self.blobs[1].data if self.bias_term else None)
+        for b, t in zip(bottom, top):
+            for c in self._chunks(b.data.shape[0]):
+                self.plan.forward(b.data[c], w, t.data[c], self.workspace, bias)
+
+    def backward(self, top, propagate_down, bottom):
+        w = self.blobs[0].data
+        for i, (t, b) in enumerate(zip(top, bottom)):
+            for c in self._chunks(t.diff.shape[0]):
+                if self.bias_term and self._learns(1):
+                    self._bias_grad(t.diff[c])
+                self.plan.backward(b.data[c], t.diff[c], w, self.workspace,
+                                   dx=b.diff[c] if propagate_down[i] else None,
+                                   dw=self.blobs[0].diff if self._learns(0) else None)
+
+
+@register
+class Deconvolution(_ConvolutionBase):
+    """Caffe's Deconvolution, the transposed convolution: weight (channels, num_output/group,
+    kh, kw); top size s*(H-1) + d*(k-1) + 1 - 2p. Its forward is the convolution's
+    backward-data, its backward-data the convolution's forward."""
+    type = "Deconvolution"
+    deconv = True
+
+    def forward(self, bottom, top):
+        w = self.blobs[0].data
+        for b, t in zip(bottom, top):
+            for c in self._chunks(b.data.shape[0]):
+                self.plan.backward(None, b.data[c], w, self.workspace, dx=t.data[c])
+                if self.bias_term:
+                    t.data[c] += self.blobs[1].data.reshape(-1, 1, 1)
+
+    def backward(self, top, propagate_down, bottom):
+        w = self.blobs[0].data
+        for i, (t, b) in enumerate(zip(top, bottom)):
+            for c in self._chunks(t.diff.shape[0]):
+                if self.bias_term and self._learns(1):
+                    self._bias_grad(t.diff[c])
+                if self._learns(0):
+                    self.plan.backward(t.diff[c], b.data[c], w, self.workspace, dw=self.blobs[0].diff)
+                if propagate_down[i]:
+                    self.plan.forward(t.diff[c], w, b.diff[c], self.workspace)

@@ -1,0 +1,460 @@
+"""Convolution kernels for NCHW on NumPy: GEMMs on a packed image, without im2col's gather.
+
+The image side of a convolution (Caffe's bottom; a Deconvolution's top) is
+packed once into a workspace ``xq``: zero-padded, split into stride phases
+(phase (a, b) holds padded pixels (s*h + a, s*w + b)), each phase flattened
+to one row per channel. Kernel tap (i, j) then reads, for all output
+positions of a chunk at once, one contiguous slice of one phase at a fixed
+offset, so a convolution is a sum of per-tap GEMMs ``W[:, :, i, j] @ slice``
+accumulated in place, with no copy. Outputs are computed on the packed grid
+(Hq x Wq per image) and its few garbage columns are dropped on unpacking;
+neighbouring rows and images share their zero padding where that is exact.
+
+- Layout (``batched``): per image (one GEMM per image and tap; a 1x1 stride-1
+  convolution then reads bottom and writes top where they lie), or the
+  whole chunk as one long image (one GEMM per tap; large GEMMs for small
+  images).
+- Column mode (``col``), for few input channels (conv1) or small images
+  (where per-tap GEMMs are thin or the garbage large): the taps' slices of
+  whole images are copied into a column matrix, one GEMM with K = C*kh*kw.
+- Backward-data of a stride-1 convolution is the convolution of the top
+  diff with the flipped kernel (``flip``): no scatter-add. Otherwise the
+  per-tap GEMMs accumulate into the packed image and it is unpacked.
+- The weight gradient reads the packed image transposed (positions x
+  channels), which OpenBLAS runs faster.
+
+GEMMs accumulate through BLAS's beta (``gemm``); on NumPy that is the
+sgemm/dgemm of NumPy's own OpenBLAS, reached through ctypes (CPU only; other
+arrays fall back to matmul).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import array_module
+
+# -- GEMM with beta (CPU: NumPy's bundled OpenBLAS through ctypes) ------------
+
+
+def _load_cblas():
+    """{dtype: cblas ?gemm} from the OpenBLAS that NumPy ships (CPU only), or None."""
+    libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libs, "*openblas*.so*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix, int_t in (("scipy_cblas_", "64_", ctypes.c_int64), ("cblas_", "64_", ctypes.c_int64),
+                                      ("scipy_cblas_", "", ctypes.c_int), ("cblas_", "", ctypes.c_int)):
+            try:
+                fns = [getattr(lib, f"{prefix}{t}gemm{suffix}") for t in "sd"]
+            except AttributeError:
+                continue
+            for fn, real in zip(fns, (ctypes.c_float, ctypes.c_double)):
+                fn.restype = None
+                fn.argtypes = [ctypes.c_int] * 3 + [int_t] * 3 + [real, ctypes.c_void_p, int_t,
+                                                                  ctypes.c_void_p, int_t, real,
+                                                                  ctypes.c_void_p, int_t]
+            return {np.dtype(np.float32): fns[0], np.dtype(np.float64): fns[1]}
+    return None
+
+
+_CBLAS = _load_cblas()
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _blas_layout(a):
+    """(transpose flag, leading dimension) of a 2-D view as a row-major BLAS operand, or None."""
+    m, n = a.shape
+    s0, s1 = a.strides
+    if s0 % a.itemsize or s1 % a.itemsize:
+        return None
+    s0, s1 = s0 // a.itemsize, s1 // a.itemsize
+    if (s1 == 1 or n == 1) and (m == 1 or s0 >= n):
+        return _NO_TRANS, max(s0 if m > 1 else n, n, 1)
+    if (s0 == 1 or m == 1) and (n == 1 or s1 >= m):
+        return _TRANS, max(s1 if n > 1 else m, m, 1)
+    return None
+
+
+def gemm(a, b, c, beta=0.0):
+    """``c = a @ b + beta * c`` for 2-D arrays (views welcome: BLAS takes their strides)."""
+    fn = _CBLAS and type(c) is np.ndarray and _CBLAS.get(c.dtype)
+    if fn and a.dtype == b.dtype == c.dtype and c.size and a.shape[1]:
+        la, lb, lc = _blas_layout(a), _blas_layout(b), _blas_layout(c)
+        if la and lb and lc:
+            if lc[0] == _TRANS:               # write c^T = b^T a^T
+                a, b, la, lb = b.T, a.T, _blas_layout(b.T), _blas_layout(a.T)
+            m, k = a.shape
+            fn(_ROW_MAJOR, la[0], lb[0], m, b.shape[1], k, 1.0, a.ctypes.data, la[1],
+               b.ctypes.data, lb[1], beta, c.ctypes.data, lc[1])
+            return
+    xp = array_module(c)
+    if beta == 0:
+        xp.matmul(a, b, out=c)
+    else:
+        c += xp.matmul(a, b)
+
+
+# -- geometry -----------------------------------------------------------------
+
+
+@dataclass
+class Dim:
+    """One spatial axis: sizes, stride phases and the packed pitch."""
+    size: int       # image side (conv input)
+    kernel: int
+    stride: int
+    pad: int
+    dilation: int
+
+    def __post_init__(self):
+        k, s, p, d = self.kernel, self.stride, self.pad, self.dilation
+        self.out = (self.size + 2 * p - d * (k - 1) - 1) // s + 1
+        offs = [i * d for i in range(k)]
+        self.phases = sorted({o % s for o in offs})
+        self.tap_phase = [self.phases.index(o % s) for o in offs]
+        self.tap_shift = [o // s for o in offs]
+        # data of phase a sits at packed positions [lo, hi): padded pixel q*s + a in [p, p + size)
+        # (packed positions q >= need are never read)
+        need = self.out + max(self.tap_shift)
+        lo = [max(0, -(-(p - a) // s)) for a in self.phases]
+        hi = [min(need, max(0, -(-(p + self.size - a) // s))) for a in self.phases]
+        # smallest pitch >= out whose wrapped positions (pitch <= q < need) are zero
+        # both as this row's trailing pad and as the next row's leading pad
+        self.pitch = next(q for q in range(self.out, need + 1)
+                          if all(h <= q and need - q <= l for l, h in zip(lo, hi)))
+        self.lo = [min(l, h) for l, h in zip(lo, hi)]
+        self.hi = hi
+
+    def spans(self, ia):
+        """(packed slice, image slice) of phase ``ia``'s data, or None when it has none."""
+        lo, hi, s = self.lo[ia], self.hi[ia], self.stride
+        if hi <= lo:
+            return None
+        start = lo * s + self.phases[ia] - self.pad
+        return slice(lo, hi), slice(start, start + (hi - lo - 1) * s + 1, s)
+
+    def covers_image(self):
+        """Whether every image position is packed (else backward-data leaves zeros)."""
+        return sum(max(0, h - lo) for lo, h in zip(self.lo, self.hi)) == self.size
+
+
+class ConvPlan:
+    """How one 2-D convolution runs: geometry, layout, GEMM form and workspace sizes.
+
+    Caffe's conv view: image x (n, C, H, W) -> grid side y (n, M, Ho, Wo), weight
+    w (M, C/group, kh, kw). ``forward`` computes y, ``backward`` the gradients of
+    x and w. Options (None: chosen by size): ``batched`` packs the whole chunk
+    as one image for big GEMMs (else per image); ``col`` uses a column matrix
+    of whole images (at most ``col_bytes``) instead of per-tap GEMMs; ``flip``
+    computes a stride-1 backward-data as the convolution of the top diff with
+    the flipped kernel (no scatter-add).
+    """
+
+    def __init__(self, channels, num_output, group, size, kernel, stride, pad, dilation,
+                 batched=None, col=None, col_bytes=None, flip=None):
+        options = dict(batched=batched, col=col, col_bytes=col_bytes)
+        self.C, self.M, self.group = channels, num_output, group
+        self.Cg, self.Mg = channels // group, num_output // group
+        self.kernel = tuple(kernel)
+        self.h, self.w = (Dim(*a) for a in zip(size, kernel, stride, pad, dilation))
+        self.taps = [(self.h.tap_phase[i] * len(self.w.phases) + self.w.tap_phase[j],
+                      self.h.tap_shift[i] * self.w.pitch + self.w.tap_shift[j])
+                     for i in range(kernel[0]) for j in range(kernel[1])]   # (phase, offset)
+        T = len(self.taps)
+        self.P = len(self.h.phases) * len(self.w.phases)
+        self.grid = self.h.pitch * self.w.pitch          # packed positions per image
+        self.slack = max(off for _, off in self.taps)    # zeros after the last image
+        self.out_shape = (self.h.out, self.w.out)
+        self.out_size = self.h.out * self.w.out
+        # one tap reads each packed position once: backward-data overwrites, needs no zeroing
+        self.single = T == 1 and self.P == 1 and self.slack == 0
+        # ... and the image is its own packed form (1x1, stride 1, no pad)
+        self.identity = self.single and pad == (0, 0) and self.grid == size[0] * size[1]
+        # a column matrix where per-tap GEMMs are thin (few channels) or the grid's garbage
+        # is large (small images); per image only where y is its own grid
+        self.col = T > 1 and ((self.Cg < 32 or self.out_size <= 256) if col is None else col)
+        if batched is None:
+            batched = self.grid != self.out_size or self.grid < 256
+        self.batched = self.col or batched
+        self.col_images = max(1, (col_bytes or 8 << 20) // (4 * self.Cg * T * self.out_size))
+        self.flip = None
+        if T > 1 and stride == (1, 1) and flip is not False and all(
+                p <= d * (k - 1) for p, d, k in zip(pad, dilation, kernel)):
+            self.flip = ConvPlan(num_output, channels, group, self.out_shape, kernel, (1, 1),
+                                 tuple(d * (k - 1) - p for p, d, k in zip(pad, dilation, kernel)),
+                                 dilation, flip=False, **options)
+
+    # -- the passes ----------------------------------------------------------------
+    def forward(self, x, w, y, ws, bias=None):
+        """y = conv(x, w) (+ bias per output channel)."""
+        g = self._grid(y, ws, fill=False)
+        self._gemm_forward(self._image(x, ws), w, g, ws)
+        self._unpack_grid(g, y, bias)
+
+    def backward(self, x, dy, w, ws, dx=None, dw=None):
+        """dw += the weight gradient (if dw is given; reads x), dx = the input gradient (if given)."""
+        g = None
+        if dw is not None:
+            g = self._grid(dy, ws)
+            self._gemm_filter(self._image(x, ws, transposed=True), g, dw, ws)
+        if dx is None:
+            return
+        if self.flip:
+            self.flip.forward(dy, self._flipped(w, ws), dx, ws)
+            return
+        g = self._grid(dy, ws) if g is None else g
+        xq = self._zeroed_image(dx, ws)
+        self._gemm_data(g, w, xq, ws)
+        self._unpack_image(xq, dx)
+
+    # -- sizes ---------------------------------------------------------------------
+    def _rows(self, n):
+        """(GEMM batch B, packed row length L, GEMM width G) for a chunk of n images."""
+        if self.col:
+            return 1, n * self.grid + self.slack, n * self.out_size
+        if self.batched:
+            return 1, n * self.grid + self.slack, n * self.grid
+        return n, self.grid + self.slack, self.grid
+
+    def direct_image(self):
+        """The image (and its diff) is used in place, unpacked."""
+        return self.identity and not self.batched
+
+    def direct_grid(self):
+        """The grid side (y, or its diff) is used in place: no garbage, per image."""
+        return not self.batched and self.grid == self.out_size
+
+    def workspace(self, n):
+        """{name: element count} for a chunk of n images (forward and backward alike)."""
+        B, L, G = self._rows(n)
+        T = len(self.taps)
+        ws = {}
+        if not self.direct_image():
+            ws["xq"] = B * self.P * self.C * L
+        if not self.direct_grid():
+            ws["grid"] = B * self.M * G
+        if self.col:
+            ws["col"] = self.Cg * T * min(n, self.col_images) * self.out_size
+        if T > 1 and not (self.col and self.Mg >= 128):
+            ws["wr"] = T * self.M * self.Cg
+        if self.flip:     # used after the weight gradient: the same buffers serve both
+            for k, v in self.flip.workspace(n).items():
+                ws[k] = max(ws.get(k, 0), v)
+            ws["wflip"] = self.C * self.Mg * T
+        return ws
+
+    @staticmethod
+    def _buf(ws, name, shape):
+        return ws[name][:int(np.prod(shape))].reshape(shape)
+
+    # -- packing -------------------------------------------------------------------
+    def _phases(self, xq, n):
+        """Per phase: its (n, C, Hq, Wq) view, its slack tail, and its data spans (or None).
+        A packed image of 4 axes holds rows (B, P, C, L); of 5, transposed rows (B, P, L, C, 1)."""
+        Hq, Wq, nw = self.h.pitch, self.w.pitch, len(self.w.phases)
+        if xq.ndim == 5:
+            xq = xq[..., 0].transpose(0, 1, 3, 2)
+        for ph in range(self.P):
+            if self.batched:
+                rows = xq[0, ph]
+                view = rows[:, :n * self.grid].reshape(self.C, n, Hq, Wq).transpose(1, 0, 2, 3)
+                tail = rows[:, n * self.grid:]
+            else:
+                rows = xq[:, ph]
+                view, tail = rows[:, :, :self.grid].reshape(n, self.C, Hq, Wq), rows[:, :, self.grid:]
+            sh, sw = self.h.spans(ph // nw), self.w.spans(ph % nw)
+            yield view, tail, (sh and sw and (sh, sw))
+
+    def _xq(self, n, ws, transposed=False):
+        B, L, _ = self._rows(n)
+        if transposed:
+            return self._buf(ws, "xq", (B, self.P, L, self.C, 1))
+        return self._buf(ws, "xq", (B, self.P, self.C, L))
+
+    def _image(self, x, ws, transposed=False):
+        """The packed image xq (B, P, C, L) of x (n, C, H, W): x itself, or packed into ws;
+        transposed (per-tap weight gradients read it faster): (B, P, L, C, 1)."""
+        n = x.shape[0]
+        if self.direct_image():
+            return x.reshape(n, 1, self.C, -1)
+        xq = self._xq(n, ws, transposed and not self.col and len(self.taps) > 1)
+        for view, tail, spans in self._phases(xq, n):
+            tail[...] = 0
+            if not spans:
+                view[...] = 0
+                continue
+            (qh, ih), (qw, iw) = spans
+            view[:, :, :qh.start] = 0
+            view[:, :, qh.stop:] = 0
+            view[:, :, qh, :qw.start] = 0
+            view[:, :, qh, qw.stop:] = 0
+            view[:, :, qh, qw] = x[:, :, ih, iw]
+        return xq
+
+    def _zeroed_image(self, x, ws):
+        """Packed rows to accumulate the gradient of image x into (x itself when direct)."""
+        n = x.shape[0]
+        if self.direct_image():
+            return x.reshape(n, 1, self.C, -1)
+        xq = self._xq(n, ws)
+        if not self.single:
+            xq.fill(0)
+        return xq
+
+    def _unpack_image(self, xq, x):
+        """x (n, C, H, W) = the image positions of packed rows xq (inverse of _image)."""
+        if self.direct_image():
+            return
+        n, C, H, W = x.shape
+        covered = self.h.covers_image() and self.w.covers_image()
+        # positions no output reads (stride > kernel) get zero: fill and copy by cached blocks
+        step = C if covered else max(1, (1 << 17) // (n * H * W))
+        for cs in (slice(c, c + step) for c in range(0, C, step)):
+            if not covered:
+                x[:, cs].fill(0)
+            for view, _, spans in self._phases(xq, n):
+                if spans:
+                    (qh, ih), (qw, iw) = spans
+                    x[:, cs, ih, iw] = view[:, cs, qh, qw]
+
+    def _grid_view(self, g, n):
+        """The (n, M, Ho, Wo) view of grid g's valid positions, and views of its garbage."""
+        Ho, Wo = self.out_shape
+        if self.col:
+            return g[0].reshape(self.M, n, Ho, Wo).transpose(1, 0, 2, 3), ()
+        Hq, Wq = self.h.pitch, self.w.pitch
+        if self.batched:
+            view = g[0].reshape(self.M, n, Hq, Wq).transpose(1, 0, 2, 3)
+        else:
+            view = g.reshape(n, self.M, Hq, Wq)
+        return view[:, :, :Ho, :Wo], (view[:, :, :Ho, Wo:], view[:, :, Ho:])
+
+    def _grid(self, y, ws, fill=True):
+        """The grid (B, M, G) of y (n, M, Ho, Wo): y itself, or (fill) y copied in, zero garbage."""
+        n = y.shape[0]
+        B, _, G = self._rows(n)
+        if self.direct_grid():
+            return y.reshape(B, self.M, G)
+        g = self._buf(ws, "grid", (B, self.M, G))
+        if fill:
+            valid, garbage = self._grid_view(g, n)
+            for v in garbage:
+                v[...] = 0
+            valid[...] = y
+        return g
+
+    def _unpack_grid(self, g, y, bias=None):
+        """y (n, M, Ho, Wo) = the valid positions of grid g (+ bias per channel)."""
+        if self.direct_grid():
+            if bias is not None:
+                y += bias.reshape(-1, 1, 1)
+            return
+        valid, _ = self._grid_view(g, y.shape[0])
+        if bias is None:
+            y[...] = valid
+        else:
+            array_module(y).add(valid, bias.reshape(-1, 1, 1), out=y)
+
+    # -- GEMMs ---------------------------------------------------------------------
+    def _weights(self, w, ws):
+        """(M, Cg*kh*kw) in col mode (w itself), else per-tap weights (taps, M, Cg) (a view for 1x1)."""
+        T = len(self.taps)
+        if self.col:
+            return w.reshape(self.M, -1)
+        if T == 1:
+            return w.reshape(1, self.M, self.Cg)
+        wr = self._buf(ws, "wr", (T, self.M, self.Cg))
+        wr[...] = w.reshape(self.M, self.Cg, T).transpose(2, 0, 1)
+        return wr
+
+    def _flipped(self, w, ws):
+        """The kernel of the transposed convolution: (C, M/group, kh, kw), spatially flipped."""
+        G, (kh, kw) = self.group, self.kernel
+        wf = self._buf(ws, "wflip", (self.C, self.Mg, kh, kw))
+        wf.reshape(G, self.Cg, self.Mg, kh, kw)[...] = \
+            w.reshape(G, self.Mg, self.Cg, kh, kw).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+        return wf
+
+    def _groups(self):
+        return [(slice(g * self.Cg, (g + 1) * self.Cg), slice(g * self.Mg, (g + 1) * self.Mg))
+                for g in range(self.group)]
+
+    def _col_blocks(self, xq, ws, cs, n):
+        """Per block of whole images: (grid columns, column matrix (Cg, taps, ...) in the
+        weights' (c, i, j) row order, and per tap the packed-image view its rows copy)."""
+        Ho, Wo = self.out_shape
+        Hq, Wq = self.h.pitch, self.w.pitch
+        for n0 in range(0, n, self.col_images):
+            nb = min(self.col_images, n - n0)
+            col = self._buf(ws, "col", (self.Cg, len(self.taps), nb, Ho, Wo))
+            views = [xq[0, ph, cs, n0 * self.grid + off:(n0 + nb) * self.grid + off]
+                     .reshape(self.Cg, nb, Hq, Wq)[:, :, :Ho, :Wo] for ph, off in self.taps]
+            yield slice(n0 * self.out_size, (n0 + nb) * self.out_size), col, views
+
+    def _gemm_forward(self, xq, w, g, ws):
+        """Grid g (B, M, G) = conv of packed image xq (B, P, C, L) with weights w."""
+        G = g.shape[2]
+        wt = self._weights(w, ws)
+        for cs, ms in self._groups():
+            if self.col:
+                for cols, col, views in self._col_blocks(xq, ws, cs, G // self.out_size):
+                    for t, v in enumerate(views):
+                        col[:, t] = v
+                    gemm(wt[ms], col.reshape(-1, cols.stop - cols.start), g[0, ms, cols])
+                continue
+            for b in range(g.shape[0]):
+                for t, (ph, off) in enumerate(self.taps):
+                    gemm(wt[t, ms], xq[b, ph, cs, off:off + G], g[b, ms], float(t > 0))
+
+    def _gemm_data(self, g, w, xq, ws):
+        """Packed rows xq (from _zeroed_image) += conv^T of grid g with weights w (scatter-add)."""
+        G = g.shape[2]
+        wt = self._weights(w, ws)
+        beta = 0.0 if self.single else 1.0
+        for cs, ms in self._groups():
+            if self.col:
+                for cols, col, views in self._col_blocks(xq, ws, cs, G // self.out_size):
+                    gemm(wt[ms].T, g[0, ms, cols], col.reshape(-1, cols.stop - cols.start))
+                    for t, v in enumerate(views):
+                        v += col[:, t]
+                continue
+            for b in range(g.shape[0]):
+                for t, (ph, off) in enumerate(self.taps):
+                    gemm(wt[t, ms].T, g[b, ms], xq[b, ph, cs, off:off + G], beta)
+
+    def _gemm_filter(self, xq, g, dw, ws):
+        """dw (M, Cg, kh, kw) += the weight gradient from packed image xq and grid diff g
+        (sums in workspace "wr" first where a transposed or per-tap order runs faster)."""
+        G = g.shape[2]
+        T = len(self.taps)
+        if self.col:
+            # OpenBLAS writes a thin gradient faster as (Cg*T, Mg): sum it so, then add transposed
+            acc = self._buf(ws, "wr", (self.group, self.Cg * T, self.Mg)) if self.Mg < 128 else None
+            for k, (cs, ms) in enumerate(self._groups()):
+                for cols, col, views in self._col_blocks(xq, ws, cs, G // self.out_size):
+                    for t, v in enumerate(views):
+                        col[:, t] = v
+                    col = col.reshape(-1, cols.stop - cols.start)
+                    if acc is None:
+                        gemm(g[0, ms, cols], col.T, dw[ms].reshape(self.Mg, -1), 1.0)
+                    else:
+                        gemm(col, g[0, ms, cols].T, acc[k], float(cols.start > 0))
+            if acc is not None:
+                dw += acc.transpose(0, 2, 1).reshape(dw.shape)
+            return
+        dwt = dw.reshape(1, self.M, self.Cg) if T == 1 else self._buf(ws, "wr", (T, self.M, self.Cg))
+        for cs, ms in self._groups():
+            for b in range(g.shape[0]):
+                for t, (ph, off) in enumerate(self.taps):
+                    beta = 1.0 if T == 1 or b > 0 else 0.0
+                    rows = xq[b, ph, off:off + G, cs, 0] if xq.ndim == 5 else xq[b, ph, cs, off:off + G].T
+                    gemm(g[b, ms], rows, dwt[t, ms], beta)
+        if T > 1:
+            dw += dwt.transpose(1, 2, 0).reshape(dw.shape)

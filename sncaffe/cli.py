@@ -197,6 +197,8 @@ def _solver_param(args):
         p.snapshot_prefix = args.snapshot_prefix
     if args.memory:
         p.memory_param.mode = args.memory
+    if args.host_params:
+        p.memory_param.host_params = True
     if args.batch:
         _materialize_nets(p, args.batch)
     if p.HasField("snapshot_prefix") and (p.snapshot or p.snapshot_after_train):
@@ -239,6 +241,28 @@ def _signal_effects(solver, sigint, sighup):
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
+
+
+class _StepProgress:
+    """Progress within one iteration, for nets whose iterations are long (thousands of layers):
+    a second bar on a terminal, else a log line at each quarter of the iteration."""
+
+    def __init__(self, con, net, solver):
+        self.steps = sum(1 for ins in net.plan.schedule if ins.kind == "run")
+        self.con, self.solver, self.bar, self.done, self.quarter = con, solver, None, 0, 0
+
+    def __call__(self, op, recompute):
+        if self.bar is None:
+            self.bar = self.con.progress(self.steps, desc=f"iteration {self.solver.iter}", unit="op")
+            self.done = self.quarter = 0
+        self.done += 1
+        self.bar.update(1, op.name)
+        if not self.con.bar and self.done * 4 // self.steps > self.quarter:
+            self.quarter = self.done * 4 // self.steps
+            log.info("Iteration %d: %d%% of the pass (%s)", self.solver.iter, 25 * self.quarter, op.name)
+        if self.done >= self.steps:
+            self.bar.close()
+            self.bar = None
 
 
 class _TrainProgress:
@@ -287,6 +311,8 @@ def cmd_train(args) -> int:
                 log.info("Input layers get synthetic data: %s", SyntheticInputs.describe(fed[0]))
             progress = _TrainProgress(con, solver)
             solver.callbacks.append(progress)
+            if len(solver.net.graph.layers) >= 1000:     # minutes per iteration: show inside it too
+                solver.net.step_hook = _StepProgress(con, solver.net, solver)
             t0 = time.perf_counter()
             try:
                 with _signal_effects(solver, args.sigint_effect, args.sighup_effect):
@@ -429,6 +455,11 @@ def cmd_plan(args) -> int:
     lb = plans[0].lower_bound
     print(f"lower bound (the most one step needs): {fmt_bytes(lb)} at {plans[-1].lower_bound_step}")
     print(plan_table(plans))
+    hosted = [make_plan(graph, mode, None, 0, host_params=True) for mode in ("offload", "all")]
+    params = sum(r.nbytes for r in hosted[-1].host_params)
+    print(f"with parameters, gradients and {args.solver_type} history on the host "
+          f"({fmt_bytes(params + reserve)} there), brought in per layer:")
+    print(plan_table(hosted))
     if capacity is not None:
         cached = [make_plan(graph, mode, capacity, reserve) for mode in ("offload", "all")]
         print(f"device memory {fmt_bytes(capacity)}: offloaded tensors stay cached on the device while they "
@@ -484,6 +515,8 @@ def _parser():
     t.add_argument("--sighup-effect", default="snapshot", choices=SIGNAL_EFFECTS, help="on SIGHUP (as Caffe)")
     device_flags(t, default=None)
     memory_flag(t, default=None)
+    t.add_argument("--host-params", action="store_true",
+                   help="keep parameters, gradients and solver history in host memory, brought in per layer")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("test", help="score a net: average its outputs over batches (like caffe test)")

@@ -203,6 +203,8 @@ class Net:
             layer.workspace = {}
             if chunk:
                 layer.chunk = saved
+        if self.step_hook is not None:
+            self.step_hook(op, recompute)
         timings = self._timings
         if timings is not None:
             self.device.synchronize()
@@ -210,6 +212,7 @@ class Net:
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
     _timings = None
+    step_hook = None        # called after every operator with (op, recompute): progress within a pass
 
     def forward(self, timings=None) -> float:
         if self.executor.busy:

@@ -142,7 +142,7 @@ def test_a_plan_that_does_not_fit_is_refused_with_what_would_fit():
     lean = make_plan(graph, "liveness").peak
     assert lean < make_plan(graph, "none").peak
     with pytest.raises(MemoryError) as e:
-        Net(net_param, "TRAIN", device=CPUDevice(lean))
+        Net(net_param, "TRAIN", device=CPUDevice(lean * 21 // 20))    # room for fragmentation
     msg = str(e.value)
     assert "memory mode 'none' needs" in msg and "short) at step" in msg and "memory mode 'liveness' fits" in msg
     with pytest.raises(MemoryError, match="no memory mode fits; the leanest"):

@@ -25,7 +25,7 @@ class CPUDevice:
         capacity = default_capacity() if capacity is None else parse_bytes(capacity)
         self.pool = Pool(capacity)
         self.arena = np.empty(self.pool.capacity, dtype=np.uint8)
-        host = default_capacity() if host_capacity is None else parse_bytes(host_capacity)
+        host = default_capacity() * 3 // 2 if host_capacity is None else parse_bytes(host_capacity)
         self.host_pool = Pool(host)
         self.host_arena = np.empty(self.host_pool.capacity, dtype=np.uint8)
         self._streams = {}

@@ -48,8 +48,12 @@ def advice(graph, capacity, reserve=0) -> str:
         plan = make_plan(graph, mode, capacity, reserve)
         peaks[mode] = plan.peak
         if plan.fits:
-            return f"memory mode '{mode}' fits ({fmt_bytes(peaks[mode])})"
-    return (f"no memory mode fits; the leanest ('all') needs {fmt_bytes(min(peaks.values()))}: "
+            return f"memory mode '{mode}' fits ({fmt_bytes(plan.peak)})"
+    lean = min(peaks, key=peaks.get)
+    if peaks[lean] <= capacity:
+        return (f"the leanest plan ('{lean}', {fmt_bytes(peaks[lean])}) cannot be placed in "
+                f"{fmt_bytes(capacity)} because free memory is fragmented: give the device a little more")
+    return (f"no memory mode fits; the leanest ('{lean}') needs {fmt_bytes(peaks[lean])}: "
             f"give the device at least that much (--device-memory) or use a smaller batch")
 
 

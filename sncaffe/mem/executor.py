@@ -9,6 +9,8 @@ measured peak equals the planned one.
 """
 from __future__ import annotations
 
+import time
+
 from .liveness import op_tensors
 
 
@@ -23,6 +25,8 @@ class Executor:
         self.host_events = {}           # id(value) -> events reading or writing its host block
         self.transient = {}             # id(root) -> root, allocated by a schedule and not yet freed
         self.home = {}                  # id(root) -> host array a hosted parameter lives in
+        self.trace = None               # a list to record (stream, name, start, end) into
+        self._pending_trace = []
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "waits": 0}
 
     # -- memory -----------------------------------------------------------------
@@ -96,13 +100,25 @@ class Executor:
         else:
             names = node.workspace if op.kind == "forward" else node.backward_workspace
         ws = {k: self.arrays[id(t)] for k, t in names.items()}
+        if self.trace is None:
+            self.run_op(op, ins.recompute, ws, ins.chunk)
+            return
+        t0 = time.perf_counter()
         self.run_op(op, ins.recompute, ws, ins.chunk)
+        self.device.synchronize_compute() if hasattr(self.device, "synchronize_compute") else None
+        self.trace.append(("compute", op.name + (" (recompute)" if ins.recompute else ""), t0, time.perf_counter()))
+
+    def traced(self, name, stream, event):
+        """Record a copy (or any event-backed work) in the trace once it has finished."""
+        if self.trace is not None:
+            self._pending_trace.append((stream, name, event))
 
     def _offload(self, ins):
         value, dev = ins.tensor, ins.source or ins.tensor
         if id(value) not in self.host:
             self.host[id(value)] = self.device.host_alloc(max(value.nbytes, 1), value.name)
         event = self.device.copy_to_host(self.host[id(value)][1][:value.nbytes], self.arrays[id(dev)])
+        self.traced("offload " + value.name, "d2h", event)
         self.d2h[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
         self.stats["d2h_bytes"] += value.nbytes
@@ -112,6 +128,7 @@ class Executor:
         events = self.host_events.get(id(value), [])
         after = events[-1] if events else None
         event = self.device.copy_to_device(self.arrays[id(dev)], self.host[id(value)][1][:value.nbytes], after)
+        self.traced("prefetch " + value.name, "h2d", event)
         self.h2d[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
         self.stats["h2d_bytes"] += value.nbytes
@@ -128,6 +145,15 @@ class Executor:
 
     def _restore(self, ins):
         self.device.xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
+
+    def trace_events(self) -> list:
+        """The recorded (stream, name, start, end) spans, copies included once they have finished."""
+        for stream, name, event in self._pending_trace:
+            event.wait()
+            if event.start is not None:
+                self.trace.append((stream, name, event.start, event.end))
+        self._pending_trace = []
+        return sorted(self.trace, key=lambda x: x[2])
 
     # -- iteration boundaries ---------------------------------------------------
     def reset(self):

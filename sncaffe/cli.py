@@ -65,16 +65,20 @@ class SyntheticInputs:
     """Fills a net's Input blobs: data N(0,1), labels integers in [0, classes) (0 when unknown).
 
     A batch depends only on (seed, phase, index, pass within the index), so a
-    resumed run sees the same batches as an uninterrupted one.
+    resumed run sees the same batches as an uninterrupted one. With ``shard =
+    (rank, ranks)`` (data parallel) a train net gets rows [rank*B, (rank+1)*B)
+    of the global batch of ranks*B that one process would get.
     """
 
     def __init__(self, seed=0):
         self.seed = seed
+        self.shard = (0, 1)
         self._labels = {}
         self._last, self._pass = None, 0
 
     def __call__(self, net, index=0):
         from .layers.base import array_module
+        from .proto import sncaffe_pb2 as pb
         labels = self._labels.get(id(net))
         if labels is None:
             labels = self._labels[id(net)] = _label_classes(net)
@@ -82,13 +86,17 @@ class SyntheticInputs:
         self._pass = self._pass + 1 if key == self._last else 0    # iter_size passes of one iteration
         self._last = key
         rng = np.random.default_rng([self.seed % 2**63, int(net.phase), index, self._pass])
+        rank, ranks = self.shard if net.phase == pb.TRAIN else (0, 1)   # rank 0 tests alone
         for name in net.inputs:
             data = net.blobs[name].data
+            b = data.shape[0] if data.ndim else 1
+            shape = (b * ranks, *data.shape[1:]) if data.ndim else data.shape
             if name in labels:
-                x = rng.integers(max(labels[name], 1), size=data.shape)
+                x = rng.integers(max(labels[name], 1), size=shape)
             else:
-                x = rng.standard_normal(data.shape)
-            data[...] = array_module(data).asarray(x, dtype=data.dtype)
+                x = rng.standard_normal(shape)
+            data[...] = array_module(data).asarray(x[rank * b:(rank + 1) * b] if data.ndim else x,
+                                                   dtype=data.dtype)
 
     @staticmethod
     def describe(net) -> str:
@@ -122,7 +130,7 @@ def _net_param(args):
     param = read_text(args.net, pb.NetParameter())
     if args.batch:
         param = set_batch(param, args.batch)
-    return param
+    return _placed(param, getattr(args, "place", None))
 
 
 def _device(args):
@@ -158,8 +166,36 @@ def _read_solver_or_net(path):
     return None, net
 
 
-def _materialize_nets(p, batch):
-    """Read the solver's net files into its *_param fields, with every batch size set to ``batch``."""
+def _placement(spec, param) -> dict:
+    """``--place conv3=cpu:1,fc6=cpu:2``: each named layer and every layer after it (in file
+    order, up to the next named one) runs at that location."""
+    from .prototxt import PrototxtError
+    marks = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        layer, sep, loc = item.partition("=")
+        if not sep or not loc:
+            raise ValueError(f"--place: expected LAYER=LOCATION, got {item!r}")
+        marks[layer] = loc
+    names = [layer.name for layer in param.layer]
+    unknown = sorted(set(marks) - set(names))
+    if unknown:
+        raise PrototxtError(f'--place names unknown layer "{unknown[0]}"')
+    out, current = {}, None
+    for name in names:
+        current = marks.get(name, current)
+        if current is not None:
+            out[name] = current
+    return out
+
+
+def _placed(param, spec):
+    from .prototxt import place
+    return place(param, _placement(spec, param)) if spec else param
+
+
+def _materialize_nets(p, batch, spec=None):
+    """Read the solver's net files into its *_param fields, with every batch size set to ``batch``
+    and the ``--place`` placement applied."""
     from .proto import sncaffe_pb2 as pb
     from .prototxt import read_text, set_batch
     for field in ("net", "train_net"):
@@ -171,9 +207,9 @@ def _materialize_nets(p, batch):
     del p.test_net[:]
     for field in ("net_param", "train_net_param"):
         if p.HasField(field):
-            getattr(p, field).CopyFrom(set_batch(getattr(p, field), batch))
+            getattr(p, field).CopyFrom(_placed(set_batch(getattr(p, field), batch) if batch else getattr(p, field), spec))
     for q in p.test_net_param:
-        q.CopyFrom(set_batch(q, batch))
+        q.CopyFrom(_placed(set_batch(q, batch) if batch else q, spec))
 
 
 def _solver_param(args):
@@ -200,7 +236,9 @@ def _solver_param(args):
     if args.host_params:
         p.memory_param.host_params = True
     if args.batch:
-        _materialize_nets(p, args.batch)
+        _materialize_nets(p, args.batch, args.place)
+    elif args.place:
+        _materialize_nets(p, None, args.place)
     if p.HasField("snapshot_prefix") and (p.snapshot or p.snapshot_after_train):
         if p.snapshot_prefix.endswith(("/", os.sep)):      # a directory: files named after the solver
             os.makedirs(p.snapshot_prefix, exist_ok=True)
@@ -287,14 +325,35 @@ class _TrainProgress:
 
 
 def cmd_train(args) -> int:
-    """Train from a solver, or a net with default solver settings, like ``caffe train``."""
+    """Train from a solver, or a net with default solver settings, like ``caffe train``;
+    under ``mpiexec -n N``, data parallel over N ranks (an error on any rank stops them all)."""
+    from .parallel import mpi
+    comm = mpi.world()
+    if comm is None or comm.Get_size() == 1:
+        return _train(args)
+    with mpi.abort_on_error(comm, "sncaffe train"):
+        return _train(args, comm)
+
+
+def _train(args, comm=None) -> int:
     from .backend import make_device
     from .solvers import Solver, SolverParamError
     if args.snapshot and args.weights:
         raise ValueError("give --snapshot to resume training or --weights to fine-tune, not both")
     p, from_net = _solver_param(args)
-    device = make_device(args.device or p.device or "cpu", args.device_memory or p.memory_param.device_memory or None)
+    device_name = args.device or p.device or "cpu"
+    if comm is not None:
+        from .parallel import mpi
+        p.random_seed = mpi.agree_seed(comm, p.random_seed)     # the same data order on every rank
+        if device_name == "cuda":
+            device_name = f"cuda:{mpi.local_rank(comm)}"         # one GPU per rank on each machine
+        if comm.Get_rank() > 0:
+            from .progress import console
+            args.console = console(bar=False)
+    device = make_device(device_name, args.device_memory or p.memory_param.device_memory or None)
     with args.console as con:
+        if comm is not None and comm.Get_rank() > 0:
+            log.setLevel(logging.WARNING)                      # rank 0 alone logs
         if from_net:
             log.info("%s is a net: training it with the default solver (SGD, base_lr %s, momentum %s, "
                      "weight_decay %s, lr_policy %s, max_iter %d), snapshots to %s", args.path, _g(p.base_lr),
@@ -313,6 +372,17 @@ def cmd_train(args) -> int:
             solver.callbacks.append(progress)
             if len(solver.net.graph.layers) >= 1000:     # minutes per iteration: show inside it too
                 solver.net.step_hook = _StepProgress(con, solver.net, solver)
+            parallel = None
+            if comm is not None:
+                from .parallel import DataParallel
+                parallel = DataParallel(solver, comm, bucket_bytes=int(args.bucket_mb * 2**20),
+                                        timeout=args.comm_timeout)
+                progress.images *= comm.Get_size()
+            tracer = None
+            if args.trace and (comm is None or comm.Get_rank() == 0):
+                from .parallel import IterationTrace
+                os.makedirs(os.path.dirname(args.trace) or ".", exist_ok=True)
+                tracer = IterationTrace(solver, args.trace, args.trace_iter)
             t0 = time.perf_counter()
             try:
                 with _signal_effects(solver, args.sigint_effect, args.sighup_effect):
@@ -320,6 +390,12 @@ def cmd_train(args) -> int:
             finally:
                 if progress.bar is not None:
                     progress.bar.close()
+                if parallel is not None:
+                    parallel.close()
+            if tracer is not None and tracer.spans is None:
+                log.warning("--trace: iteration %d was not trained (iterations %d to %d were), no trace written",
+                            args.trace_iter, progress.start if progress.start is not None else solver.iter,
+                            solver.iter - 1)
             wall = time.perf_counter() - t0
             done = solver.iter - (progress.start if progress.start is not None else solver.iter)
             log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s%s", solver.iter, wall,
@@ -453,6 +529,14 @@ def cmd_plan(args) -> int:
           + (f", {args.solver_type} history {fmt_bytes(reserve)}" if train else ""))
     plans = [make_plan(graph, mode, None, reserve) for mode in MODES]
     lb = plans[0].lower_bound
+    copies = [n for n in graph.layers if n.type == "Copy"]
+    if copies:
+        print(f"{len(copies)} Copy operators join the locations:")
+        for n in copies:
+            print(f"  {n.name}: {n.bottoms[0].name} ({n.bottoms[0].data.location or 'default'} -> "
+                  f"{n.layer.param.location}), {fmt_bytes(n.tops[0].data.nbytes)}")
+        for p in plans:
+            print(f"  {p.mode}: " + ", ".join(f"{loc or 'default'} {fmt_bytes(v)}" for loc, v in p.peaks.items() if v))
     print(f"lower bound (the most one step needs): {fmt_bytes(lb)} at {plans[-1].lower_bound_step}")
     print(plan_table(plans))
     hosted = [make_plan(graph, mode, None, 0, host_params=True) for mode in ("offload", "all")]
@@ -481,6 +565,19 @@ def cmd_plan(args) -> int:
     return 0
 
 
+# -- draw -----------------------------------------------------------------------
+
+def cmd_draw(args) -> int:
+    """Draw a net as Caffe's draw_net.py does (Graphviz): .dot, or .png/.svg/.pdf through dot."""
+    from .draw import draw
+    from .proto import sncaffe_pb2 as pb
+    from .prototxt import read_text
+    param = read_text(args.net, pb.NetParameter())
+    out = draw(param, args.out, rankdir=args.rankdir, phase=None if args.phase == "ALL" else args.phase)
+    print(f"Drawing net to {out}")
+    return 0
+
+
 # -- the command ----------------------------------------------------------------
 
 def _parser():
@@ -492,6 +589,9 @@ def _parser():
                        help="memory mode (default: %(default)s; auto: the cheapest that fits the device)")
 
     def device_flags(q, default="cpu"):
+        q.add_argument("--place", metavar="LAYER=LOC,...",
+                       help="model parallelism: run each named layer, and the layers after it, at a location "
+                            "(cpu:0, cpu:1, cuda:1, ...); Copy operators join them")
         q.add_argument("--device", default=default, help="cpu or cuda (default: %(default)s)")
         q.add_argument("--device-memory", help="device capacity, e.g. 12GiB")
 
@@ -517,6 +617,15 @@ def _parser():
     memory_flag(t, default=None)
     t.add_argument("--host-params", action="store_true",
                    help="keep parameters, gradients and solver history in host memory, brought in per layer")
+    t.add_argument("--trace", metavar="JSON", help="write a Chrome trace (chrome://tracing, Perfetto) of one "
+                                                  "iteration: compute, d2h, h2d and comm streams (rank 0)")
+    t.add_argument("--trace-iter", type=int, default=1, metavar="N",
+                   help="the iteration --trace records (default: %(default)s)")
+    t.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="under mpiexec: megabytes of gradients all-reduced together (default: %(default)s)")
+    t.add_argument("--comm-timeout", type=float, default=1800.0, metavar="SECONDS",
+                   help="under mpiexec: how long a rank waits for the others before stopping the job "
+                        "(default: %(default)s; 0: forever)")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("test", help="score a net: average its outputs over batches (like caffe test)")
@@ -543,6 +652,7 @@ def _parser():
                                     "without computing")
     q.add_argument("net", help="net prototxt")
     q.add_argument("--device-memory", help="device capacity to plan for, e.g. 12GiB")
+    q.add_argument("--place", metavar="LAYER=LOC,...", help="model parallelism, as for train")
     q.add_argument("--batch", type=int, help="override the batch size")
     q.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
     q.add_argument("--memory", default=None, choices=MEMORY_MODES,
@@ -550,6 +660,15 @@ def _parser():
     q.add_argument("--solver-type", default="SGD", help="the solver whose history is counted (default: SGD)")
     q.add_argument("--png", help="where to draw the memory timelines (default: <net>_plan.png)")
     q.set_defaults(func=cmd_plan)
+
+    d = sub.add_parser("draw", help="draw a net with Graphviz (like Caffe's draw_net.py)")
+    d.add_argument("net", help="net prototxt")
+    d.add_argument("out", help="the drawing: .dot (text), or .png, .svg, .pdf (these need Graphviz's dot)")
+    d.add_argument("--rankdir", default="LR", choices=["LR", "RL", "TB", "BT"],
+                   help="direction of the graph layout (default: %(default)s)")
+    d.add_argument("--phase", default="ALL", choices=["TRAIN", "TEST", "ALL"],
+                   help="draw the layers of this phase (default: %(default)s, every layer)")
+    d.set_defaults(func=cmd_draw)
     return p
 
 

@@ -33,6 +33,7 @@ class Tensor:
     dtype: np.dtype
     kind: str                       # data | diff | param | param_diff | scratch | workspace
     base: "Tensor | None" = None    # shares base's memory (aliasing layers)
+    location: str = ""              # the device it lives on ("": the net's default device)
 
     @cached_property
     def nbytes(self) -> int:
@@ -162,23 +163,23 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
                                  f'produced by layer "{blobs[name].producer.name}"')
             else:
                 base = bottoms[0].data if "data" in aliased else None
-                blob = blobs[name] = BlobNode(name, Tensor(name, shape, dtype, "data", base), node)
+                blob = blobs[name] = BlobNode(name, Tensor(name, shape, dtype, "data", base, lp.location), node)
             node.tops.append(blob)
         _set_loss_weights(node, lp)
         specs = {p.name for p in lp.param if p.name}
         if specs:
             raise GraphError(f'layer "{lp.name}": shared parameters (ParamSpec name) are not supported')
         for i, shape in enumerate(layer.param_shapes):
-            data = Tensor(f"{lp.name}[{i}]", tuple(shape), dtype, "param")
-            diff = Tensor(f"{lp.name}[{i}].diff", tuple(shape), dtype, "param_diff")
+            data = Tensor(f"{lp.name}[{i}]", tuple(shape), dtype, "param", location=lp.location)
+            diff = Tensor(f"{lp.name}[{i}].diff", tuple(shape), dtype, "param_diff", location=lp.location)
             node.params.append((data, diff))
             lr = lp.param[i].lr_mult if i < len(lp.param) else 1.0
             node.param_need_backward.append(layer.learnable and lr != 0)
-        node.scratch = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "scratch")
+        node.scratch = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "scratch", location=lp.location)
                         for k, (s, d) in layer.scratch_specs.items()}
-        node.workspace = _workspace(lp.name, layer.workspace_specs, dtype)
+        node.workspace = _workspace(lp.name, layer.workspace_specs, dtype, lp.location)
         bspecs = layer.backward_workspace_specs
-        node.backward_workspace = node.workspace if bspecs is None else _workspace(lp.name, bspecs, dtype)
+        node.backward_workspace = node.workspace if bspecs is None else _workspace(lp.name, bspecs, dtype, lp.location)
         nodes.append(node)
     _decide_backward(nodes, param.force_backward)
     _make_diffs(nodes, blobs, dtype)
@@ -187,8 +188,9 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
     return graph
 
 
-def _workspace(name, specs, dtype) -> dict:
-    return {k: Tensor(f"{name}#{k}", tuple(s), np.dtype(d or dtype), "workspace") for k, (s, d) in specs.items()}
+def _workspace(name, specs, dtype, location="") -> dict:
+    return {k: Tensor(f"{name}#{k}", tuple(s), np.dtype(d or dtype), "workspace", location=location)
+            for k, (s, d) in specs.items()}
 
 
 def _set_loss_weights(node: LayerNode, lp) -> None:
@@ -256,7 +258,7 @@ def _make_diffs(nodes, blobs, dtype) -> None:
     """A diff tensor for every blob whose gradient is read or written."""
     for blob in blobs.values():
         if blob.need_backward:
-            blob.diff = Tensor(blob.name + ".diff", blob.shape, dtype, "diff")
+            blob.diff = Tensor(blob.name + ".diff", blob.shape, dtype, "diff", location=blob.data.location)
     for node in nodes:
         if "diff" in ALIASING.get(node.type, ()):
             src = node.bottoms[0]

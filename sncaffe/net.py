@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 
@@ -26,7 +27,8 @@ class Net:
     others take beside the net (the solver's history), so the plan accounts for them."""
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
-                 weights=None, seed=0, dtype=np.float32, memory="none", reserve=0, host_params=False):
+                 weights=None, seed=0, dtype=np.float32, memory="none", reserve=0, host_params=False,
+                 devices=None):
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -41,6 +43,11 @@ class Net:
         self.phase = phase
         self.graph = build_graph(param, phase, dtype)
         self.name = param.name
+        # One device per location (model parallelism); "" is the default device.
+        from .backend import make_device
+        self.devices = {"": device}
+        for loc in sorted({n.layer.param.location for n in self.graph.layers} - {""}):
+            self.devices[loc] = (devices or {}).get(loc) or make_device(loc)
         self.host_params = host_params
         if host_params:
             reserve = 0                 # the solver's history lives on the host too
@@ -60,6 +67,12 @@ class Net:
         else:
             plan = make_plan(self.graph, memory, capacity, reserve, host_params=self.host_params)
         check_fits(self.graph, plan, capacity, reserve)
+        for loc, peak in plan.peaks.items():
+            pool = self.devices[loc].pool
+            if loc and peak > pool.capacity - pool.in_use:
+                from .mem.planner import MemoryExhausted
+                raise MemoryExhausted(f'location "{loc}" needs {peak} bytes, its device has '
+                                      f"{pool.capacity - pool.in_use} free")
         return plan
 
     def _binders(self):
@@ -97,7 +110,7 @@ class Net:
             node.top_blobs = [self.blobs[t.name] for t in node.tops]
             if layer.blobs:
                 self.params[node.name] = layer.blobs
-        self.executor = Executor(self.device, self._binders(), self._run_op)
+        self.executor = Executor(self.device, self._binders(), self._run_op, self.devices)
         for root in self.plan.persistent:
             self.executor.alloc(root, fill=0, persistent=True)
         for root in self.plan.host_params:
@@ -130,9 +143,11 @@ class Net:
 
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed=0):
-        ss = np.random.SeedSequence(seed)
-        for node, child in zip(self.graph.layers, ss.spawn(len(self.graph.layers))):
+        """Fill parameters from the fillers; each layer's random stream depends on the seed and
+        its name only, so inserted Split or Copy layers do not change any other layer's values."""
+        for node in self.graph.layers:
             layer = node.layer
+            child = np.random.SeedSequence([seed, zlib.crc32(node.name.encode())])
             rng = np.random.default_rng(child)
             layer.rng = np.random.default_rng(child.spawn(1)[0])
             if layer.blobs:

@@ -210,7 +210,8 @@ def insert_splits(param):
             n = uses[i, j]
             if n <= 1:
                 continue
-            split = out.layer.add(name=split_layer_name(layer.name, blob, j), type="Split")
+            split = out.layer.add(name=split_layer_name(layer.name, blob, j), type="Split",
+                                  location=layer.location)
             split.bottom.append(blob)
             split.top.extend(split_blob_name(layer.name, blob, j, k) for k in range(n))
             w = loss_weight.get((i, j), 0.0)
@@ -221,12 +222,68 @@ def insert_splits(param):
     return out
 
 
+def copy_layer_name(blob, location):
+    return f"{blob}_to_{location}"
+
+
+def insert_copies(param):
+    """A Copy layer wherever a layer reads a blob produced at another location (Purine's
+    model parallelism: the copy is an operator like any other, placed at the reader)."""
+    where: dict[str, str] = {}
+    made: dict[tuple, str] = {}        # (blob, location) -> its copy there, until the blob changes
+    out = pb.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    for layer in param.layer:
+        new = pb.LayerParameter()
+        new.CopyFrom(layer)
+        for j, blob in enumerate(layer.bottom):
+            src = where.get(blob, "")
+            if src == layer.location:
+                continue
+            if blob in layer.top:
+                raise PrototxtError(f'layer "{layer.name}" ({layer.type}) runs in place on "{blob}", which '
+                                    f'is made at location "{src or "default"}", not at its own location '
+                                    f'"{layer.location or "default"}"')
+            name = made.get((blob, layer.location))
+            if name is None:           # one copy per blob and location, however many readers
+                name = made[blob, layer.location] = copy_layer_name(blob, layer.location or "default")
+                copy = out.layer.add(name=name, type="Copy", location=layer.location)
+                copy.bottom.append(blob)
+                copy.top.append(name)
+            new.bottom[j] = name
+        out.layer.add().CopyFrom(new)
+        for blob in layer.top:
+            where[blob] = layer.location
+            for key in [k for k in made if k[0] == blob]:
+                del made[key]
+    return out
+
+
+def place(param, placement: dict):
+    """A copy of ``param`` with ``placement[layer name]`` as each named layer's location."""
+    out = pb.NetParameter()
+    out.CopyFrom(param)
+    names = {layer.name for layer in out.layer}
+    unknown = sorted(set(placement) - names)
+    if unknown:
+        raise PrototxtError(f'placement names unknown layer "{unknown[0]}"')
+    for layer in out.layer:
+        if layer.name in placement:
+            layer.location = placement[layer.name]
+    return out
+
+
 def prepare_net(param, phase=TRAIN, stages=(), level=None):
-    """What Caffe's Net::Init does to a NetParameter before building it."""
+    """What Caffe's Net::Init does to a NetParameter before building it, and the Copy
+    layers where a blob crosses locations."""
     if param.layers:
         raise PrototxtError("net uses the V1 `layers` format; upgrade it with Caffe's "
                             "upgrade_net_proto_text to the `layer` format")
-    return insert_splits(filter_net(upgrade_inputs(param), phase, stages, level))
+    net = filter_net(upgrade_inputs(param), phase, stages, level)
+    if any(layer.location for layer in net.layer):
+        net = insert_copies(net)
+    return insert_splits(net)
 
 
 def load_net(path, phase=TRAIN, stages=(), level=None):

@@ -43,9 +43,9 @@ def test_zoo_net_forward_backward(path):
     net = Net(param, "TRAIN", seed=1)
     rng = np.random.default_rng(0)
     for layer in net.layers:            # deploy nets have no fillers: their weights would all be zero
-        if layer.learnable and not any(np.any(b.data) for b in layer.blobs):
-            for b in layer.blobs:
-                b.data[...] = rng.normal(0, 0.05, b.data.shape)
+        if layer.learnable and layer.blobs and not any(np.any(b.data) for b in layer.blobs):
+            w = layer.blobs[0].data       # unit-variance activations, so the softmax does not saturate
+            w[...] = rng.normal(0, 1 / np.sqrt(max(1, w[0].size)), w.shape)
         elif layer.type == "BatchNorm" and not layer.blobs[2].data.any():
             layer.blobs[1].data[...] = 1          # unit running variance
             layer.blobs[2].data[...] = 1

@@ -323,3 +323,32 @@ class Silence(Layer):
         for b, down in zip(bottom, propagate_down):
             if down:
                 b.diff.fill(0)
+
+
+def transfer(dst, src):
+    """Copy between arrays that may live on different devices (NumPy, CuPy, or one of each)."""
+    if type(dst) is type(src):
+        array_module(dst).copyto(dst, src)   # CuPy copies between its devices itself
+    elif hasattr(dst, "set"):
+        dst.set(src)                         # host -> GPU
+    else:
+        src.get(out=dst)                     # GPU -> host
+
+
+@register
+class Copy(Layer):
+    """The operator that moves a blob between locations (inserted by the loader, never written
+    by hand): its top lives where it runs, its bottom where the blob was made."""
+    type = "Copy"
+    exact_bottoms = exact_tops = 1
+    backward_needs = ()
+
+    def setup(self, bottom_shapes):
+        return [tuple(bottom_shapes[0])]
+
+    def forward(self, bottom, top):
+        transfer(top[0].data, bottom[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            transfer(bottom[0].diff, top[0].diff)

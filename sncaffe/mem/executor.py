@@ -15,8 +15,10 @@ from .liveness import op_tensors
 
 
 class Executor:
-    def __init__(self, device, binders, run_op):
+    def __init__(self, device, binders, run_op, devices=None):
         self.device = device
+        self.devices = dict(devices or {})     # location -> device (model parallelism)
+        self.devices.setdefault("", device)
         self.binders = binders          # id(root) -> [callable(array or None)]
         self.run_op = run_op            # (op, recompute) -> None
         self.offsets, self.arrays = {}, {}
@@ -25,13 +27,14 @@ class Executor:
         self.host_events = {}           # id(value) -> events reading or writing its host block
         self.transient = {}             # id(root) -> root, allocated by a schedule and not yet freed
         self.home = {}                  # id(root) -> host array a hosted parameter lives in
+        self.host_loc = {}              # id(value) -> location of the device whose host pool holds it
         self.trace = None               # a list to record (stream, name, start, end) into
         self._pending_trace = []
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "waits": 0}
 
     # -- memory -----------------------------------------------------------------
     def alloc(self, t, fill=None, persistent=False):
-        off, arr = self.device.alloc(t.shape, t.dtype, t.name)
+        off, arr = self.devices[t.location].alloc(t.shape, t.dtype, t.name)
         self.offsets[id(t)], self.arrays[id(t)] = off, arr
         if fill is not None:
             arr[...] = fill
@@ -45,7 +48,7 @@ class Executor:
         key = id(t)
         self._wait(self.d2h.pop(key, None))
         self._wait(self.h2d.pop(key, None))
-        self.device.free(self.offsets.pop(key))
+        self.devices[t.location].free(self.offsets.pop(key))
         del self.arrays[key]
         self.transient.pop(key, None)
         home = self.home.get(key)
@@ -54,7 +57,7 @@ class Executor:
 
     def host_home(self, t):
         """Give ``t`` a permanent host block (a hosted parameter); its views point there between steps."""
-        off, raw = self.device.host_alloc(max(t.nbytes, 1), t.name)
+        off, raw = self.devices[t.location].host_alloc(max(t.nbytes, 1), t.name)
         raw = raw[:t.nbytes]
         raw[...] = 0
         self.host[id(t)] = (off, raw)
@@ -116,8 +119,10 @@ class Executor:
     def _offload(self, ins):
         value, dev = ins.tensor, ins.source or ins.tensor
         if id(value) not in self.host:
-            self.host[id(value)] = self.device.host_alloc(max(value.nbytes, 1), value.name)
-        event = self.device.copy_to_host(self.host[id(value)][1][:value.nbytes], self.arrays[id(dev)])
+            self.host[id(value)] = self.devices[dev.location].host_alloc(max(value.nbytes, 1), value.name)
+            self.host_loc[id(value)] = dev.location
+        event = self.devices[dev.location].copy_to_host(self.host[id(value)][1][:value.nbytes],
+                                                        self.arrays[id(dev)])
         self.traced("offload " + value.name, "d2h", event)
         self.d2h[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
@@ -127,7 +132,8 @@ class Executor:
         value, dev = ins.tensor, ins.source or ins.tensor
         events = self.host_events.get(id(value), [])
         after = events[-1] if events else None
-        event = self.device.copy_to_device(self.arrays[id(dev)], self.host[id(value)][1][:value.nbytes], after)
+        event = self.devices[dev.location].copy_to_device(self.arrays[id(dev)],
+                                                          self.host[id(value)][1][:value.nbytes], after)
         self.traced("prefetch " + value.name, "h2d", event)
         self.h2d[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
@@ -137,14 +143,14 @@ class Executor:
         key = id(ins.tensor)
         for event in self.host_events.pop(key, []):
             self._wait(event)
-        self.device.host_free(self.host.pop(key)[0])
+        self.devices[self.host_loc.pop(key, "")].host_free(self.host.pop(key)[0])
 
     def _snapshot(self, ins):
         self._wait(self.h2d.pop(id(ins.tensor), None))
-        self.device.xp.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
+        self.devices[ins.tensor.location].xp.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
 
     def _restore(self, ins):
-        self.device.xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
+        self.devices[ins.tensor.location].xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
 
     def trace_events(self) -> list:
         """The recorded (stream, name, start, end) spans, copies included once they have finished."""
@@ -164,7 +170,7 @@ class Executor:
             for event in self.host_events.pop(key, []):
                 self._wait(event)
             if key not in self.home:
-                self.device.host_free(self.host.pop(key)[0])
+                self.devices[self.host_loc.pop(key, "")].host_free(self.host.pop(key)[0])
 
     @property
     def busy(self) -> bool:

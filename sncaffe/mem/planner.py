@@ -58,8 +58,8 @@ def advice(graph, capacity, reserve=0) -> str:
 
 
 def check_fits(graph, plan, capacity, reserve=0) -> None:
-    """Refuse, before anything runs, a plan whose peak exceeds the device."""
-    if plan.peak <= capacity and not plan.overflow:
+    """Refuse, before anything runs, a plan whose peak exceeds the (default) device."""
+    if plan.peaks.get("", plan.peak) <= capacity and not plan.overflow:
         return
     from .pool import fmt_bytes
     if plan.peak <= capacity:
@@ -95,7 +95,9 @@ class Plan:
     offloaded: list = field(default_factory=list)
     dropped: list = field(default_factory=list)
     host_params: list = field(default_factory=list)   # roots kept on the host, brought in per step
-    timeline: object = None
+    timeline: object = None           # of the device with the highest peak
+    timelines: dict = field(default_factory=dict)     # location -> Timeline
+    peaks: dict = field(default_factory=dict)         # location -> peak bytes
 
     @property
     def fits(self) -> bool:
@@ -165,7 +167,7 @@ class _Builder:
         self.out.append(ins)
         if kind == "alloc":
             self.place(tensor)
-            self.in_use += align(tensor.nbytes)
+            self.in_use[tensor.location] = self.in_use.get(tensor.location, 0) + align(tensor.nbytes)
             if self.pos >= self.nf and tensor.kind != "workspace" and id(tensor) not in self.param_ids:
                 last = self.need_times(tensor, -1)
                 if not last or last[-1] <= self.pos:
@@ -175,8 +177,8 @@ class _Builder:
             self.live[id(tensor)] = tensor
         elif kind == "free":
             if id(tensor) in self.placed:
-                self.sim.free(self.placed.pop(id(tensor)))
-            self.in_use -= align(tensor.nbytes)
+                self.sims[tensor.location].free(self.placed.pop(id(tensor)))
+            self.in_use[tensor.location] -= align(tensor.nbytes)
             self.live.pop(id(tensor), None)
             self.cache.pop(id(tensor), None)
         elif kind == "offload":
@@ -191,36 +193,42 @@ class _Builder:
     def place(self, tensor):
         """Where the pool will put ``tensor``: the planner runs the device's own allocator, so a
         plan that fits here is placed alike at run time (fragmentation included)."""
-        if self.sim is None:
+        sim = self.sims.get(tensor.location)
+        if sim is None:
             return
         try:
-            self.placed[id(tensor)] = self.sim.alloc(tensor.nbytes, tensor.name)
+            self.placed[id(tensor)] = sim.alloc(tensor.nbytes, tensor.name)
         except OutOfMemory as e:
             if not self.plan.overflow:
                 step = self.ops[self.pos].name if self.pos >= 0 else "the start"
                 self.plan.overflow = f"at step {step}: {e}"
 
-    def fits_now(self, sizes) -> bool:
+    def fits_now(self, sizes, loc="") -> bool:
         if self.capacity is None:
             return True
-        if self.sim is None:
-            return self.in_use + sum(align(n) for n in sizes) <= self.capacity
+        sim = self.sims.get(loc)
+        if sim is None:
+            return self.in_use.get(loc, 0) + sum(align(n) for n in sizes) <= self.capacity
         taken, ok = [], True
         for n in sizes:             # a trial on the allocator, undone at once
             try:
-                taken.append(self.sim.alloc(n))
+                taken.append(sim.alloc(n))
             except OutOfMemory:
                 ok = False
                 break
         for off in taken:
-            self.sim.free(off)
+            sim.free(off)
         return ok
 
-    def make_room(self, tensor=None, sizes=None):
+    def make_room(self, tensor=None, sizes=None, loc=None):
         """LRU: evict cached copies until ``tensor`` (or blocks of ``sizes``) can be placed."""
+        loc = tensor.location if loc is None else loc
         sizes = [tensor.nbytes] if sizes is None else sizes
-        while self.cache and not self.fits_now(sizes):
-            _, victim = self.cache.popitem(last=False)
+        while not self.fits_now(sizes, loc):
+            victim = next((t for t in self.cache.values() if t.location == loc), None)
+            if victim is None:
+                return
+            del self.cache[id(victim)]
             self.emit("free", victim)
 
     def alloc(self, r, fill=None):
@@ -230,9 +238,10 @@ class _Builder:
     def run(self, i, recompute=False):
         op = self.ops[i]
         ws, chunk = workspaces(op), None
-        if self.capacity is not None and ws and not self.fits_now([t.nbytes for t in ws]):
-            self.make_room(sizes=[t.nbytes for t in ws])
-            if not self.fits_now([t.nbytes for t in ws]):
+        loc = op.node.layer.param.location
+        if self.capacity is not None and ws and not self.fits_now([t.nbytes for t in ws], loc):
+            self.make_room(sizes=[t.nbytes for t in ws], loc=loc)
+            if not self.fits_now([t.nbytes for t in ws], loc):
                 chunk, ws = self.chunked(op) or (None, ws)
         for t in ws:
             self.emit("alloc", t)
@@ -285,7 +294,7 @@ class _Builder:
                             seg.externals.append(r)      # its final value, from elsewhere
                         continue
                     point = min(w for w in self.uses[id(r)][1].writes if k <= w < self.nf)
-                    ckpt = Tensor(r.name + "@checkpoint", r.shape, r.dtype, "checkpoint")
+                    ckpt = Tensor(r.name + "@checkpoint", r.shape, r.dtype, "checkpoint", location=r.location)
                     seg.snapshots.append((r, ckpt))
                     self.snap_at.setdefault(point, []).append((r, ckpt))
                     produced.add(id(r))
@@ -347,20 +356,28 @@ class _Builder:
         plan = self.plan
         plan.persistent = self.persistent
         plan.persistent_bytes = sum(align(r.nbytes) for r in self.persistent)
-        self.in_use = plan.persistent_bytes + self.extra
+        self.base = {"": self.extra}          # bytes each location holds before the iteration
+        for op in self.ops:
+            for t in op.reads + op.writes:
+                self.base.setdefault(t.location, 0)
+        for r in self.persistent:
+            self.base[r.location] = self.base.get(r.location, 0) + align(r.nbytes)
+        self.in_use = dict(self.base)
         self.live, self.hosted, self.cache = {}, {}, OrderedDict()
-        self.sim, self.placed = None, {}
+        self.sims, self.placed = {}, {}
         if self.capacity is not None:
-            self.sim = Pool(self.capacity)
-            try:
-                for r in self.persistent:       # in the order the net binds them
-                    self.sim.alloc(r.nbytes)
-                for b in self.extra_blocks:
-                    if b:
-                        self.sim.alloc(b)
-            except OutOfMemory as e:
-                plan.overflow = f"at the start: {e}"
-                self.sim = None
+            for loc in self.base:
+                sim = self.sims[loc] = Pool(self.capacity)
+                try:
+                    for r in self.persistent:   # in the order the net binds them
+                        if r.location == loc:
+                            sim.alloc(r.nbytes)
+                    for b in self.extra_blocks if loc == "" else ():
+                        if b:
+                            sim.alloc(b)
+                except OutOfMemory as e:
+                    plan.overflow = f"at the start: {e}"
+                    del self.sims[loc]
         self.pos = -1
         self.out = plan.schedule.forward
         for i in range(self.nf):
@@ -374,7 +391,10 @@ class _Builder:
         for j in range(self.nf, len(self.ops)):
             self.pos = j
             self.backward_step(j)
-        plan.timeline = simulate(plan.schedule, plan.persistent_bytes + self.extra)
+        plan.timelines = {loc: simulate(plan.schedule, base, loc) for loc, base in self.base.items()}
+        plan.peaks = {loc: t.peak for loc, t in plan.timelines.items()}
+        main = "" if len(self.base) == 1 else max(plan.peaks, key=plan.peaks.get)
+        plan.timeline = plan.timelines[main]
         plan.peak, plan.host_peak = plan.timeline.peak, plan.timeline.host_peak
         plan.lower_bound, plan.lower_bound_step = self.lower_bound()
         return plan
@@ -437,9 +457,10 @@ class _Builder:
             specs = layer.workspace_for_chunk(chunk)
             if specs is None:
                 return None
-            ws = [Tensor(f"{node.name}#{k}", tuple(shape), np.dtype(d or op.writes[0].dtype), "workspace")
+            ws = [Tensor(f"{node.name}#{k}", tuple(shape), np.dtype(d or op.writes[0].dtype), "workspace",
+                         location=node.layer.param.location)
                   for k, (shape, d) in specs.items()]
-            if self.fits_now([t.nbytes for t in ws]):
+            if self.fits_now([t.nbytes for t in ws], node.layer.param.location):
                 return chunk, ws
         return None
 

@@ -70,14 +70,17 @@ class Timeline:
         return max(self.host, default=0)
 
 
-def simulate(schedule: Schedule, persistent: int) -> Timeline:
-    """Replay the schedule's memory instructions: bytes in use, as the pool will count them."""
+def simulate(schedule: Schedule, persistent: int, location: str = "") -> Timeline:
+    """Replay the schedule's memory instructions on one device (``location``): bytes in use,
+    as its pool will count them."""
     dev, host = persistent, 0
     d, h, labels, steps = [dev], [host], ["start"], []
     backward_start = None
     for k, ins in enumerate(schedule):
         if k == len(schedule.forward):
             backward_start = len(d) - 1
+        if ins.tensor is not None and (ins.source or ins.tensor).location != location:
+            continue
         if ins.kind == "alloc":
             dev += align(ins.tensor.nbytes)
         elif ins.kind == "free":

@@ -1,6 +1,7 @@
 """BlobProto <-> ndarray, and reading/writing binary NetParameter files (.caffemodel)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +99,25 @@ def read_binary(path, message):
 
 def read_caffemodel(path) -> "pb.NetParameter":
     return read_binary(path, pb.NetParameter())
+
+
+def write_atomic(path, chunks) -> None:
+    """Write bytes (or an iterable of byte chunks) next to ``path`` and rename, so an interrupted
+    write never replaces a good file."""
+    path = str(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in ([chunks] if isinstance(chunks, (bytes, bytearray)) else chunks):
+                f.write(chunk)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def field(number: int, message) -> bytes:
+    """One length-delimited field holding ``message``: a message is the concatenation of its
+    fields, so a huge one (a 0.9-billion-parameter caffemodel) can be written a part at a time."""
+    return _field_bytes(number, message.SerializeToString())

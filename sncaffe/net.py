@@ -190,8 +190,20 @@ class Net:
                 blobproto.from_array(blob.data, lp.blobs.add(), blob.diff if write_diff else None)
         return out
 
-    def save(self, path):
-        Path(path).write_bytes(self.to_proto().SerializeToString())
+    def proto_chunks(self, write_diff=False):
+        """The bytes of ``to_proto()``, a layer at a time (Caffe's field order: name, then layers)."""
+        yield pb.NetParameter(name=self.graph.param.name).SerializeToString()
+        for node in self.graph.layers:
+            lp = pb.LayerParameter()
+            lp.CopyFrom(node.layer.param)
+            del lp.blobs[:]
+            for blob in node.layer.blobs:
+                blobproto.from_array(blob.data, lp.blobs.add(), blob.diff if write_diff else None)
+            yield blobproto.field(100, lp)        # NetParameter.layer
+
+    def save(self, path, write_diff=False):
+        """Write a .caffemodel; memory for one layer at a time, never the whole model twice."""
+        blobproto.write_atomic(path, self.proto_chunks(write_diff))
 
     def clear_param_diffs(self):
         for blobs in self.params.values():

@@ -7,6 +7,11 @@ tops. Their shapes are fixed at setup from the first record, as Caffe reads
 one record in DataLayerSetUp, and a record of another shape is an error.
 Random crops, mirrors and shuffles draw from ``self.rng`` (seeded by the net),
 on the reader thread only, so a run is repeatable.
+
+Data parallel training sets ``shard = (rank, ranks)``: of every ``ranks``
+batches' worth of records the layer keeps the ``rank``-th batch, so N ranks
+at batch B read exactly the records (and draw exactly the random crops and
+mirrors) one process reads at batch N*B.
 """
 from __future__ import annotations
 
@@ -37,6 +42,20 @@ def _copy_to_top(top, host_arrays):
 class _Prefetching(_Source):
     """Runs ``load_batch(batch)`` on a reader thread; ``batch`` is one host array per top."""
     depth = 4
+    shard = (0, 1)          # (rank, ranks) of a data-parallel job
+
+    def _records(self, batch_size):
+        """For each record of the next global batch: its row in this rank's batch, or None."""
+        rank, ranks = self.shard
+        for g in range(batch_size * ranks):
+            i = g - rank * batch_size
+            yield i if 0 <= i < batch_size else None
+
+    def _skip_transform(self, shape, out_shape):
+        """Transform a blank record of another rank: the same random draws as its real one."""
+        if getattr(self, "_blank", None) is None:
+            self._blank = (np.zeros(shape, np.float32), np.empty(out_shape, np.float32))
+        self.transformer(*self._blank, self.rng)
 
     def __init__(self, param, phase):
         super().__init__(param, phase)
@@ -136,8 +155,11 @@ class Data(_Prefetching):
                 for _ in range(self.rng.integers(skip) if skip else 0):
                     next(self.db)                   # Caffe's rand_skip: start at a random record
             data = batch[0]
-            for i in range(len(data)):
+            for i in self._records(len(data)):
                 key, value = next(self.db)
+                if i is None:
+                    self._skip_transform(self.datum_shape, data.shape[1:])
+                    continue
                 x, label = self._decode(key, value)
                 if x.shape != self.datum_shape:
                     raise self.error(f"LMDB {self.source}: the datum at key {key.decode(errors='replace')} "
@@ -207,16 +229,19 @@ class ImageData(_Prefetching):
                 if self._pos >= len(self.lines):
                     raise self.error(f"rand_skip {p.rand_skip}: not enough images to skip")
             data, labels = batch
-            for i in range(len(data)):
+            for i in self._records(len(data)):
                 k = self._order[self._pos]
-                x = self._load(k)
-                n, path, label = self.lines[k]
-                if x.shape != self.image_shape:
-                    raise self.error(f"{p.source} line {n}: image {p.root_folder + path} has shape {x.shape}, "
-                                     f"the first image {self.image_shape}; set new_height and new_width "
-                                     "to resize them all")
-                self.transformer(x, data[i], self.rng)
-                labels[i] = label
+                if i is None:
+                    self._skip_transform(self.image_shape, data.shape[1:])
+                else:
+                    x = self._load(k)
+                    n, path, label = self.lines[k]
+                    if x.shape != self.image_shape:
+                        raise self.error(f"{p.source} line {n}: image {p.root_folder + path} has shape "
+                                         f"{x.shape}, the first image {self.image_shape}; set new_height and "
+                                         "new_width to resize them all")
+                    self.transformer(x, data[i], self.rng)
+                    labels[i] = label
                 self._pos += 1
                 if self._pos == len(self.lines):
                     self._pos = 0
@@ -306,8 +331,10 @@ class HDF5Data(_Prefetching):
     def load_batch(self, batch):
         if self._rows is None:
             self._rows = self._iter_rows()
-        for i in range(len(batch[0])):
+        for i in self._records(len(batch[0])):
             arrays, r = next(self._rows)
+            if i is None:
+                continue
             for out, a in zip(batch, arrays):
                 out[i] = a[r]
 
@@ -321,6 +348,7 @@ class MemoryData(_Source):
     """
     type = "MemoryData"
     exact_tops = 2
+    shard = (0, 1)          # (rank, ranks) of a data-parallel job
 
     def setup(self, bottom_shapes):
         p = self.param.memory_data_param
@@ -348,6 +376,9 @@ class MemoryData(_Source):
     def forward(self, bottom, top):
         if self._data is None:
             raise self.error("no data: call reset(data, labels) on this layer first")
-        end = self._pos + self.shape[0]
-        _copy_to_top(top, (self._data[self._pos:end], self._labels[self._pos:end]))
-        self._pos = end % len(self._data)
+        rank, ranks = self.shard
+        n, batch = len(self._data), self.shape[0]
+        start = (self._pos + rank * batch) % n
+        rows = slice(start, start + batch) if start + batch <= n else np.arange(start, start + batch) % n
+        _copy_to_top(top, (self._data[rows], self._labels[rows]))
+        self._pos = (self._pos + ranks * batch) % n

@@ -23,9 +23,15 @@ Hooks for Python callers and the command line:
   iterations (or test batches) and ``solve()`` writes a snapshot and returns,
   like Caffe's SIGINT with -sigint_effect stop plus snapshot_after_train.
   ``request_snapshot()`` snapshots after the current iteration and goes on.
+- Data parallel (sncaffe.parallel): ``before_update()`` runs after the
+  backward passes, before the update (waits for the gradients' all-reduce);
+  ``sync_requests(stop, snapshot)`` returns the requests agreed by all ranks
+  after each iteration; ``is_root`` is False on ranks other than 0, which
+  neither test nor snapshot.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -67,12 +73,7 @@ def _host(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write next to ``path`` and rename, so an interrupted write never replaces a good file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+_write_atomic = blobproto.write_atomic
 
 
 def _upgrade_snapshot_prefix(param, path) -> None:
@@ -135,6 +136,8 @@ class Solver:
         self.test_scores = [OrderedDict() for _ in self.test_nets]
         self.last_snapshot = None           # (caffemodel, solverstate) of the last good snapshot
         self._stop = self._snapshot_now = False
+        self.before_update = self.sync_requests = None     # data parallel hooks (see the module's doc)
+        self.is_root = True
         log.info("Solver scaffolding done.")
 
     # -- construction (Solver::Init, InitTrainNet, InitTestNets) --------------
@@ -313,10 +316,10 @@ class Solver:
         timer, iterations_last = time.perf_counter(), self.iter
         while self.iter < stop_iter:
             self.net.clear_param_diffs()
-            if (p.test_interval and self.iter % p.test_interval == 0
+            if (self.is_root and p.test_interval and self.iter % p.test_interval == 0
                     and (self.iter > 0 or p.test_initialization)):
                 self.test_all()
-                if self._stop:
+                if self._stop and self.sync_requests is None:   # else all ranks stop after this iteration
                     break
             display = p.display and self.iter % p.display == 0
             loss = 0.0
@@ -331,10 +334,14 @@ class Solver:
                          p.display, _g(self.smoothed_loss))
                 timer, iterations_last = time.perf_counter(), self.iter
                 self._log_outputs(self.net, "Train", self._outputs(self.net))
+            if self.before_update is not None:
+                self.before_update()
             rate = self.apply_update()
             self.iter += 1
             for fn in self.callbacks:
                 fn(self.iter, self.smoothed_loss, rate)
+            if self.sync_requests is not None:
+                self._stop, self._snapshot_now = self.sync_requests(self._stop, self._snapshot_now)
             if (p.snapshot and self.iter % p.snapshot == 0) or self._snapshot_now:
                 self._snapshot_now = False
                 self.snapshot()
@@ -361,7 +368,7 @@ class Solver:
             loss = self._forward(self.net, self.iter, backward=False)
             self._update_smoothed_loss(loss, start_iter)
             log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
-        if p.test_interval and self.iter % p.test_interval == 0:
+        if self.is_root and p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")
 
@@ -452,20 +459,24 @@ class Solver:
         return f"{self.param.snapshot_prefix}_iter_{self.iter}{ext}"
 
     def snapshot(self):
-        """Write <prefix>_iter_N.caffemodel and .solverstate; refuse to write non-finite parameters."""
+        """Write <prefix>_iter_N.caffemodel and .solverstate; refuse to write non-finite parameters.
+        Only rank 0 of a data-parallel job writes (the others return None)."""
+        if not self.is_root:
+            return None
         for q in self._learnable:
             if not bool(array_module(q.blob.data).isfinite(q.blob.data).all()):
                 raise TrainingError(f'iteration {self.iter}: parameter {q.index} of layer "{q.layer}" went '
                                     "non-finite in the update; not writing a snapshot" + self._kept())
         model = self._filename(".caffemodel")
         log.info("Snapshotting to binary proto file %s", model)
-        _write_atomic(model, self.net.to_proto(write_diff=self.param.snapshot_diff).SerializeToString())
-        state = pb.SolverState(iter=self.iter, learned_net=model, current_step=self.current_step)
-        for h in self.history:
-            blobproto.from_array(_host(h), state.history.add())
+        self.net.save(model, write_diff=self.param.snapshot_diff)
+        # SolverState in field order (iter, learned_net, history..., current_step), a blob at a time.
+        head = pb.SolverState(iter=self.iter, learned_net=model).SerializeToString()
+        tail = pb.SolverState(current_step=self.current_step).SerializeToString()
+        blobs = (blobproto.field(3, blobproto.from_array(_host(h))) for h in self.history)
         path = self._filename(".solverstate")
         log.info("Snapshotting solver state to binary proto file %s", path)
-        _write_atomic(path, state.SerializeToString())
+        _write_atomic(path, itertools.chain([head], blobs, [tail]))
         self.last_snapshot = (model, path)
         return model, path
 

@@ -1,0 +1,149 @@
+"""MPI through mpi4py: the job's ranks, stopping them all on an error, and gradients summed by MPI.
+
+``world()`` is ``MPI.COMM_WORLD`` when the process was started by
+``mpiexec`` (MPICH's or Open MPI's launch variables are set), else None, so
+a plain ``sncaffe train`` never imports mpi4py. ``abort_on_error`` is how a
+failing rank stops every rank: it prints its message and calls
+``MPI_Abort``, since a rank that merely exited would leave the others
+waiting in a collective (and in ``MPI_Finalize``) forever. A rank that is
+killed is seen by ``mpiexec``, which ends the others.
+
+``MPIReducer`` all-reduces a gradient bucket through a host buffer: on the
+CPU device a block of its host pool, on a GPU without NCCL pinned memory.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+
+import numpy as np
+
+INSTALL_HINT = "pip install 'sncaffe[mpi]' (mpi4py and MPICH from PyPI)"
+# Set in each rank's environment by MPICH/Intel MPI (PMI), Open MPI and PMIx launchers.
+LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def launched() -> bool:
+    """Whether this process was started by an MPI launcher (mpiexec, mpirun)."""
+    return any(v in os.environ for v in LAUNCH_VARIABLES)
+
+
+def import_mpi():
+    """mpi4py's MPI module, or a RuntimeError saying what to install."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise RuntimeError(f"data parallel training needs mpi4py, which cannot be imported ({e}): "
+                           f"{INSTALL_HINT}") from None
+    return MPI
+
+
+def world():
+    """``MPI.COMM_WORLD`` under mpiexec; None in a process not started by an MPI launcher."""
+    return import_mpi().COMM_WORLD if launched() else None
+
+
+def local_rank(comm) -> int:
+    """This rank's index among the ranks on its machine (which GPU it takes)."""
+    MPI = import_mpi()
+    return comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+
+
+def agree_seed(comm, seed: int) -> int:
+    """Rank 0's seed on every rank; a negative one (random_seed unset) is drawn once, by rank 0."""
+    if comm.Get_rank() == 0 and seed < 0:
+        seed = int(np.random.SeedSequence().entropy % 2**63)
+    return comm.bcast(seed, root=0)
+
+
+def message(error: BaseException) -> str:
+    """An exception as one line, as the sncaffe command prints errors."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}: " if error.filename else ""
+        return f"{where}{error.strerror}"
+    return " ".join((str(error) or type(error).__name__).split())
+
+
+@contextmanager
+def abort_on_error(comm, prog="sncaffe"):
+    """Run the block; if it raises, print ``PROG: rank R of N: error: ...`` and abort every rank."""
+    try:
+        yield
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        _abort(comm, prog, f"exit status {e.code}")
+    except BaseException as e:
+        expected = (ValueError, MemoryError, RuntimeError, OSError, KeyboardInterrupt)
+        if not isinstance(e, expected):         # a bug: the traceback helps
+            traceback.print_exc()
+        _abort(comm, prog, message(e))
+
+
+def _abort(comm, prog, text):
+    print(f"{prog}: rank {comm.Get_rank()} of {comm.Get_size()}: error: {text}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Closed first, so the launcher has forwarded all this rank wrote before the abort tears it down.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.close(stream.fileno())
+        except (OSError, ValueError, AttributeError):      # not a real file (a test's capture)
+            pass
+    comm.Abort(1)
+
+
+def allreduce_max(comm, flags: np.ndarray) -> None:
+    """``flags`` (int32) becomes its maximum over the ranks, in place."""
+    MPI = import_mpi()
+    comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+
+
+class MPIReducer:
+    """Sums a bucket over the ranks with ``MPI_Allreduce`` on a host buffer, then divides by N."""
+    name = "MPI"
+
+    def __init__(self, comm, device):
+        self.MPI = import_mpi()
+        self.comm, self.device = comm, device
+        self.size = comm.Get_size()
+        self._blocks = []
+
+    def allocate(self, bucket) -> None:
+        off, raw = self.device.host_alloc(max(bucket.nbytes, 1), f"all-reduce {bucket.name}")
+        self._blocks.append(off)
+        bucket.buffer = raw[:bucket.nbytes].view(bucket.dtype)
+
+    def pack(self, bucket) -> list:
+        """Copy the bucket's gradients into its buffer on the device's d2h stream; the copies' events."""
+        raw = bucket.buffer.view(np.uint8)
+        size = bucket.dtype.itemsize
+        return [self.device.copy_to_host(raw[s.offset * size:(s.offset + s.size) * size], s.blob.diff)
+                for s in bucket.slots]
+
+    def allreduce(self, bucket, packed, event) -> None:
+        """On the comm thread: wait for the packing copies, sum over the ranks, average."""
+        for e in packed:
+            e.wait()
+        event.start = time.perf_counter()         # the all-reduce itself, after the copies
+        self.comm.Allreduce(self.MPI.IN_PLACE, bucket.buffer, op=self.MPI.SUM)
+        bucket.buffer *= bucket.dtype.type(1.0 / self.size)
+
+    def unpack(self, bucket) -> None:
+        """The averaged gradients back into the parameters' diffs (where they are after backward)."""
+        for s in bucket.slots:
+            view = bucket.buffer[s.offset:s.offset + s.size].reshape(s.shape)
+            diff = s.blob.diff
+            if isinstance(diff, np.ndarray):
+                np.copyto(diff, view)
+            else:
+                diff.set(view)                  # a CuPy array: host to device on the current stream
+
+    def close(self) -> None:
+        for off in self._blocks:
+            self.device.host_free(off)
+        self._blocks = []

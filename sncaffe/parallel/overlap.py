@@ -1,0 +1,89 @@
+"""Where communication hides behind computation: one training iteration traced, and the share measured.
+
+``IterationTrace(solver, path, iteration)`` records iteration ``iteration``
+of ``solver.solve()``: every operator on the compute stream, every copy on
+the d2h/h2d streams, every all-reduce on the comm stream, the wait for the
+all-reduce and the update, and writes them as Chrome trace JSON
+(chrome://tracing, https://ui.perfetto.dev). ``overlap(spans)`` measures
+how much of the all-reduce time ran while backward was computing.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..trace import write_chrome_trace
+
+log = logging.getLogger("sncaffe")
+
+
+def _union(intervals) -> list:
+    out = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return out
+
+
+def _length(intervals) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _intersection(a, b) -> float:
+    """Length of the intersection of two sorted unions of intervals."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap(spans) -> dict:
+    """Seconds of all-reduce (``comm``), of backward compute, and how much of the first hid behind the second.
+
+    ``hidden_share`` is the all-reduce time during which a backward operator
+    was running, over all the all-reduce time (1.0: none of it delays the update).
+    """
+    comm = _union((s, e) for stream, _, s, e in spans if stream == "comm")
+    backward = _union((s, e) for stream, name, s, e in spans if stream == "compute" and name.endswith(":backward"))
+    comm_s = _length(comm)
+    hidden = _intersection(comm, backward)
+    return {"comm_s": comm_s, "backward_s": _length(backward), "hidden_s": hidden,
+            "hidden_share": hidden / comm_s if comm_s else 0.0}
+
+
+class IterationTrace:
+    """Records one iteration of a solver's training and writes its Chrome trace (a solver callback)."""
+
+    def __init__(self, solver, path, iteration=None):
+        self.solver, self.path = solver, str(path)
+        self.iteration = solver.iter + 1 if iteration is None else iteration
+        self.spans = None
+        solver.callbacks.append(self)
+        if solver.iter == self.iteration:
+            self._arm()
+
+    def _arm(self):
+        executor = self.solver.net.executor
+        executor.trace, executor._pending_trace = [], []
+
+    def __call__(self, iteration, loss, lr):
+        if iteration == self.iteration:          # the update before the traced iteration is done
+            self._arm()
+        elif iteration == self.iteration + 1:
+            executor = self.solver.net.executor
+            spans = executor.trace_events()
+            executor.trace = None
+            last = max((e for stream, _, _, e in spans if stream == "compute"), default=time.perf_counter())
+            spans.append(("compute", "update", last, time.perf_counter()))
+            write_chrome_trace(spans, self.path)
+            self.spans = spans
+            o = overlap(spans)
+            log.info("Trace of iteration %d written to %s: %d spans; all-reduce %.1f ms, %.0f%% of it hidden "
+                     "behind backward", self.iteration, self.path, len(spans), o["comm_s"] * 1e3,
+                     100 * o["hidden_share"])

@@ -47,7 +47,7 @@ class Tensor:
         return f"Tensor({self.name!r}, {self.shape}, {self.kind})"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class BlobNode:
     name: str
     data: Tensor
@@ -59,8 +59,11 @@ class BlobNode:
     def shape(self):
         return self.data.shape
 
+    def __repr__(self):
+        return f"BlobNode({self.name!r}, {self.shape})"
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, repr=False)
 class LayerNode:
     layer: Layer
     bottoms: list
@@ -78,12 +81,15 @@ class LayerNode:
     def name(self):
         return self.layer.name
 
+    def __repr__(self):
+        return f"LayerNode({self.name!r}, {self.type})"
+
     @property
     def type(self):
         return self.layer.type
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Operator:
     name: str
     kind: str                       # forward | backward
@@ -91,14 +97,20 @@ class Operator:
     reads: list
     writes: list
 
+    def __repr__(self):
+        return f"Operator({self.name!r})"
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, repr=False)
 class Graph:
     param: object                   # the prepared NetParameter
     phase: int
     layers: list
     blobs: dict                     # name -> BlobNode, in Caffe's blob order
     ops: list = field(default_factory=list)
+
+    def __repr__(self):
+        return f"Graph({self.param.name!r}, {len(self.layers)} layers, {len(self.ops)} operators)"
 
     @property
     def forward_ops(self):

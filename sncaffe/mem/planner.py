@@ -82,6 +82,7 @@ class Plan:
     extra_bytes: int                  # pool bytes held outside the graph (solver history)
     capacity: int | None
     overflow: str = ""                # the first allocation a capacity-bound plan could not place
+    note: str = ""
     peak: int = 0
     host_peak: int = 0
     lower_bound: int = 0
@@ -125,12 +126,26 @@ def layer_flops(node) -> int:
 
 
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
-              host_params=False) -> Plan:
+              host_params=False, cost_aware=True) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
-    brought in for its forward and backward (the solver then updates them on the host)."""
+    brought in for its forward and backward (the solver then updates them on the host).
+    ``cost_aware``: recomputation is used only where it lowers the plan's cost."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
-    return _Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params).build()
+    args = (capacity, extra_bytes, lookahead, min_gap, host_params)
+    plan = _Builder(graph, mode, *args).build()
+    if mode in ("recompute", "all") and cost_aware:
+        # Cost-aware: recomputation keeps a segment's checkpoint alive until its replay, which
+        # on some nets costs more than it saves; then the plan without it is the better one.
+        alt = _Builder(graph, {"recompute": "liveness", "all": "offload"}[mode], *args).build()
+        if _cost(alt) < _cost(plan):
+            alt.mode, alt.note = mode, "recomputation would not lower the peak: not used"
+            return alt
+    return plan
+
+
+def _cost(plan):
+    return (not plan.fits, plan.peak, plan.d2h_bytes + plan.h2d_bytes)
 
 
 def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
@@ -295,8 +310,7 @@ class _Builder:
                         continue
                     point = min(w for w in self.uses[id(r)][1].writes if k <= w < self.nf)
                     ckpt = Tensor(r.name + "@checkpoint", r.shape, r.dtype, "checkpoint", location=r.location)
-                    seg.snapshots.append((r, ckpt))
-                    self.snap_at.setdefault(point, []).append((r, ckpt))
+                    seg.snapshots.append((r, ckpt, point))
                     produced.add(id(r))
                 for r, write in op_tensors(self.F[k]):
                     if write and id(r) not in self.persistent_ids and id(r) not in kept and id(r) not in produced:
@@ -318,6 +332,11 @@ class _Builder:
                     self.dropped[id(r)] = seg
                     seg.needed_by.extend(bwd)
             seg.needed_by = sorted(set(seg.needed_by))
+            if not seg.dropped:
+                seg.snapshots = []          # never replayed: nothing to snapshot
+            for r, ckpt, point in seg.snapshots:
+                self.snap_at.setdefault(point, []).append((r, ckpt))
+            seg.snapshots = [(r, ckpt) for r, ckpt, _ in seg.snapshots]
         self.plan.dropped = [r.name for seg in self.segs for r in seg.dropped]
         self.times = {}
         for key, (r, u) in self.uses.items():

@@ -53,7 +53,7 @@ def test_with_room_for_everything_every_value_is_a_hit(r50):
 @pytest.mark.parametrize("mode", ["offload", "all"])
 def test_hits_and_misses_under_a_capacity(r50, mode):
     results = []
-    for capacity in capacities(r50.plans[mode]):
+    for capacity in capacities(make_plan(r50.graph, mode, cost_aware=False)):
         plan = make_plan(r50.graph, mode, capacity, cost_aware=False)   # the cache alone
         if not plan.fits:
             continue

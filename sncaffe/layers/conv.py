@@ -85,6 +85,10 @@ class _ConvolutionBase(Layer):
         self.workspace_specs = {k: ((n,), None) for k, n in self.plan.workspace(self.chunk or N).items()}
         return [(N, M) + tuple(out)] * len(bottom_shapes)
 
+    def workspace_for_chunk(self, chunk):
+        """The memory runtime's choice when the full workspace does not fit: ``chunk`` images a pass."""
+        return {k: ((n,), None) for k, n in self.plan.workspace(chunk).items()}
+
     def init_params(self, rng):
         p = self.param.convolution_param
         fill(p.weight_filler, self.blobs[0].data, rng)

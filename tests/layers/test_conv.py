@@ -1,0 +1,250 @@
+"""Convolution and Deconvolution: forward against direct loops, numerical gradients,
+every kernel layout, batch chunks, setting errors, and Caffe's golden cases."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sncaffe.gradcheck import Harness, check_gradient, make_layer
+from sncaffe.layers.base import LayerError
+from sncaffe.layers.im2col import gemm
+
+GOLDEN = Path("/work/shared/golden/layers")
+
+# (bottom shape, num_output, convolution_param fields); list values repeat the field
+CASES = [
+    ((2, 3, 7, 6), 4, dict(kernel_size=3)),
+    ((2, 3, 7, 6), 4, dict(kernel_size=3, pad=1)),
+    ((2, 4, 9, 8), 6, dict(kernel_size=3, stride=2, pad=1)),
+    ((1, 6, 9, 9), 6, dict(kernel_size=3, stride=2, pad=1, dilation=2, group=3)),
+    ((2, 3, 8, 7), 4, dict(kernel_h=3, kernel_w=2, stride_h=1, stride_w=2, pad_h=0, pad_w=1, bias_term=False)),
+    ((2, 5, 6, 6), 3, dict(kernel_size=1)),
+    ((2, 5, 7, 7), 3, dict(kernel_size=1, stride=2)),
+    ((2, 4, 6, 6), 4, dict(kernel_size=1, group=2, bias_term=False)),
+    ((1, 3, 5, 5), 2, dict(kernel_size=1, pad=1)),
+    ((2, 2, 11, 10), 3, dict(kernel_size=5, stride=3, pad=2)),
+    ((1, 3, 9, 9), 2, dict(kernel_size=2, stride=3)),            # stride > kernel: unread pixels
+    ((1, 2, 4, 4), 2, dict(kernel_size=[3, 2], pad=[2, 0], stride=[1, 2], dilation=[1, 2])),
+    ((1, 2, 3, 3), 2, dict(kernel_size=3, pad=3)),               # pad > kernel extent - 1
+    ((1, 4, 6, 5), 4, dict(kernel_size=2, stride=2, pad=1, group=2)),
+    ((1, 2, 4, 3), 128, dict(kernel_size=3, pad=1, bias_term=False)),   # wide: the direct col filter GEMM
+]
+# the forms of im2col.ConvPlan: per image or batched, per tap or column matrix (always batched;
+# col_bytes=1: one image per block), stride-1 backward-data by the flipped kernel or by scatter-add
+LAYOUTS = [dict(batched=False, col=False), dict(batched=True, col=False, flip=False),
+           dict(col=True), dict(col=True, col_bytes=1, flip=False)]
+LAYOUT_IDS = ["image-taps", "batch-taps-scatter", "col", "col-blocks-scatter"]
+
+
+def _text(kind, M, kw):
+    parts = [f"{k}: {str(x).lower() if isinstance(x, bool) else x}"
+             for k, v in kw.items() for x in (v if isinstance(v, list) else [v])]
+    return f'type: "{kind}" convolution_param {{ num_output: {M} {" ".join(parts)} }}'
+
+
+def _geometry(kw):
+    def pair(name, default):
+        if f"{name}_h" in kw:
+            return kw[f"{name}_h"], kw[f"{name}_w"]
+        v = kw.get(name, default)
+        return tuple(v) if isinstance(v, list) else (v, v)
+    return dict(stride=pair("stride", 1), pad=pair("pad", 0), dilation=pair("dilation", 1),
+                group=kw.get("group", 1))
+
+
+def _layer(kind, M, kw, layout=None, **attrs):
+    layer = make_layer(_text(kind, M, kw))
+    layer.plan_options = layout or {}
+    for k, v in attrs.items():
+        setattr(layer, k, v)
+    return layer
+
+
+def naive_conv(x, w, b, stride, pad, dilation, group):
+    """Caffe's convolution by direct loops over the output (float64)."""
+    N, C, H, W = x.shape
+    M, Cg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, pad, dilation
+    Ho, Wo = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xp = np.zeros((N, C, H + 2 * ph, W + 2 * pw))
+    xp[:, :, ph:ph + H, pw:pw + W] = x
+    y = np.zeros((N, M, Ho, Wo))
+    Mg = M // group
+    for m in range(M):
+        g = m // Mg
+        for oh in range(Ho):
+            for ow in range(Wo):
+                patch = xp[:, g * Cg:(g + 1) * Cg, oh * sh:oh * sh + dh * (kh - 1) + 1:dh,
+                           ow * sw:ow * sw + dw * (kw - 1) + 1:dw]
+                y[:, m, oh, ow] = np.tensordot(patch, w[m], axes=3)
+    return y if b is None else y + b.reshape(-1, 1, 1)
+
+
+def naive_deconv(x, w, b, stride, pad, dilation, group):
+    """Caffe's deconvolution: every input pixel scattered through the kernel, then cropped."""
+    N, C, H, W = x.shape
+    _, Mg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, pad, dilation
+    Ho, Wo = sh * (H - 1) + dh * (kh - 1) + 1, sw * (W - 1) + dw * (kw - 1) + 1
+    y = np.zeros((N, Mg * group, Ho, Wo))
+    Cg = C // group
+    for c in range(C):
+        g = c // Cg
+        for h in range(H):
+            for v in range(W):
+                y[:, g * Mg:(g + 1) * Mg, h * sh:h * sh + dh * (kh - 1) + 1:dh,
+                  v * sw:v * sw + dw * (kw - 1) + 1:dw] += x[:, c, h, v, None, None, None] * w[c]
+    y = y[:, :, ph:Ho - ph, pw:Wo - pw]
+    return y if b is None else y + b.reshape(-1, 1, 1)
+
+
+def _deconv_ok(shape, kw):
+    g = _geometry(kw)
+    k = kw.get("kernel_size", (kw.get("kernel_h"), kw.get("kernel_w")))
+    k = k if isinstance(k, (list, tuple)) else (k, k)
+    return all(s * (n - 1) + d * (kk - 1) + 1 - 2 * p >= 1
+               for n, s, d, kk, p in zip(shape[2:], g["stride"], g["dilation"], k, g["pad"]))
+
+
+DECONV_CASES = [c for c in CASES if _deconv_ok(c[0], c[2])]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("kind,shape,M,kw", [("Convolution",) + c for c in CASES]
+                         + [("Deconvolution",) + c for c in DECONV_CASES])
+def test_forward_matches_direct_loop(kind, shape, M, kw, layout):
+    layer = _layer(kind, M, kw, layout)
+    x = np.random.default_rng(1).standard_normal(shape)
+    y = Harness(layer, [x]).forward()[0]
+    w, b = layer.blobs[0].data, (layer.blobs[1].data if len(layer.blobs) > 1 else None)
+    ref = (naive_deconv if kind == "Deconvolution" else naive_conv)(x, w, b, **_geometry(kw))
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("shape,M,kw", CASES)
+def test_convolution_gradient(shape, M, kw, layout):
+    check_gradient(_layer("Convolution", M, kw, layout), [np.random.default_rng(2).standard_normal(shape)],
+                   max_probes=60)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[:2], ids=LAYOUT_IDS[:2])
+@pytest.mark.parametrize("shape,M,kw", DECONV_CASES)
+def test_deconvolution_gradient(shape, M, kw, layout):
+    check_gradient(_layer("Deconvolution", M, kw, layout), [np.random.default_rng(3).standard_normal(shape)],
+                   max_probes=60)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_chunks_and_float32(kind, layout, stride):
+    """Batch chunks of 2 (last chunk 1) and float32 give the whole-batch float64 result."""
+    kw = dict(kernel_size=3, stride=stride, pad=1, group=2)
+    x = np.random.default_rng(4).standard_normal((5, 4, 7, 6))
+    ref = Harness(_layer(kind, 6, kw, layout), [x])
+    outs = []
+    for dtype, chunk in ((np.float64, 2), (np.float32, None)):
+        h = Harness(_layer(kind, 6, kw, layout, chunk=chunk), [x], dtype=dtype,
+                    params=[b.data for b in ref.layer.blobs])
+        y = h.forward()[0]
+        outs.append((y, h.backward([np.ones_like(y) * 0.5 + np.arange(y.size).reshape(y.shape) % 3])))
+    y0 = ref.forward()[0]
+    grads0 = ref.backward([np.ones_like(y0) * 0.5 + np.arange(y0.size).reshape(y0.shape) % 3])
+    for (y, (bd, pd)), tol in zip(outs, (1e-12, 1e-4)):
+        np.testing.assert_allclose(y, y0, rtol=tol, atol=tol)
+        for a, e in zip(bd + pd, grads0[0] + grads0[1]):
+            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * 10)
+
+
+def test_without_ctypes_blas(monkeypatch):
+    """The NumPy matmul fallback (no BLAS beta) gives the same gradients."""
+    import sncaffe.layers.im2col as im2col
+    monkeypatch.setattr(im2col, "_CBLAS", None)
+    for layout in LAYOUTS:
+        check_gradient(_layer("Convolution", 4, dict(kernel_size=3, stride=2, pad=1, group=2), layout),
+                       [np.random.default_rng(7).standard_normal((2, 4, 6, 5))], max_probes=30)
+
+
+def test_two_bottoms_share_weights_and_frozen_bias():
+    layer = make_layer(_text("Convolution", 3, dict(kernel_size=3, pad=1)) +
+                       " param { lr_mult: 1 } param { lr_mult: 0 }", n_bottoms=2, n_tops=2)
+    rng = np.random.default_rng(5)
+    h = check_gradient(layer, [rng.standard_normal((2, 2, 5, 5)), rng.standard_normal((2, 2, 5, 5))],
+                       check_params=False, max_probes=40)
+    ys = h.forward()
+    w, b = layer.blobs[0].data, layer.blobs[1].data
+    for x, y in zip(h.inputs, ys):
+        np.testing.assert_allclose(y, naive_conv(x, w, b, (1, 1), (1, 1), (1, 1), 1), atol=1e-12)
+    _, (dw, db) = h.backward([np.ones_like(y) for y in ys])
+    assert not db.any()       # lr_mult 0: no bias gradient, as in Caffe
+    assert dw.any()
+
+
+@pytest.mark.parametrize("trans_a,trans_b,beta", [(False, False, 0.0), (True, False, 1.0), (False, True, 1.0),
+                                                  (True, True, 0.0)])
+def test_gemm_views(trans_a, trans_b, beta):
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((7, 5) if not trans_a else (5, 7)).astype(np.float32)
+    b = rng.standard_normal((5, 9) if not trans_b else (9, 5)).astype(np.float32)
+    a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+    c = rng.standard_normal((7, 12)).astype(np.float32)[:, 2:11]
+    want = a @ b + beta * c
+    gemm(a, b, c, beta)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    ct = np.zeros((9, 7), np.float32)
+    gemm(a, b, ct.T)                       # a transposed output
+    np.testing.assert_allclose(ct.T, a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,shape,M,kw,message", [
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=3, group=2), "multiples of group"),
+    ("Convolution", (1, 4, 5, 5), 3, dict(kernel_size=3, group=2), "multiples of group"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=0), "kernel size must be positive"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_h=3), "kernel size must be positive"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=3, stride=0), "stride must be positive"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=3, kernel_h=3, kernel_w=3), "not both"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=3, pad=1, pad_h=1), "not both"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=[3, 3, 3]), "1 or 2 values"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=7), "exceeds the padded input"),
+    ("Convolution", (1, 3, 5, 5), 0, dict(kernel_size=3), "num_output"),
+    ("Convolution", (1, 3, 5, 5, 5), 4, dict(kernel_size=3), "only 2-D"),
+    ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=3, axis=2), "axis"),
+    ("Deconvolution", (1, 3, 1, 1), 4, dict(kernel_size=1, pad=1), "output size"),
+])
+def test_bad_settings_name_the_layer(kind, shape, M, kw, message):
+    layer = make_layer(_text(kind, M, kw))
+    with pytest.raises(LayerError, match=message) as err:
+        layer.setup([shape])
+    assert f'"{layer.name}"' in str(err.value)
+
+
+# -- Caffe's own outputs ---------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["conv_s2_p1_d2_g3", "conv_s2_p1_d2_g3_nobias", "conv_rect_nobias",
+                                  "deconv_s2_p1_g3", "deconv_d2_nobias"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_golden(case, layout):
+    h5py = pytest.importorskip("h5py")
+    from google.protobuf import text_format
+    from sncaffe.proto import sncaffe_pb2 as pb
+    d = GOLDEN / case
+    if not d.exists():
+        pytest.skip(f"no golden case {d}")
+    net = text_format.Parse((d / "net.prototxt").read_text(), pb.NetParameter())
+    lp = next(l for l in net.layer if l.type != "Input")
+    weights = pb.NetParameter.FromString((d / "weights.caffemodel").read_bytes())
+    blobs = next(l for l in weights.layer if l.name == lp.name).blobs
+    params = [np.array(b.data, np.float32).reshape(tuple(b.shape.dim)) for b in blobs]
+    layer = make_layer(text_format.MessageToString(lp))
+    layer.plan_options = layout
+    with h5py.File(d / "input.h5") as inp, h5py.File(d / "expected.h5") as exp:
+        (bname,), (tname,) = lp.bottom, lp.top
+        h = Harness(layer, [inp[f"inputs/{bname}"][...]], np.float32, params=params)
+        tol = dict(rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(h.forward()[0], exp[f"blobs/{tname}/data"][...], **tol)
+        (dx,), dparams = h.backward([inp[f"top_diffs/{tname}"][...]])
+        np.testing.assert_allclose(dx, exp[f"blobs/{bname}/diff"][...], **tol)
+        for i, dp in enumerate(dparams):
+            np.testing.assert_allclose(dp, exp[f"params/{lp.name}/{i}/diff"][...], **tol)

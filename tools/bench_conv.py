@@ -1,0 +1,162 @@
+"""Benchmark sncaffe's CPU Convolution on ResNet-50's distinct convolutions (not a test).
+
+Prints the machine's NumPy fp32 GEMM rate, then per shape the forward,
+backward-data and backward-filter time of sncaffe's layer (GFLOP/s and the
+fraction of the GEMM rate) and, when torch is importable, torch's conv2d on the
+same shape. The totals weight each shape by how often ResNet-50 has it (conv1's
+backward-data is left out: the data layer below it takes no gradient).
+
+    .venv/bin/python tools/bench_conv.py [--threads 1] [--repeat 3] [--batch 8] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# (name, channels, num_output, input size, kernel, stride, pad, bias, count in ResNet-50)
+SHAPES = [
+    ("conv1 7x7/2", 3, 64, 224, 7, 2, 3, True, 1),
+    ("res2 1x1 64>64", 64, 64, 56, 1, 1, 0, False, 1),
+    ("res2 3x3 64", 64, 64, 56, 3, 1, 1, False, 3),
+    ("res2 1x1 64>256", 64, 256, 56, 1, 1, 0, False, 4),
+    ("res2 1x1 256>64", 256, 64, 56, 1, 1, 0, False, 2),
+    ("res3 1x1/2 256>512", 256, 512, 56, 1, 2, 0, False, 1),
+    ("res3 1x1/2 256>128", 256, 128, 56, 1, 2, 0, False, 1),
+    ("res3 3x3 128", 128, 128, 28, 3, 1, 1, False, 4),
+    ("res3 1x1 128>512", 128, 512, 28, 1, 1, 0, False, 4),
+    ("res3 1x1 512>128", 512, 128, 28, 1, 1, 0, False, 3),
+    ("res4 1x1/2 512>1024", 512, 1024, 28, 1, 2, 0, False, 1),
+    ("res4 1x1/2 512>256", 512, 256, 28, 1, 2, 0, False, 1),
+    ("res4 3x3 256", 256, 256, 14, 3, 1, 1, False, 6),
+    ("res4 1x1 256>1024", 256, 1024, 14, 1, 1, 0, False, 6),
+    ("res4 1x1 1024>256", 1024, 256, 14, 1, 1, 0, False, 5),
+    ("res5 1x1/2 1024>2048", 1024, 2048, 14, 1, 2, 0, False, 1),
+    ("res5 1x1/2 1024>512", 1024, 512, 14, 1, 2, 0, False, 1),
+    ("res5 3x3 512", 512, 512, 7, 3, 1, 1, False, 3),
+    ("res5 1x1 512>2048", 512, 2048, 7, 1, 1, 0, False, 3),
+    ("res5 1x1 2048>512", 2048, 512, 7, 1, 1, 0, False, 2),
+]
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1, help="BLAS and torch threads (default 1)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs per measurement, best kept")
+    ap.add_argument("--quick", action="store_true", help="one timed run per measurement")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--only", default="", help="run shapes whose name contains this")
+    ap.add_argument("--no-torch", action="store_true")
+    return ap.parse_args()
+
+
+def best_times(fns, repeat):
+    """Best seconds of each function, the runs interleaved so that load from other
+    processes hits all of them alike."""
+    for fn in fns:
+        fn()                                # warm up (and first-touch the buffers)
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t)
+    return best
+
+
+def gemm_rate(np, repeat):
+    a, b = (np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32) for _ in range(2))
+    c = np.empty_like(a)
+    return 2 * 2048 ** 3 / best_times([lambda: np.matmul(a, b, out=c)], repeat)[0] / 1e9
+
+
+def sncaffe_passes(np, shape, N):
+    """(forward, backward-data, backward-filter) of sncaffe's Convolution, as functions."""
+    from sncaffe.gradcheck import Harness, make_layer
+    _, C, M, H, k, s, p, bias, _ = shape
+    text = (f'type: "Convolution" convolution_param {{ num_output: {M} kernel_size: {k} '
+            f'stride: {s} pad: {p} bias_term: {str(bias).lower()} }}')
+    x = np.random.default_rng(0).standard_normal((N, C, H, H), dtype=np.float32)
+    # lr_mult 0: Caffe (and sncaffe) skip the parameter gradients, leaving backward-data
+    h, hd = (Harness(make_layer(text + frozen), [x], np.float32)
+             for frozen in ("", " param { lr_mult: 0 } param { lr_mult: 0 }"))
+    for one in (h, hd):
+        one.forward()
+        for t in one.top:
+            t.diff[...] = np.random.default_rng(1).standard_normal(t.diff.shape, dtype=np.float32)
+    return (lambda: h.layer.forward(h.bottom, h.top),
+            lambda: hd.layer.backward(hd.top, [True], hd.bottom),
+            lambda: h.layer.backward(h.top, [False], h.bottom))
+
+
+def torch_passes(torch, shape, N):
+    _, C, M, H, k, s, p, bias, _ = shape
+    x = torch.randn(N, C, H, H)
+    w = torch.randn(M, C, k, k)
+    b = torch.randn(M) if bias else None
+    dy = torch.randn_like(torch.nn.functional.conv2d(x, w, b, s, p))
+    bwd = torch.ops.aten.convolution_backward
+
+    def run(mask):
+        return lambda: bwd(dy, x, w, [M] if bias else None, [s, s], [p, p], [1, 1], False, [0, 0], 1, mask)
+    return (lambda: torch.nn.functional.conv2d(x, w, b, s, p), run([True, False, False]),
+            run([False, True, bias]))
+
+
+def main():
+    args = parse_args()
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)     # before NumPy loads its BLAS
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+    import numpy as np
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+            torch.set_num_threads(args.threads)
+            torch.set_grad_enabled(False)       # plain kernels, no autograd bookkeeping
+        except ImportError:
+            pass
+    repeat = 1 if args.quick else args.repeat
+    N = args.batch
+    rate = gemm_rate(np, repeat)
+    print(f"threads {args.threads} (OPENBLAS_NUM_THREADS{', torch.set_num_threads' if torch else ''}), "
+          f"batch {N}, best of {repeat}")
+    print(f"NumPy fp32 GEMM (2048^3): {rate:.1f} GFLOP/s")
+    print(f"torch {torch.__version__}" if torch else "torch: not importable, sncaffe only")
+    head = f"{'shape':22s} {'n':>2s} | {'fwd ms':>7s} {'GF/s':>5s} {'%gemm':>5s} | {'bwdD ms':>7s} {'GF/s':>5s} " \
+           f"{'%gemm':>5s} | {'bwdF ms':>7s} {'GF/s':>5s} {'%gemm':>5s}"
+    if torch:
+        head += f" || {'torch fwd':>9s} {'bwdD':>7s} {'bwdF':>7s} | {'sn/torch':>8s}"
+    print(head)
+    print("-" * len(head))
+    total_sn = total_torch = 0.0
+    for shape in SHAPES:
+        name, C, M, H, k, s, p, bias, count = shape
+        if args.only not in name:
+            continue
+        Ho = (H + 2 * p - k) // s + 1
+        flops = 2.0 * N * M * C * k * k * Ho * Ho
+        fns = list(sncaffe_passes(np, shape, N)) + (list(torch_passes(torch, shape, N)) if torch else [])
+        times = best_times(fns, repeat)
+        sn, th = times[:3], times[3:]
+        skip_data = name.startswith("conv1")
+        line = f"{name:22s} {count:2d} |"
+        for t in sn:
+            line += f" {t * 1e3:7.2f} {flops / t / 1e9:5.1f} {100 * flops / t / 1e9 / rate:4.0f}% |"
+        sn_sum = sn[0] + sn[2] + (0 if skip_data else sn[1])
+        total_sn += count * sn_sum
+        if torch:
+            th_sum = th[0] + th[2] + (0 if skip_data else th[1])
+            total_torch += count * th_sum
+            line = line[:-1] + f"| {th[0] * 1e3:9.2f} {th[1] * 1e3:7.2f} {th[2] * 1e3:7.2f} | {sn_sum / th_sum:8.2f}"
+        print(line, flush=True)
+    print(f"ResNet-50 convolutions, fwd+bwd, weighted by count: sncaffe {total_sn:.3f} s", end="")
+    print(f", torch {total_torch:.3f} s, ratio {total_sn / total_torch:.2f}" if torch and total_torch else "")
+    if hasattr(os, "getloadavg"):       # other processes on the machine make timings noisy
+        print("load average %.2f %.2f %.2f" % os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()

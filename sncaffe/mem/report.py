@@ -9,13 +9,17 @@ def plan_table(plans, capacity=None) -> str:
     head = (f"{'mode':<10}{'peak':>12}{'fits':>6}{'peak/bound':>12}{'to host':>12}{'from host':>12}"
             f"{'host peak':>12}{'recompute':>12}{'cache hit/miss':>16}")
     lines = [head, "-" * len(head)]
+    notes = []
     for p in plans:
         ok = p.fits if p.capacity is not None else p.peak <= (capacity or 0)
         fits = "-" if capacity is None else ("yes" if ok else "NO")
         lines.append(f"{p.mode:<10}{fmt_bytes(p.peak):>12}{fits:>6}{p.peak / max(p.lower_bound, 1):>12.2f}"
                      f"{fmt_bytes(p.d2h_bytes):>12}{fmt_bytes(p.h2d_bytes):>12}{fmt_bytes(p.host_peak):>12}"
-                     f"{p.recompute_flops / 1e9:>9.1f} GF{p.cache_hits:>9}/{p.cache_misses:<6}")
-    return "\n".join(lines)
+                     f"{p.recompute_flops / 1e9:>9.1f} GF{p.cache_hits:>9}/{p.cache_misses:<6}"
+                     + (" *" if p.note else ""))
+        if p.note and p.note not in notes:
+            notes.append(p.note)
+    return "\n".join(lines + [f"* {n}" for n in notes])
 
 
 def draw_timelines(plans, path, title="", capacity=None) -> None:

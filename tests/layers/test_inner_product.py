@@ -1,13 +1,11 @@
 """InnerProduct: gradients, a NumPy reference, parameter accumulation, Caffe golden cases."""
-import h5py
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
-from conftest import SHARED, needs_shared
+from conftest import needs_shared
+from golden import run_golden_layer
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
-from sncaffe.layers import LayerError, create_layer
-from sncaffe.proto import sncaffe_pb2 as pb
+from sncaffe.layers import LayerError
 
 SETTINGS = [  # (inner_product_param text, bottom shape)
     ("num_output: 4", (2, 3, 2, 2)),
@@ -85,29 +83,7 @@ def test_errors():
 
 
 # -- golden cases from BVLC Caffe ---------------------------------------------------
-def run_golden(case):
-    """Run the one non-Input layer of a golden case standalone, in float32, and compare."""
-    root = SHARED / "golden" / "layers" / case
-    net = text_format.Parse((root / "net.prototxt").read_text(), pb.NetParameter())
-    lp = next(l for l in net.layer if l.type != "Input")
-    weights = pb.NetParameter.FromString((root / "weights.caffemodel").read_bytes())
-    stored = next((l.blobs for l in weights.layer if l.name == lp.name), [])
-    params = [np.array(b.data, np.float32).reshape(b.shape.dim) for b in stored]
-    close = dict(rtol=1e-5, atol=1e-6)
-    with h5py.File(root / "input.h5") as inp, h5py.File(root / "expected.h5") as exp:
-        h = Harness(create_layer(lp), [inp["inputs"][n][()] for n in lp.bottom], np.float32,
-                    params=params or None)
-        for name, y in zip(lp.top, h.forward()):
-            np.testing.assert_allclose(y, exp["blobs"][name]["data"][()], **close, err_msg=name)
-        bottom_diffs, param_diffs = h.backward([inp["top_diffs"][n][()] for n in lp.top])
-        for name, dx in zip(lp.bottom, bottom_diffs):
-            np.testing.assert_allclose(dx, exp["blobs"][name]["diff"][()], **close, err_msg=name)
-        for i, dp in enumerate(param_diffs):
-            np.testing.assert_allclose(dp, exp["params"][lp.name][str(i)]["diff"][()].reshape(dp.shape),
-                                       **close, err_msg=f"param {i}")
-
-
 @needs_shared
 @pytest.mark.parametrize("case", ["ip_axis1", "ip_transpose", "ip_axis2_nobias"])
 def test_golden(case):
-    run_golden(case)
+    run_golden_layer(case)

@@ -1,11 +1,11 @@
 """Softmax, loss layers, Accuracy and ArgMax: NumPy references, gradients, Caffe's rules, golden cases."""
-import h5py
 import numpy as np
 import pytest
 
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers.base import LayerError
-from conftest import SHARED, needs_shared
+from conftest import needs_shared
+from golden import run_golden_layer
 
 FLT_MIN = np.finfo(np.float32).tiny
 
@@ -310,34 +310,11 @@ def test_argmax_ties_larger_index_first_and_errors():
 
 # -- golden Caffe cases --------------------------------------------------------------
 
-def run_golden(case):
-    """The case's one layer through Harness in float32, compared with Caffe's dump."""
-    from google.protobuf import text_format
-    from sncaffe.layers import create_layer
-    from sncaffe.proto import sncaffe_pb2 as pb
-    d = SHARED / "golden" / "layers" / case
-    lp = text_format.Parse((d / "net.prototxt").read_text(), pb.NetParameter()).layer[-1]
-    layer = create_layer(lp, 0)
-    tol = dict(rtol=1e-5, atol=1e-6)
-    with h5py.File(d / "input.h5") as inp, h5py.File(d / "expected.h5") as exp:
-        h = Harness(layer, [inp["inputs"][b][()] for b in lp.bottom], np.float32)
-        for name, y in zip(lp.top, h.forward()):
-            np.testing.assert_allclose(y, exp["blobs"][name]["data"][()], **tol, err_msg=f"{case} top {name}")
-        if "top_diffs" not in inp and not layer.is_loss:
-            return                               # forward-only case
-        weight = lp.loss_weight[0] if lp.loss_weight else 1.0
-        top_diffs = [np.array(weight)] if layer.is_loss else [inp["top_diffs"][t][()] for t in lp.top]
-        for name, dx, pd in zip(lp.bottom, h.backward(top_diffs)[0],
-                                [layer.allow_force_backward(i) for i in range(len(lp.bottom))]):
-            if pd:
-                np.testing.assert_allclose(dx, exp["blobs"][name]["diff"][()], **tol, err_msg=f"{case} diff {name}")
-
-
 @needs_shared
 @pytest.mark.parametrize("case", ["softmax", "softmax_loss", "euclidean_loss", "sigmoid_ce_loss",
                                   "accuracy_top2", "argmax_top2_maxval", "argmax_axis1"])
 def test_golden(case):
-    run_golden(case)
+    run_golden_layer(case)
 
 
 @pytest.mark.parametrize("text, lab", [('type: "SoftmaxWithLoss"', [0.0, 3.0, 1.0]),

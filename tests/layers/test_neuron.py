@@ -1,11 +1,11 @@
 """Neuron layers: gradients (out of place and in place), NumPy references, golden Caffe cases, Dropout."""
-import h5py
 import numpy as np
 import pytest
 
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers.base import TEST, TRAIN, Blob
-from conftest import SHARED, needs_shared
+from conftest import needs_shared
+from golden import run_golden_layer
 
 SHAPE = (2, 3, 4, 5)
 
@@ -245,35 +245,8 @@ def test_dropout_scale_train_false():
 
 # -- golden Caffe cases ---------------------------------------------------------------
 
-def run_golden(case):
-    """Run the golden case's one layer through Harness in float32; compare with Caffe's results."""
-    from google.protobuf import text_format
-    from sncaffe.layers import create_layer
-    from sncaffe.proto import sncaffe_pb2 as pb
-    d = SHARED / "golden" / "layers" / case
-    net = text_format.Parse((d / "net.prototxt").read_text(), pb.NetParameter())
-    lp = net.layer[-1]
-    weights = {l.name: l for l in pb.NetParameter.FromString((d / "weights.caffemodel").read_bytes()).layer}
-    layer = create_layer(lp, TRAIN)
-    params = [np.array(b.data, np.float32).reshape(tuple(b.shape.dim)) for b in weights[lp.name].blobs] \
-        if lp.name in weights else None
-    tol = dict(rtol=1e-5, atol=1e-6)
-    with h5py.File(d / "input.h5") as inp, h5py.File(d / "expected.h5") as exp:
-        h = Harness(layer, [inp["inputs"][b][()] for b in lp.bottom], np.float32, params=params)
-        for name, y in zip(lp.top, h.forward()):
-            np.testing.assert_allclose(y, exp["blobs"][name]["data"][()], **tol, err_msg=f"{case} top {name}")
-        bottom_diffs, param_diffs = h.backward([inp["top_diffs"][t][()] for t in lp.top])
-        for name, dx in zip(lp.bottom, bottom_diffs):
-            np.testing.assert_allclose(dx, exp["blobs"][name]["diff"][()], **tol, err_msg=f"{case} diff {name}")
-        assert len(param_diffs) == len(exp["params"][lp.name] if lp.name in exp.get("params", {}) else [])
-        for i, dp in enumerate(param_diffs):
-            g = exp["params"][lp.name][str(i)]
-            assert tuple(g["data"].shape) == dp.shape
-            np.testing.assert_allclose(dp, g["diff"][()], **tol, err_msg=f"{case} param {i}")
-
-
 @needs_shared
 @pytest.mark.parametrize("case", ["relu", "relu_leaky", "prelu", "prelu_shared", "elu", "sigmoid", "tanh",
                                   "absval", "power_sq", "power_sqrt", "power_cube_noshift"])
 def test_golden(case):
-    run_golden(case)
+    run_golden_layer(case)

@@ -1,16 +1,12 @@
-from pathlib import Path
-
 import h5py
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
+from conftest import needs_shared
+from golden import golden_case, golden_dir, run_golden_layer
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers import LayerError
 from sncaffe.layers.base import TEST, TRAIN
-from sncaffe.proto import sncaffe_pb2 as pb
-
-GOLDEN = Path("/work/shared/golden/layers")
 
 
 def randn(*shape, seed=0):
@@ -163,36 +159,17 @@ def test_batchnorm_learnable_statistics_are_an_error():
 
 
 # -- golden Caffe cases ------------------------------------------------------------
-def golden_layer(case):
-    """The case's one non-Input layer, with its stored blobs from weights.caffemodel."""
-    net = text_format.Parse((GOLDEN / case / "net.prototxt").read_text(), pb.NetParameter())
-    lp = next(l for l in net.layer if l.type != "Input")
-    weights = pb.NetParameter.FromString((GOLDEN / case / "weights.caffemodel").read_bytes())
-    blobs = next((l.blobs for l in weights.layer if l.name == lp.name), [])
-    params = [np.array(b.data, np.float32).reshape(tuple(b.shape.dim)) for b in blobs]
-    return lp, params
-
-
+@needs_shared
 @pytest.mark.parametrize("case", ["lrn_across", "lrn_within", "batchnorm_train", "batchnorm_global"])
 def test_golden(case):
-    lp, params = golden_layer(case)
-    with h5py.File(GOLDEN / case / "input.h5") as f:
-        x, dy = f["inputs/x"][()], f["top_diffs/y"][()]
-    layer = make_layer(text_format.MessageToString(lp))
-    h = Harness(layer, [x], np.float32, params=params or None)
-    y = h.forward()[0]
-    (dx,), _ = h.backward([dy])
-    with h5py.File(GOLDEN / case / "expected.h5") as f:
-        np.testing.assert_allclose(y, f["blobs/y/data"][()], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(dx, f["blobs/x/diff"][()], rtol=1e-5, atol=1e-6)
-        for i, blob in enumerate(layer.blobs):      # BatchNorm: the running sums after this forward
-            np.testing.assert_allclose(blob.data, f[f"params/{lp.name}/{i}/data"][()], rtol=1e-5, atol=1e-6)
+    run_golden_layer(case, check_param_data=True)   # BatchNorm: the running sums after this pass
 
 
+@needs_shared
 def test_golden_batchnorm_global_weights_from_two_train_forwards():
     """batchnorm_global's stored statistics are two TRAIN forwards (maf 0.999) from zero."""
-    _, expected = golden_layer("batchnorm_global")
-    with h5py.File(GOLDEN / "batchnorm_global" / "make_weights_input.h5") as f:
+    _, expected = golden_case("batchnorm_global")
+    with h5py.File(golden_dir("batchnorm_global") / "make_weights_input.h5") as f:
         x = f["inputs/x"][()]
     layer = make_layer(bn_text(use_global_stats="false"))
     h = Harness(layer, [x], np.float32)

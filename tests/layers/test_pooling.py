@@ -1,18 +1,14 @@
 import itertools
 import math
-from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
+from conftest import needs_shared
+from golden import run_golden_layer
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers import LayerError
 from sncaffe.layers.base import TEST
-from sncaffe.proto import sncaffe_pb2 as pb
-
-GOLDEN = Path("/work/shared/golden/layers")
 
 
 def pool_text(pool="MAX", **fields):
@@ -195,24 +191,8 @@ def test_bad_settings_are_layer_errors(text, n_tops, shape, message):
 
 
 # -- golden Caffe cases -----------------------------------------------------------
-def run_golden(case):
-    """Run the case's one non-Input layer standalone in float32; compare data and diffs."""
-    net = text_format.Parse((GOLDEN / case / "net.prototxt").read_text(), pb.NetParameter())
-    lp = next(l for l in net.layer if l.type != "Input")
-    with h5py.File(GOLDEN / case / "input.h5") as f:
-        x, dys = f[f"inputs/{lp.bottom[0]}"][()], {k: v[()] for k, v in f["top_diffs"].items()}
-    layer = make_layer(text_format.MessageToString(lp))
-    h = Harness(layer, [x], np.float32)
-    tops = h.forward()
-    (dx,), _ = h.backward([dys.get(name, np.zeros_like(t)) for name, t in zip(lp.top, tops)])
-    with h5py.File(GOLDEN / case / "expected.h5") as f:
-        for name, t in zip(lp.top, tops):
-            np.testing.assert_allclose(t, f[f"blobs/{name}/data"][()], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(dx, f[f"blobs/{lp.bottom[0]}/diff"][()], rtol=1e-5, atol=1e-6)
-    return layer
-
-
+@needs_shared
 @pytest.mark.parametrize("case", ["pool_max_ceil", "pool_max_pad_rect", "pool_max_mask", "pool_ave_ceil",
                                   "pool_ave_pad", "pool_ave_pad_rect", "pool_global_max", "pool_global_ave"])
 def test_golden(case):
-    run_golden(case)
+    run_golden_layer(case)

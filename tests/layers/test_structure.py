@@ -1,15 +1,13 @@
 """Eltwise, Concat, Slice, Split, Flatten, Reshape, Silence: gradients, NumPy references,
 aliased top/bottom memory, errors, and the Caffe golden cases."""
-import h5py
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
-from conftest import SHARED, needs_shared
+from conftest import needs_shared
+from golden import run_golden_layer
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
-from sncaffe.layers import Blob, LayerError, create_layer
+from sncaffe.layers import Blob, LayerError
 from sncaffe.layers.structure import same_memory
-from sncaffe.proto import sncaffe_pb2 as pb
 
 
 def normals(*shapes, seed=0):
@@ -259,23 +257,8 @@ def test_silence_writes_zero_diffs():
 
 
 # -- golden cases from BVLC Caffe ---------------------------------------------------
-def run_golden(case):
-    """Run the one non-Input layer of a golden case standalone, in float32, and compare."""
-    root = SHARED / "golden" / "layers" / case
-    net = text_format.Parse((root / "net.prototxt").read_text(), pb.NetParameter())
-    lp = next(l for l in net.layer if l.type != "Input")
-    close = dict(rtol=1e-5, atol=1e-6)
-    with h5py.File(root / "input.h5") as inp, h5py.File(root / "expected.h5") as exp:
-        h = Harness(create_layer(lp), [inp["inputs"][n][()] for n in lp.bottom], np.float32)
-        for name, y in zip(lp.top, h.forward(), strict=True):
-            np.testing.assert_allclose(y, exp["blobs"][name]["data"][()], **close, err_msg=name)
-        bottom_diffs, _ = h.backward([inp["top_diffs"][n][()] for n in lp.top])
-        for name, dx in zip(lp.bottom, bottom_diffs):
-            np.testing.assert_allclose(dx, exp["blobs"][name]["diff"][()], **close, err_msg=name)
-
-
 @needs_shared
 @pytest.mark.parametrize("case", ["eltwise_sum_coeff", "eltwise_prod", "eltwise_max", "concat_axis1",
                                   "slice_axis1", "flatten", "reshape"])
 def test_golden(case):
-    run_golden(case)
+    run_golden_layer(case)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import cuda_ops
 from .base import TRAIN, Layer, array_module, register
 
 
@@ -34,11 +35,14 @@ class NeuronLayer(Layer):
         x = bottom[0].data
         if self.keeps_x:
             self.scratch["bottom"][...] = x
-        self.forward_array(x, top[0].data)
+        if array_module(x) is np or not cuda_ops.neuron_forward(self, x, top[0].data):
+            self.forward_array(x, top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         x = self.scratch["bottom"] if self.keeps_x else bottom[0].data
-        self.backward_array(x, top[0].data, top[0].diff, bottom[0].diff, propagate_down[0])
+        args = (x, top[0].data, top[0].diff, bottom[0].diff, propagate_down[0])
+        if array_module(top[0].diff) is np or not cuda_ops.neuron_backward(self, *args):
+            self.backward_array(*args)
 
     def forward_array(self, x, y):
         """y = f(x); y may be x (in place)."""
@@ -246,8 +250,7 @@ class Dropout(NeuronLayer):
 
     The mask is kept in scratch for backward. ``forward(..., redraw=False)``
     reuses the kept mask instead of drawing a new one, so the memory runtime
-    can recompute the top exactly. ``scale_train: false`` (NVIDIA Caffe)
-    scales by (1 - ratio) in TEST instead of 1 / (1 - ratio) in TRAIN.
+    can recompute the top exactly.
     """
     type = "Dropout"
 
@@ -256,13 +259,10 @@ class Dropout(NeuronLayer):
         self.ratio = p.dropout_ratio
         if not 0 <= self.ratio < 1:
             raise self.error(f"dropout_ratio must be in [0, 1), got {self.ratio}")
-        scale_train = getattr(p, "scale_train", True)
         self.train = self.phase == TRAIN
         if self.train:
             self.scratch_specs = {"mask": (shape, np.bool_)}
-            self.scale = 1 / (1 - self.ratio) if scale_train else 1.0
-        else:
-            self.scale = 1.0 if scale_train else 1 - self.ratio
+        self.scale = 1 / (1 - self.ratio) if self.train else 1.0
 
     def recompute(self, bottom, top):
         self.forward(bottom, top, redraw=False)   # the kept mask, so recomputation is exact

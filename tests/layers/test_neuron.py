@@ -232,17 +232,6 @@ def test_dropout_ratio_zero_keeps_all_and_bad_ratio_fails():
         dropout(1.0).setup([SHAPE])
 
 
-@pytest.mark.skipif(not hasattr(__import__("sncaffe.proto.sncaffe_pb2", fromlist=["x"]).DropoutParameter(),
-                                "scale_train"), reason="the schema has no dropout_param.scale_train")
-def test_dropout_scale_train_false():
-    x = np.random.default_rng(0).uniform(0.5, 1.5, SHAPE)
-    text = 'type: "Dropout" dropout_param { dropout_ratio: 0.25 scale_train: false }'
-    h = Harness(make_layer(text), [x])
-    y = h.forward()[0]
-    np.testing.assert_allclose(y, x * h.layer.scratch["mask"])
-    np.testing.assert_allclose(Harness(make_layer(text, phase=TEST), [x]).forward()[0], 0.75 * x)
-
-
 # -- golden Caffe cases ---------------------------------------------------------------
 
 @needs_shared

@@ -31,7 +31,9 @@ DATA_SHAPES = {"bvlc_alexnet": (3, 227, 227), "bvlc_googlenet": (3, 224, 224),
 # width, with the 7x7 average pooling meant for 224x224 inputs made global.
 SHRINK = {"resnet": dict(width=16, hw=32), "ResNet": dict(width=16, hw=32),
           "bvlc_googlenet": dict(width=8, hw=96), "bvlc_alexnet": dict(width=8, hw=67),
-          "bvlc_reference_caffenet": dict(width=8, hw=67)}
+          "bvlc_reference_caffenet": dict(width=8, hw=67), "alexnet": dict(width=8, hw=67),
+          "vgg": dict(width=16, hw=32), "inception_v4": dict(width=16, hw=299),
+          "cifar10_resnet": dict(width=2)}
 # Nets run under a tight capacity: one of each family (ResNet-101/152 repeat ResNet-50's
 # blocks, the zoo's LeNets and CaffeNet repeat prototxt/lenet and AlexNet).
 TIGHT = {"resnet50", "lenet_train_test", "bvlc_alexnet__train_val", "bvlc_googlenet__train_val",
@@ -171,6 +173,10 @@ def test_mode_matches_plan_and_none(path, mode):
 @pytest.mark.parametrize("path,mode", [pytest.param(c.values[0], m, id=f"{c.id}-{m}", marks=c.marks)
                                        for c in CASES for m in ("offload", "all")
                                        if c.values[0] is None or c.values[0].stem in TIGHT])
+def unchunked(plan):
+    return plan.fits and not any(ins.kind == "run" and ins.chunk for ins in plan.schedule)
+
+
 def test_tight_capacity_matches_plan_and_none(path, mode):
     """The smallest device (in steps of 1/64 of the transient bytes) whose capacity-bound plan
     fits, from the peak of the plan without a cache: the LRU cache evicts and prefetches, and
@@ -179,8 +185,10 @@ def test_tight_capacity_matches_plan_and_none(path, mode):
     graph = graph_of(param)
     uncached = make_plan(graph, mode)
     step = max(256, (uncached.peak - uncached.persistent_bytes) // 64 // 256 * 256)
+    # (A plan that chunks a convolution's batch sums its weight gradient in another order, so
+    # bit equality asks for a capacity where the full workspaces can be placed.)
     capacity = next((c for c in range(uncached.peak + 256, 2 * uncached.peak, step)
-                     if make_plan(graph, mode, c).fits), None)
+                     if unchunked(make_plan(graph, mode, c))), None)
     assert capacity, "no capacity up to twice the uncached peak can be planned"
     plan, steps = train(param, mode, capacity)
     assert plan.capacity == capacity and plan.fits

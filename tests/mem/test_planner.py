@@ -169,7 +169,10 @@ def test_check_fits_names_the_step_and_suggests_a_mode(r50):
 
 def test_net_refuses_a_plan_that_does_not_fit_before_allocating():
     param = net_param(ROOT / "prototxt" / "lenet_train_test.prototxt")
-    need = make_plan(graph_of(param), "liveness").peak
+    graph = graph_of(param)
+    from test_net import smallest_fit
+    need = smallest_fit(graph, "liveness")
+    assert not make_plan(graph, "none", need).fits
     device = CPUDevice(need)
     with pytest.raises(MemoryExhausted, match=r"memory mode 'none' needs .* at step .*; memory mode '\w+' fits"):
         Net(param, "TRAIN", device=device, memory="none")

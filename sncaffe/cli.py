@@ -390,8 +390,8 @@ def _train(args, comm=None) -> int:
             finally:
                 if progress.bar is not None:
                     progress.bar.close()
-                if parallel is not None:
-                    parallel.close()
+            if parallel is not None:
+                parallel.close()
             if tracer is not None and tracer.spans is None:
                 log.warning("--trace: iteration %d was not trained (iterations %d to %d were), no trace written",
                             args.trace_iter, progress.start if progress.start is not None else solver.iter,
@@ -572,7 +572,7 @@ def cmd_draw(args) -> int:
     from .draw import draw
     from .proto import sncaffe_pb2 as pb
     from .prototxt import read_text
-    param = read_text(args.net, pb.NetParameter())
+    param = _placed(read_text(args.net, pb.NetParameter()), args.place)
     out = draw(param, args.out, rankdir=args.rankdir, phase=None if args.phase == "ALL" else args.phase)
     print(f"Drawing net to {out}")
     return 0
@@ -668,6 +668,8 @@ def _parser():
                    help="direction of the graph layout (default: %(default)s)")
     d.add_argument("--phase", default="ALL", choices=["TRAIN", "TEST", "ALL"],
                    help="draw the layers of this phase (default: %(default)s, every layer)")
+    d.add_argument("--place", metavar="LAYER=LOC,...", help="model parallelism, as for train: draws the locations "
+                                                           "and the Copy layers between them")
     d.set_defaults(func=cmd_draw)
     return p
 

@@ -8,8 +8,8 @@ reads and writes the same octagon, so it sits on a loop beside its blob (in
 Caffe's green). sncaffe's own addition: a layer with a location (the
 ``location`` field, model parallelism) is outlined in that location's colour,
 its top blobs too, with a legend of the locations; the Copy layers that carry
-blobs from one location to another (inserted as ``sncaffe plan`` and the net
-insert them) are drawn between them.
+blobs from one location to another (the ones the net itself inserts) are
+drawn between them.
 
 ``draw(net_param, path, rankdir="LR", phase=None)`` writes .dot (or .gv)
 with the ``graphviz`` package alone; .png, .svg, .pdf need Graphviz's ``dot``

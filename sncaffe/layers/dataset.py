@@ -36,7 +36,10 @@ LEGACY_TRANSFORM = ("scale", "mean_file", "crop_size", "mirror", "force_encoded_
 
 def _copy_to_top(top, host_arrays):
     for blob, a in zip(top, host_arrays):
-        blob.data[...] = array_module(blob.data).asarray(a)
+        if array_module(blob.data) is np:
+            blob.data[...] = a
+        else:                                   # CuPy: one host-to-device copy into the block
+            blob.data.set(np.ascontiguousarray(a, blob.data.dtype))
 
 
 class _Prefetching(_Source):

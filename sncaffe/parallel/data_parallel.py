@@ -127,10 +127,12 @@ class DataParallel:
         solver.before_update = self.wait
         solver.sync_requests = self.agree
         solver.is_root = self.rank == 0
-        batch = _batch(self.net)
-        log.info("Data parallel: %d ranks, batch %d per rank (%d in all); %d gradient buckets of at most %.0f MB "
-                 "all-reduced by %s: %s", self.size, batch, batch * self.size, len(self.buckets),
-                 bucket_bytes / 2**20, self.reducer.name, describe(self.buckets))
+        batch, sizes = _batch(self.net), [f"{b.nbytes / 2**20:.2f}" for b in self.buckets]
+        log.info("Data parallel: %d ranks, batch %d per rank (%d in all); %d gradient buckets of at most %g MB "
+                 "all-reduced by %s, in backward order (%s MB)", self.size, batch, batch * self.size,
+                 len(self.buckets), bucket_bytes / 2**20, self.reducer.name,
+                 ", ".join(sizes[:8] + (["..."] if len(sizes) > 8 else [])))
+        log.debug("Gradient buckets: %s", describe(self.buckets))
 
     # -- start-up -------------------------------------------------------------------
     def _broadcast_state(self):
@@ -160,12 +162,12 @@ class DataParallel:
         feed = self.solver.feed
         if feed is not None and hasattr(feed, "shard"):
             feed.shard = shard
-        elif feed is not None and self.net.inputs:
+        elif feed is not None and self.net.inputs and self.rank == 0:
             log.warning("solver.feed has no shard attribute: each rank trains on the batches its feed "
                         "gives (shard them by rank %d of %d yourself)", self.rank, self.size)
         unsharded = sorted({n.type for n in self.net.graph.layers if not n.bottoms and n.type not in
                             ("Input",) and not hasattr(n.layer, "shard")})
-        if unsharded:
+        if unsharded and self.rank == 0:
             log.warning("%s layers are not sharded: every rank reads the same batches", ", ".join(unsharded))
 
     # -- backward: buckets start as their gradients are ready --------------------------
@@ -224,10 +226,8 @@ class DataParallel:
         return bool(flags[0]), bool(flags[1])
 
     def close(self) -> None:
-        """Give the hooks back, stop the comm thread, free the buffers."""
-        for event in self._events:
-            if event is not None:
-                event.wait(self.timeout)
+        """After training: give the hooks back, stop the comm thread, free the buffers. (After an
+        error, don't: a collective the other ranks never join would keep the comm thread.)"""
         self.stream.close()
         self.net.step_hook = self._previous_hook
         self.solver.before_update = self.solver.sync_requests = None

@@ -9,7 +9,9 @@ waiting in a collective (and in ``MPI_Finalize``) forever. A rank that is
 killed is seen by ``mpiexec``, which ends the others.
 
 ``MPIReducer`` all-reduces a gradient bucket through a host buffer: on the
-CPU device a block of its host pool, on a GPU without NCCL pinned memory.
+CPU device a block of its host pool, on a GPU without NCCL pinned memory;
+``MPI_Iallreduce``, tested with growing sleeps, so that a rank waiting for
+the others leaves its core to the computation.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import numpy as np
 INSTALL_HINT = "pip install 'sncaffe[mpi]' (mpi4py and MPICH from PyPI)"
 # Set in each rank's environment by MPICH/Intel MPI (PMI), Open MPI and PMIx launchers.
 LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+ABORT_DELAY = 0.5           # seconds between a failing rank's message and MPI_Abort
+POLL_SPINS, POLL_LONGEST = 20, 5e-4     # tests before sleeping, longest sleep (s), waiting for an all-reduce
 
 
 def launched() -> bool:
@@ -88,23 +92,41 @@ def abort_on_error(comm, prog="sncaffe"):
 def _abort(comm, prog, text):
     print(f"{prog}: rank {comm.Get_rank()} of {comm.Get_size()}: error: {text}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    # Closed first, so the launcher has forwarded all this rank wrote before the abort tears it down.
+    # Closed, and a moment given, so the launcher has forwarded what this rank wrote before the
+    # abort tears the job down (else the message can be lost).
     for stream in (sys.stdout, sys.stderr):
         try:
             os.close(stream.fileno())
         except (OSError, ValueError, AttributeError):      # not a real file (a test's capture)
             pass
+    time.sleep(ABORT_DELAY)
     comm.Abort(1)
 
 
 def allreduce_max(comm, flags: np.ndarray) -> None:
     """``flags`` (int32) becomes its maximum over the ranks, in place."""
     MPI = import_mpi()
-    comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+    wait_polling(comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+
+
+def wait_polling(request, spins=POLL_SPINS, longest=POLL_LONGEST) -> None:
+    """Wait for a non-blocking MPI request, sleeping between tests once it takes a while.
+
+    A blocking MPI call busy-waits: on the comm thread it would take a core
+    from this rank's backward (and the other ranks') while the slowest rank
+    catches up. Testing with growing sleeps leaves the core to the
+    computation, at the price of up to ``longest`` seconds of latency.
+    """
+    delay = 0.0
+    while not request.Test():
+        time.sleep(delay)               # 0 at first: only lets the other threads run
+        spins -= 1
+        if spins < 0:
+            delay = min(max(2 * delay, 1e-5), longest)
 
 
 class MPIReducer:
-    """Sums a bucket over the ranks with ``MPI_Allreduce`` on a host buffer, then divides by N."""
+    """Sums a bucket over the ranks with ``MPI_Iallreduce`` on a host buffer, then divides by N."""
     name = "MPI"
 
     def __init__(self, comm, device):
@@ -119,7 +141,9 @@ class MPIReducer:
         bucket.buffer = raw[:bucket.nbytes].view(bucket.dtype)
 
     def pack(self, bucket) -> list:
-        """Copy the bucket's gradients into its buffer on the device's d2h stream; the copies' events."""
+        """Copy the bucket's gradients into its buffer on the device's d2h stream; the copies' events.
+        On that stream they come before any offload of the same gradients (host_params), so the
+        executor cannot free a gradient's block before it is copied."""
         raw = bucket.buffer.view(np.uint8)
         size = bucket.dtype.itemsize
         return [self.device.copy_to_host(raw[s.offset * size:(s.offset + s.size) * size], s.blob.diff)
@@ -130,7 +154,7 @@ class MPIReducer:
         for e in packed:
             e.wait()
         event.start = time.perf_counter()         # the all-reduce itself, after the copies
-        self.comm.Allreduce(self.MPI.IN_PLACE, bucket.buffer, op=self.MPI.SUM)
+        wait_polling(self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.buffer, op=self.MPI.SUM))
         bucket.buffer *= bucket.dtype.type(1.0 / self.size)
 
     def unpack(self, bucket) -> None:

@@ -15,15 +15,18 @@ import time
 import numpy as np
 
 
-def nccl_usable(device) -> bool:
-    """Whether ``device`` is a GPU and CuPy can load NCCL."""
-    if not str(getattr(device, "name", "")).startswith("cuda"):
-        return False
+def nccl_available() -> bool:
+    """Whether CuPy is installed and can load NCCL."""
     try:
         from cupy.cuda import nccl
     except ImportError:
         return False
     return bool(getattr(nccl, "available", True))
+
+
+def nccl_usable(device) -> bool:
+    """Whether ``device`` is a GPU and CuPy can load NCCL."""
+    return str(getattr(device, "name", "")).startswith("cuda") and nccl_available()
 
 
 class NCCLReducer:

@@ -84,6 +84,6 @@ class IterationTrace:
             write_chrome_trace(spans, self.path)
             self.spans = spans
             o = overlap(spans)
-            log.info("Trace of iteration %d written to %s: %d spans; all-reduce %.1f ms, %.0f%% of it hidden "
-                     "behind backward", self.iteration, self.path, len(spans), o["comm_s"] * 1e3,
-                     100 * o["hidden_share"])
+            comm = (f"; all-reduce {o['comm_s'] * 1e3:.1f} ms, {100 * o['hidden_share']:.0f}% of it hidden behind "
+                    "backward" if o["comm_s"] else "")
+            log.info("Trace of iteration %d written to %s: %d spans%s", self.iteration, self.path, len(spans), comm)

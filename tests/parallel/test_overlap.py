@@ -1,0 +1,42 @@
+"""How much all-reduce hides behind backward, measured on spans; one iteration's trace without MPI."""
+import json
+
+import pytest
+
+from sncaffe.parallel import IterationTrace, overlap
+
+
+def test_hidden_share_counts_all_reduce_time_under_backward_compute():
+    spans = [("compute", "ip:forward", 0.0, 1.0),           # forward hides nothing
+             ("comm", "all-reduce bucket 0", 0.5, 1.5),
+             ("compute", "ip2:backward", 2.0, 4.0),
+             ("compute", "ip1:backward", 4.0, 5.0),
+             ("comm", "all-reduce bucket 1", 3.0, 6.0),
+             ("comm", "all-reduce bucket 2", 3.5, 4.5),        # overlaps bucket 1: counted once
+             ("d2h", "offload x", 2.0, 6.0)]
+    o = overlap(spans)
+    assert o["comm_s"] == pytest.approx(1.0 + 3.0)
+    assert o["backward_s"] == pytest.approx(3.0)
+    assert o["hidden_s"] == pytest.approx(2.0) and o["hidden_share"] == pytest.approx(0.5)
+    assert overlap([("compute", "a:backward", 0, 1)])["hidden_share"] == 0.0
+
+
+def test_a_single_process_trace_has_every_operator_and_the_update(tmp_path):
+    from sncaffe.cli import SyntheticInputs
+    from sncaffe.proto import sncaffe_pb2 as pb
+    from sncaffe.prototxt import parse_text
+    from sncaffe.solvers import Solver
+    p = pb.SolverParameter(base_lr=0.1, lr_policy="fixed", max_iter=3, snapshot_after_train=False)
+    p.net_param.CopyFrom(parse_text(
+        'layer { name: "in" type: "Input" top: "x" top: "label" input_param { shape { dim: 2 dim: 3 } '
+        'shape { dim: 2 } } } layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+        'inner_product_param { num_output: 4 } } '
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "y" bottom: "label" top: "loss" }', pb.NetParameter()))
+    solver = Solver(p, device="cpu")
+    solver.feed = SyntheticInputs(0)
+    tracer = IterationTrace(solver, tmp_path / "trace.json", 0)       # the first iteration: armed at once
+    solver.solve()
+    assert [n for _, n, _, _ in tracer.spans] == ["in:forward", "ip:forward", "loss:forward", "loss:backward",
+                                                  "ip:backward", "update"]
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert [e["args"]["name"] for e in events if e["ph"] == "M"] == ["compute"]

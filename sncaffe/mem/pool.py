@@ -1,14 +1,15 @@
 """The heap pool: one preallocated arena, best-fit allocation, merging of free neighbours.
 
 Free blocks are indexed twice: by (size, offset) in a sorted list for best fit
-(bisect, O(log n) search) and by their start and end offsets in dicts for
-O(1) merging on free. Every size is rounded up to the alignment, so every
+(sortedcontainers' SortedList: O(log n) search, insert and removal) and by
+their start and end offsets in dicts for O(1) merging on free. Every size is rounded up to the alignment, so every
 offset is aligned. The pool knows nothing of arrays; a device carves views.
 """
 from __future__ import annotations
 
-import bisect
 import threading
+
+from sortedcontainers import SortedList
 
 ALIGNMENT = 256
 
@@ -55,7 +56,7 @@ class Pool:
     def __init__(self, capacity: int, alignment: int = ALIGNMENT):
         self.alignment = alignment
         self.capacity = capacity // alignment * alignment
-        self._by_size: list[tuple[int, int]] = [(self.capacity, 0)] if self.capacity else []
+        self._by_size = SortedList([(self.capacity, 0)] if self.capacity else [])
         self._free_start: dict[int, int] = {0: self.capacity} if self.capacity else {}
         self._free_end: dict[int, int] = {self.capacity: 0} if self.capacity else {}
         self._used: dict[int, int] = {}   # offset -> size
@@ -67,7 +68,7 @@ class Pool:
         """Offset of a new block of at least ``nbytes`` (the smallest free block that fits)."""
         size = align(nbytes, self.alignment)
         with self._lock:
-            i = bisect.bisect_left(self._by_size, (size, -1))
+            i = self._by_size.bisect_left((size, -1))
             if i == len(self._by_size):
                 raise OutOfMemory(size, self, name)
             bsize, off = self._by_size.pop(i)
@@ -98,12 +99,12 @@ class Pool:
             self._insert_free(start, end - start)
 
     def _insert_free(self, off: int, size: int) -> None:
-        bisect.insort(self._by_size, (size, off))
+        self._by_size.add((size, off))
         self._free_start[off] = size
         self._free_end[off + size] = off
 
     def _remove_size_index(self, size: int, off: int) -> None:
-        del self._by_size[bisect.bisect_left(self._by_size, (size, off))]
+        self._by_size.remove((size, off))
 
     def size_of(self, offset: int) -> int:
         return self._used[offset]

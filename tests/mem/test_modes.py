@@ -160,6 +160,10 @@ if not ZOO:
     CASES.append(pytest.param(None, id="zoo", marks=pytest.mark.skip(reason="../shared/zoo is not present")))
 
 
+def unchunked(plan):
+    return plan.fits and not any(ins.kind == "run" and ins.chunk for ins in plan.schedule)
+
+
 @pytest.mark.parametrize("path,mode", [pytest.param(c.values[0], m, id=f"{c.id}-{m}", marks=c.marks)
                                        for c in CASES for m in MODES])
 def test_mode_matches_plan_and_none(path, mode):
@@ -173,10 +177,6 @@ def test_mode_matches_plan_and_none(path, mode):
 @pytest.mark.parametrize("path,mode", [pytest.param(c.values[0], m, id=f"{c.id}-{m}", marks=c.marks)
                                        for c in CASES for m in ("offload", "all")
                                        if c.values[0] is None or c.values[0].stem in TIGHT])
-def unchunked(plan):
-    return plan.fits and not any(ins.kind == "run" and ins.chunk for ins in plan.schedule)
-
-
 def test_tight_capacity_matches_plan_and_none(path, mode):
     """The smallest device (in steps of 1/64 of the transient bytes) whose capacity-bound plan
     fits, from the peak of the plan without a cache: the LRU cache evicts and prefetches, and

@@ -41,7 +41,9 @@ class Net:
             device = default_device()
         self.device = device
         self.phase = phase
-        self.graph = build_graph(param, phase, dtype)
+        from .backend import cuda_ops
+        with cuda_ops.building_for(device):      # a GPU's layers size cuDNN's workspaces in setup
+            self.graph = build_graph(param, phase, dtype)
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
         from .backend import make_device
@@ -51,7 +53,8 @@ class Net:
         self.host_params = host_params
         if host_params:
             reserve = 0                 # the solver's history lives on the host too
-        self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
+        with cuda_ops.building_for(device):
+            self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
         self.host_params = bool(self.plan.host_params)      # auto may have chosen them
         self._bind()
         self.init_params(seed)
@@ -174,7 +177,10 @@ class Net:
                     else:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
-                blob.data[...] = arr
+                if hasattr(blob.data, "set"):
+                    blob.data.set(arr)          # a device array (CuPy) from host values
+                else:
+                    blob.data[...] = arr
         if src.layers:
             raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
 

@@ -11,8 +11,11 @@ supported (N-d convolution is a layer error).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..backend import cuda_ops
 from ..fillers import fill
-from .base import Layer, register
+from .base import Layer, array_module, register
 from .im2col import ConvPlan
 
 
@@ -83,10 +86,14 @@ class _ConvolutionBase(Layer):
         self.bias_term = p.bias_term
         self.param_shapes += [(M,)] * self.bias_term
         self.workspace_specs = {k: ((n,), None) for k, n in self.plan.workspace(self.chunk or N).items()}
+        if cuda_ops.gpu_target() is not None:       # cuDNN's workspace, not the CPU kernels'
+            self.workspace_specs, self.backward_workspace_specs = cuda_ops.conv_workspace_specs(self, shape, self.chunk)
         return [(N, M) + tuple(out)] * len(bottom_shapes)
 
     def workspace_for_chunk(self, chunk):
         """The memory runtime's choice when the full workspace does not fit: ``chunk`` images a pass."""
+        if cuda_ops.gpu_target() is not None:
+            return cuda_ops.conv_workspace_for_chunk(self, chunk)
         return {k: ((n,), None) for k, n in self.plan.workspace(chunk).items()}
 
     def init_params(self, rng):
@@ -114,12 +121,16 @@ class Convolution(_ConvolutionBase):
     type = "Convolution"
 
     def forward(self, bottom, top):
+        if array_module(bottom[0].data) is not np:
+            return cuda_ops.conv_forward(self, bottom, top)
         w, bias = self.blobs[0].data, (self.blobs[1].data if self.bias_term else None)
         for b, t in zip(bottom, top):
             for c in self._chunks(b.data.shape[0]):
                 self.plan.forward(b.data[c], w, t.data[c], self.workspace, bias)
 
     def backward(self, top, propagate_down, bottom):
+        if array_module(top[0].diff) is not np:
+            return cuda_ops.conv_backward(self, top, propagate_down, bottom)
         w = self.blobs[0].data
         for i, (t, b) in enumerate(zip(top, bottom)):
             for c in self._chunks(t.diff.shape[0]):
@@ -139,6 +150,8 @@ class Deconvolution(_ConvolutionBase):
     deconv = True
 
     def forward(self, bottom, top):
+        if array_module(bottom[0].data) is not np:
+            return cuda_ops.conv_forward(self, bottom, top)
         w = self.blobs[0].data
         for b, t in zip(bottom, top):
             for c in self._chunks(b.data.shape[0]):
@@ -147,6 +160,8 @@ class Deconvolution(_ConvolutionBase):
                     t.data[c] += self.blobs[1].data.reshape(-1, 1, 1)
 
     def backward(self, top, propagate_down, bottom):
+        if array_module(top[0].diff) is not np:
+            return cuda_ops.conv_backward(self, top, propagate_down, bottom)
         w = self.blobs[0].data
         for i, (t, b) in enumerate(zip(top, bottom)):
             for c in self._chunks(t.diff.shape[0]):

@@ -24,7 +24,6 @@ import numpy as np
 
 from ..data import datum as datums
 from ..data import image
-from ..data.db import LMDBReader
 from ..data.prefetch import Prefetcher
 from ..data.transform import DataTransformer
 from ..proto import sncaffe_pb2 as pb
@@ -139,6 +138,7 @@ class Data(_Prefetching):
         self.depth = max(1, p.prefetch)
         self.source = p.source
         self.transformer = DataTransformer(self.param.transform_param, self.phase)
+        from ..data.db import LMDBReader      # lmdb is needed only where an LMDB is read
         self.db = LMDBReader(p.source)
         self.datum_shape = self._decode(*self.db.first())[0].shape
         shape = self.transformer.infer_shape(self.datum_shape, f"the data in {p.source}")

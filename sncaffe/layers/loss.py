@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import cuda_ops
 from .base import Layer, array_module, canonical_axis, count, register
 
 FLT_MIN = float(np.finfo(np.float32).tiny)   # Caffe clamps log(prob) with FLT_MIN for every Dtype
@@ -118,13 +119,17 @@ class Softmax(Layer):
         return [shape]
 
     def forward(self, bottom, top):
-        _softmax(array_module(bottom[0].data), bottom[0].data.reshape(self.dims),
-                 top[0].data.reshape(self.dims))
+        xp = array_module(bottom[0].data)
+        if xp is not np:
+            return cuda_ops.softmax_forward(bottom[0].data, top[0].data, self.dims)
+        _softmax(xp, bottom[0].data.reshape(self.dims), top[0].data.reshape(self.dims))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         xp = array_module(top[0].data)
+        if xp is not np:
+            return cuda_ops.softmax_backward(top[0].data, top[0].diff, bottom[0].diff, self.dims)
         y, dy = top[0].data.reshape(self.dims), top[0].diff.reshape(self.dims)
         dot = xp.einsum("ocn,ocn->on", dy, y)[:, None, :]   # before dx: dx may alias dy in place
         dx = bottom[0].diff.reshape(self.dims)
@@ -159,6 +164,8 @@ class SoftmaxWithLoss(_Loss):
 
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
+        if xp is not np:
+            return cuda_ops.softmax_loss_forward(self, bottom, top)
         prob = (top[1].data if len(top) > 1 else self.workspace["prob"]).reshape(self.dims)
         _softmax(xp, bottom[0].data.reshape(self.dims), prob)
         lab, valid = self.read_labels(xp, bottom[1].data)
@@ -168,6 +175,8 @@ class SoftmaxWithLoss(_Loss):
         top[0].data[...] = -logp.sum() / self.normalizer(xp, logp.dtype, self.dims[0], self.dims[2], valid)
 
     def backward(self, top, propagate_down, bottom):
+        if array_module(bottom[0].data) is not np:
+            return cuda_ops.softmax_loss_backward(self, top, propagate_down, bottom)
         self.check_label_backward(propagate_down)
         if not propagate_down[0]:
             return
@@ -236,6 +245,8 @@ class SigmoidCrossEntropyLoss(_Loss):
 
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
+        if xp is not np:
+            return cuda_ops.sigmoid_ce_forward(self, bottom, top)
         x = bottom[0].data
         t = bottom[1].data.reshape(x.shape)
         pos = (x >= 0).astype(x.dtype)
@@ -247,6 +258,8 @@ class SigmoidCrossEntropyLoss(_Loss):
         top[0].data[...] = loss.sum() / self.normalizer(xp, x.dtype, self.outer, self.inner, valid)
 
     def backward(self, top, propagate_down, bottom):
+        if array_module(bottom[0].data) is not np:
+            return cuda_ops.sigmoid_ce_backward(self, top, propagate_down, bottom)
         self.check_label_backward(propagate_down)
         if not propagate_down[0]:
             return

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
+from ..backend import cuda_ops
 from .base import TEST, Layer, array_module, count, register
 from .pooling import padded_view
 
@@ -56,12 +59,16 @@ class LRN(Layer):
         self.offsets = tuple(pre if a in self.axes else 0 for a in range(4))
         padded = tuple(d + 2 * pre if a in self.axes else d for a, d in enumerate(shape))
         self.scratch_specs = {"scale": (shape, None)}
-        self.workspace_specs = {"padded": (padded, None)}
+        # The GPU's ACROSS_CHANNELS kernels sum their windows in place: no workspace.
+        if not (self.axes == (1,) and cuda_ops.gpu_target()):
+            self.workspace_specs = {"padded": (padded, None)}
         return [shape]
 
     def forward(self, bottom, top):
         x, y, scale = bottom[0].data, top[0].data, self.scratch["scale"]
         xp = array_module(x)
+        if xp is not np and self.axes == (1,):
+            return cuda_ops.lrn_forward(self, x, y, scale)
         ws = self.workspace["padded"]
         xp.multiply(x, x, out=padded_view(ws, x.shape, self.offsets, 0))
         window_sum(ws, scale, self.size, self.axes)
@@ -77,6 +84,8 @@ class LRN(Layer):
         x, y, dy, dx = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
         scale = self.scratch["scale"]
         xp = array_module(x)
+        if xp is not np and self.axes == (1,):
+            return cuda_ops.lrn_backward(self, x, y, dy, dx, scale)
         ws = self.workspace["padded"]
         inner = padded_view(ws, x.shape, self.offsets, 0)
         xp.multiply(dy, y, out=inner)
@@ -129,7 +138,8 @@ class BatchNorm(Layer):
         self.scratch_specs = {"std": ((C,), None)}
         if not self.use_global_stats:
             self.scratch_specs["x_norm"] = (shape, None)
-            self.workspace_specs = {"temp": (shape, None)}
+            if cuda_ops.gpu_target() is None:           # the GPU kernels need no temp
+                self.workspace_specs = {"temp": (shape, None)}
         return [shape]
 
     def init_params(self, rng):
@@ -142,6 +152,8 @@ class BatchNorm(Layer):
     def forward(self, bottom, top, *, update_stats=True):
         x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
         xp = array_module(x)
+        if xp is not np:
+            return cuda_ops.batch_norm_forward(self, x, y, update_stats)
         std = self.scratch["std"]
         if self.use_global_stats:
             factor = self.blobs[2].data
@@ -178,6 +190,8 @@ class BatchNorm(Layer):
             return
         dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         xp = array_module(dy)
+        if xp is not np:
+            return cuda_ops.batch_norm_backward(self, dy, dx)
         std = self.scratch["std"][:, None]
         if self.use_global_stats:
             xp.divide(dy, std, out=dx)

@@ -14,6 +14,7 @@ import itertools
 
 import numpy as np
 
+from ..backend import cuda_ops
 from .base import TEST, Layer, array_module, register
 
 MAX, AVE, STOCHASTIC = 0, 1, 2          # PoolingParameter.PoolMethod
@@ -97,7 +98,8 @@ class Pooling(Layer):
         self.scratch_specs, self.workspace_specs = {}, {}
         if self.method != AVE:
             self.scratch_specs["argmax"] = (top_shape, np.uint8 if kh * kw <= 256 else np.int32)
-        if not self.is_global:
+        # The GPU's MAX and AVE kernels read the input in place: no workspace.
+        if not self.is_global and (self.method == STOCHASTIC or cuda_ops.gpu_target() is None):
             # Enough rows/cols for the padding and for the last window of ceil rounding.
             Lh, Lw = max(H + ph, (PH - 1) * sh + kh), max(W + pw, (PW - 1) * sw + kw)
             if (Lh, Lw, sh, sw) != (H, W, 1, 1):
@@ -159,6 +161,8 @@ class Pooling(Layer):
         x, y = bottom[0].data, top[0].data
         xp = array_module(x)
         idx = self.scratch.get("argmax")
+        if xp is not np and self.method != STOCHASTIC:      # GPU: Caffe's kernels
+            return cuda_ops.pool_forward(self, x, y, idx, top[1].data if len(top) > 1 else None)
         if self.is_global:
             N, C, H, W = x.shape
             x3, y2 = x.reshape(N, C, H * W), y.reshape(N, C)
@@ -237,6 +241,8 @@ class Pooling(Layer):
         idx = self.scratch.get("argmax")
         if self.method == STOCHASTIC and self.phase == TEST:
             raise self.error("STOCHASTIC pooling has no backward in TEST phase: its TEST forward picks no cell")
+        if xp is not np and self.method != STOCHASTIC:
+            return cuda_ops.pool_backward(self, dy, dx, idx)
         if self.is_global:
             N, C, H, W = dx.shape
             if self.method == MAX:

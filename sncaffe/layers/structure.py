@@ -12,17 +12,26 @@ from itertools import accumulate
 
 import numpy as np
 
+from ..backend import cuda_ops
 from .base import Layer, array_module, canonical_axis, count, register
 
 
 def same_memory(a, b) -> bool:
     """True when a and b are the same memory (views of one buffer, maybe reshaped)."""
-    return a.size == b.size and bool(array_module(a).shares_memory(a, b))
+    xp = array_module(a)
+    # CuPy's exact test sorts every element's address; its bounds test is exact here, where the
+    # executor aliases whole blocks or none
+    overlap = xp.shares_memory if xp is np else xp.may_share_memory
+    return a.size == b.size and bool(overlap(a, b))
 
 
 def assign(dst, src) -> None:
     """dst[...] = src (reshaped to dst's shape), skipped when the executor aliased them."""
-    if not same_memory(dst, src):
+    if same_memory(dst, src):
+        return
+    if dst.flags.c_contiguous:          # one strided copy, never a reshaped copy of a strided src
+        dst.reshape(src.shape)[...] = src
+    else:
         dst[...] = src.reshape(dst.shape)
 
 
@@ -78,7 +87,8 @@ class Eltwise(Layer):
                                  f'bottom "{bottom_name(self, 0)}" shape {shape}')
         if self.op == "MAX":
             self.scratch_specs = {"argmax": (shape, np.int32)}     # which bottom won, per element
-            self.workspace_specs = {"mask": (shape, np.bool_)}
+            if cuda_ops.gpu_target() is None:                    # the GPU kernels need no mask
+                self.workspace_specs = {"mask": (shape, np.bool_)}
         elif self.op == "SUM" and any(c != 1 for c in self.coeffs):
             self.workspace_specs = {"scaled": (shape, None)}
         if self.op == "PROD":
@@ -101,6 +111,8 @@ class Eltwise(Layer):
                     y += xi
                 else:
                     y += xp.multiply(xi, c, out=self.workspace["scaled"])
+        elif xp is not np:
+            cuda_ops.eltwise_max_forward(x, y, self.scratch["argmax"])
         else:
             # Caffe's order: ties between bottoms 0 and 1 go to 1, later ties keep the earlier
             argmax, mask = self.scratch["argmax"], self.workspace["mask"]
@@ -132,6 +144,8 @@ class Eltwise(Layer):
                 dx *= dy
             elif self.op == "SUM":
                 xp.multiply(dy, self.coeffs[i], out=dx)
+            elif xp is not np:
+                cuda_ops.eltwise_max_backward(dy, self.scratch["argmax"], dx, i)
             else:
                 mask = self.workspace["mask"]
                 xp.equal(self.scratch["argmax"], i, out=mask)

@@ -72,12 +72,19 @@ def gpu_count(cp) -> int:
     return n
 
 
-def cuda_usable() -> bool:
-    """Whether ``--device cuda`` can work here (CuPy importable and a GPU visible): the CLI's default."""
+def unusable_reason():
+    """Why ``--device cuda`` cannot work here (CuPy, a GPU or cuDNN 9 missing), or None."""
     try:
-        return gpu_count(import_cupy()) > 0
-    except RuntimeError:
-        return False
+        gpu_count(import_cupy())
+    except RuntimeError as e:
+        return str(e)
+    from . import cudnn
+    return None if cudnn.available() else "cuDNN 9 is not installed"
+
+
+def cuda_usable() -> bool:
+    """Whether ``--device cuda`` can work here: the CLI's default."""
+    return unusable_reason() is None
 
 
 def default_margin(total: int) -> int:

@@ -7,6 +7,8 @@ import types
 import numpy as np
 import pytest
 
+from sncaffe.backend.cuda import unusable_reason as cuda_unusable_reason
+
 from sncaffe.backend import CPUDevice, make_device
 from sncaffe.backend import cuda
 from sncaffe.backend.cuda import CUDADevice, CUDAEvent
@@ -14,18 +16,7 @@ from sncaffe.mem.pool import OutOfMemory
 
 
 def _gpu_reason():
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'sncaffe[cuda13]')"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() == 0:
-            return "no GPU"
-    except Exception as e:
-        return f"no usable GPU ({e})"
-    from sncaffe.backend import cudnn
-    return None if cudnn.available() else "cuDNN 9 is not installed"
-
+    return cuda_unusable_reason()
 
 GPU_REASON = _gpu_reason()
 needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=str(GPU_REASON))

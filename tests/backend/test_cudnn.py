@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+from sncaffe.backend.cuda import unusable_reason as cuda_unusable_reason
+
 from sncaffe.backend import cudnn
 from sncaffe.layers.pooling import pooled_size
 
@@ -17,19 +19,7 @@ needs_cudnn = pytest.mark.skipif(not HAVE_CUDNN, reason="cuDNN 9 is not installe
 
 
 def _gpu_reason():
-    if not HAVE_CUDNN:
-        return "cuDNN 9 is not installed"
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'sncaffe[cuda13]')"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() == 0:
-            return "no GPU"
-    except Exception as e:
-        return f"no usable GPU ({e})"
-    return None
-
+    return "cuDNN 9 is not installed" if not HAVE_CUDNN else cuda_unusable_reason()
 
 GPU_REASON = _gpu_reason()
 needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=str(GPU_REASON))

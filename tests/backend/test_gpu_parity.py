@@ -28,6 +28,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from sncaffe.backend.cuda import unusable_reason as cuda_unusable_reason
+
 from sncaffe import Net, blobproto
 from sncaffe.backend import CPUDevice, cuda_ops, cudnn
 from sncaffe.gradcheck import Harness, make_layer
@@ -40,17 +42,7 @@ from conftest import ROOT, SHARED, needs_shared
 
 
 def _gpu_reason():
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'sncaffe[cuda13]')"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() == 0:
-            return "no GPU"
-    except Exception as e:
-        return f"no usable GPU ({e})"
-    return None if cudnn.available() else "cuDNN 9 is not installed"
-
+    return cuda_unusable_reason()
 
 GPU_REASON = _gpu_reason()
 if GPU_REASON is None:

@@ -110,6 +110,22 @@ class _ConvolutionBase(Layer):
         step = self.chunk or n
         return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
+    def forward(self, bottom, top):
+        if array_module(bottom[0].data) is not np:
+            return cuda_ops.conv_forward(self, bottom, top)
+        for b, t in zip(bottom, top):
+            for c in self._chunks(b.data.shape[0]):
+                self._forward_chunk(b.data[c], t.data[c])
+
+    def backward(self, top, propagate_down, bottom):
+        if array_module(top[0].diff) is not np:
+            return cuda_ops.conv_backward(self, top, propagate_down, bottom)
+        for i, (t, b) in enumerate(zip(top, bottom)):
+            for c in self._chunks(t.diff.shape[0]):
+                if self.bias_term and self._learns(1):
+                    self._bias_grad(t.diff[c])
+                self._backward_chunk(t.diff[c], b.data[c], b.diff[c] if propagate_down[i] else None)
+
     def _bias_grad(self, dy):
         """bias diff += dy (n, M, H, W) summed over n, H, W (the contiguous axis first)."""
         self.blobs[1].diff += dy.reshape(dy.shape[0], dy.shape[1], -1).sum(axis=2).sum(axis=0)
@@ -120,25 +136,13 @@ class Convolution(_ConvolutionBase):
     """Caffe's Convolution: weight (num_output, channels/group, kh, kw), bias (num_output,)."""
     type = "Convolution"
 
-    def forward(self, bottom, top):
-        if array_module(bottom[0].data) is not np:
-            return cuda_ops.conv_forward(self, bottom, top)
-        w, bias = self.blobs[0].data, (self.blobs[1].data if self.bias_term else None)
-        for b, t in zip(bottom, top):
-            for c in self._chunks(b.data.shape[0]):
-                self.plan.forward(b.data[c], w, t.data[c], self.workspace, bias)
+    def _forward_chunk(self, x, y):
+        bias = self.blobs[1].data if self.bias_term else None
+        self.plan.forward(x, self.blobs[0].data, y, self.workspace, bias)
 
-    def backward(self, top, propagate_down, bottom):
-        if array_module(top[0].diff) is not np:
-            return cuda_ops.conv_backward(self, top, propagate_down, bottom)
-        w = self.blobs[0].data
-        for i, (t, b) in enumerate(zip(top, bottom)):
-            for c in self._chunks(t.diff.shape[0]):
-                if self.bias_term and self._learns(1):
-                    self._bias_grad(t.diff[c])
-                self.plan.backward(b.data[c], t.diff[c], w, self.workspace,
-                                   dx=b.diff[c] if propagate_down[i] else None,
-                                   dw=self.blobs[0].diff if self._learns(0) else None)
+    def _backward_chunk(self, dy, x, dx):
+        self.plan.backward(x, dy, self.blobs[0].data, self.workspace, dx=dx,
+                           dw=self.blobs[0].diff if self._learns(0) else None)
 
 
 @register
@@ -149,25 +153,13 @@ class Deconvolution(_ConvolutionBase):
     type = "Deconvolution"
     deconv = True
 
-    def forward(self, bottom, top):
-        if array_module(bottom[0].data) is not np:
-            return cuda_ops.conv_forward(self, bottom, top)
-        w = self.blobs[0].data
-        for b, t in zip(bottom, top):
-            for c in self._chunks(b.data.shape[0]):
-                self.plan.backward(None, b.data[c], w, self.workspace, dx=t.data[c])
-                if self.bias_term:
-                    t.data[c] += self.blobs[1].data.reshape(-1, 1, 1)
+    def _forward_chunk(self, x, y):
+        self.plan.backward(None, x, self.blobs[0].data, self.workspace, dx=y)
+        if self.bias_term:
+            y += self.blobs[1].data.reshape(-1, 1, 1)
 
-    def backward(self, top, propagate_down, bottom):
-        if array_module(top[0].diff) is not np:
-            return cuda_ops.conv_backward(self, top, propagate_down, bottom)
-        w = self.blobs[0].data
-        for i, (t, b) in enumerate(zip(top, bottom)):
-            for c in self._chunks(t.diff.shape[0]):
-                if self.bias_term and self._learns(1):
-                    self._bias_grad(t.diff[c])
-                if self._learns(0):
-                    self.plan.backward(t.diff[c], b.data[c], w, self.workspace, dw=self.blobs[0].diff)
-                if propagate_down[i]:
-                    self.plan.forward(t.diff[c], w, b.diff[c], self.workspace)
+    def _backward_chunk(self, dy, x, dx):
+        if self._learns(0):
+            self.plan.backward(dy, x, self.blobs[0].data, self.workspace, dw=self.blobs[0].diff)
+        if dx is not None:
+            self.plan.forward(dy, self.blobs[0].data, dx, self.workspace)

@@ -1,0 +1,330 @@
+"""The paper's nets in prototxt/, tools/gen_inception_v4.py, tools/compare.py and tools/caffe_baseline.py.
+
+The nets build, plan and (at tiny sizes) match their PyTorch twin's forward; compare.py runs a
+tiny suite end to end; its depth search and PyTorch accounting are checked on small cases; the
+Caffe baseline skips cleanly without a `caffe` binary and runs end to end against a stand-in.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import caffe_baseline  # noqa: E402
+import compare  # noqa: E402
+import gen_inception_v4  # noqa: E402
+
+from sncaffe import Net  # noqa: E402
+from sncaffe.backend.cpu import CPUDevice  # noqa: E402
+from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
+from sncaffe.prototxt import parse_text, read_text, set_batch  # noqa: E402
+
+needs_torch = pytest.mark.skipif(compare.torch is None, reason="PyTorch (sncaffe[torch]) is not installed")
+
+# name: (file, default batch, image size, classes, (batch, image size, dtype) of the twin test)
+NETS = {
+    "alexnet": ("alexnet.prototxt", 128, 227, 1000, (2, 67, np.float32)),
+    "vgg16": ("vgg16.prototxt", 32, 224, 1000, (2, 32, np.float32)),
+    "vgg19": ("vgg19.prototxt", 32, 224, 1000, (2, 32, np.float32)),
+    # float64 and batch 4: BatchNorm over a few values (the 1x1 grid at 75x75) magnifies rounding
+    "inception_v4": ("inception_v4.prototxt", 16, 299, 1000, (4, 75, np.float64)),
+    "cifar10_resnet": ("cifar10_resnet.prototxt", 128, 32, 10, (2, 32, np.float32)),
+}
+TOL = {np.float32: 1e-4, np.float64: 1e-7}
+
+
+def load(name):
+    return read_text(ROOT / "prototxt" / NETS[name][0], pb.NetParameter())
+
+
+def resized(param, batch, size):
+    """``param`` at ``batch`` and ``size`` x ``size`` images, dropout off (the twin cannot draw
+    sncaffe's masks)."""
+    out = set_batch(param, batch)
+    dims = out.layer[0].input_param.shape[0].dim
+    dims[2] = dims[3] = size
+    for lp in out.layer:
+        if lp.type == "Dropout":
+            lp.dropout_param.dropout_ratio = 0
+    return out
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_net_is_a_trainable_train_net(name):
+    file, batch, size, classes, _ = NETS[name]
+    param = load(name)
+    data = param.layer[0]
+    assert data.type == "Input" and list(data.top) == ["data", "label"]
+    assert [list(s.dim) for s in data.input_param.shape] == [[batch, 3, size, size], [batch]]
+    fillers = {lp.convolution_param.weight_filler.type for lp in param.layer if lp.type == "Convolution"}
+    fillers |= {lp.inner_product_param.weight_filler.type for lp in param.layer if lp.type == "InnerProduct"}
+    assert fillers <= {"msra", "xavier"}
+    assert param.layer[-2].type == "SoftmaxWithLoss"
+    graph = compare.graph_of(param)
+    scores = graph.layer(param.layer[-2].bottom[0]).tops[0].shape
+    assert scores == (batch, classes)
+    peaks = {m: compare.plan_peak(graph, m) for m in ("none", "liveness", "all+host")}
+    assert peaks["none"] > peaks["liveness"] > peaks["all+host"] > 0
+    assert peaks["none"] < CPUDevice().pool.capacity      # `sncaffe train` builds on the default device
+
+
+def test_layer_counts():
+    def count(name, type):
+        return sum(lp.type == type for lp in load(name).layer)
+    assert (count("alexnet", "Convolution"), count("alexnet", "InnerProduct"), count("alexnet", "LRN")) == (5, 3, 2)
+    assert (count("vgg16", "Convolution"), count("vgg16", "InnerProduct")) == (13, 3)
+    assert (count("vgg19", "Convolution"), count("vgg19", "InnerProduct")) == (16, 3)
+    assert count("cifar10_resnet", "Convolution") == 19 + 2 and count("cifar10_resnet", "Eltwise") == 9
+    inception = load("inception_v4")
+    assert count("inception_v4", "Convolution") == count("inception_v4", "BatchNorm") == 149
+    blocks = {lp.name.split("/")[0] for lp in inception.layer if lp.type == "Concat"}
+    assert {f"inception_a{i}" for i in range(1, 5)} | {f"inception_b{i}" for i in range(1, 8)} | \
+        {f"inception_c{i}" for i in range(1, 4)} | {"reduction_a", "reduction_b"} <= blocks
+
+
+def test_inception_grids():
+    graph = compare.graph_of(load("inception_v4"))
+    assert graph.blobs["stem/concat3"].shape == (16, 384, 35, 35)
+    assert graph.blobs["reduction_a/concat"].shape == (16, 1024, 17, 17)
+    assert graph.blobs["reduction_b/concat"].shape == (16, 1536, 8, 8)
+    assert graph.blobs["inception_c3/concat"].shape == (16, 1536, 8, 8)
+
+
+def test_inception_v4_committed_file_is_fresh():
+    assert (ROOT / gen_inception_v4.COMMITTED).read_text() == gen_inception_v4.committed_text(), \
+        "prototxt/inception_v4.prototxt is stale: run python tools/gen_inception_v4.py --committed"
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_inception_v4.py"), "--committed", "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_inception_v4_generator():
+    a = gen_inception_v4.generate(2, 75, command=gen_inception_v4.command_line(2, 75))
+    assert a == gen_inception_v4.generate(2, 75, command=gen_inception_v4.command_line(2, 75))
+    assert "# Generated by: python tools/gen_inception_v4.py --batch 2 --image-size 75" in a
+    with pytest.raises(ValueError, match="stem/concat1"):
+        gen_inception_v4.generate(2, 74)
+
+
+def test_cifar_resnet_trains_from_the_command_line(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "sncaffe.cli", "train", str(ROOT / "prototxt" / "cifar10_resnet.prototxt"),
+                          "--max-iter", "1", "--batch", "4", "--snapshot-prefix", str(tmp_path / "snap")],
+                         capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Trained to iteration 1" in run.stdout + run.stderr
+
+
+@needs_torch
+@pytest.mark.parametrize("name", list(NETS))
+def test_torch_twin_agrees_at_a_tiny_size(name):
+    batch, size, dtype = NETS[name][4]
+    net = Net(resized(load(name), batch, size), "TRAIN", device=CPUDevice(1 << 30), dtype=dtype)
+    compare.fill_inputs(net)
+    values = {k: np.array(net.blobs[k].data) for k in net.inputs}
+    twin = compare.torch_net.TorchNet(net)          # before forward: BatchNorm statistics move
+    loss = net.forward()
+    out = twin(values, all_blobs=True)
+    tol = TOL[dtype]
+    assert out.loss.item() == pytest.approx(loss, rel=tol)
+    for blob, value in net.blobs.items():
+        expected = np.asarray(value.data, np.float64)
+        np.testing.assert_allclose(out[blob].detach().numpy(), expected, rtol=10 * tol,
+                                   atol=tol * max(1.0, np.abs(expected).max()), err_msg=blob)
+
+
+# -- compare.py ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", ["linear", "steps", "flat", "none fit", "all fit"])
+def test_deepest_search_matches_brute_force(shape):
+    fn = {"linear": lambda k: 100 + 7 * k, "steps": lambda k: 100 + 7 * k + 40 * (k // 10),
+          "flat": lambda k: 120, "none fit": lambda k: 10 ** 6, "all fit": lambda k: k}[shape]
+    budget, k_max = 500, 300
+    calls = []
+    found = compare.deepest(lambda k: calls.append(k) or fn(k), budget, k_max)
+    assert found == max([k for k in range(1, k_max + 1) if fn(k) <= budget], default=0)
+    assert len(calls) == len(set(calls)) and len(calls) <= {"linear": 4, "flat": 3}.get(shape, 12)
+
+
+@needs_torch
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_torch_count_on_meta_equals_the_cpu_count(checkpoint):
+    graph = compare.graph_of(compare.resnet((1, 1, 2, 1), 2, 32))
+    meta = compare.torch_count(graph, checkpoint)
+    cpu = compare.TorchTrainer(graph, "cpu", checkpoint=checkpoint).count()
+    assert meta == cpu
+    assert meta["peak"] == meta["params"] + meta["grads"] + meta["momentum"] + meta["saved"] + meta["transient"]
+    assert meta["grads"] == meta["momentum"] and meta["saved"] > 0
+
+
+@needs_torch
+def test_checkpointed_pieces_give_the_eager_loss_and_gradients():
+    param = compare.resnet((1, 1, 2, 1), 2, 32)
+    net = Net(param, "TRAIN", device=CPUDevice(1 << 30))
+    compare.fill_inputs(net)
+    grads = []
+    for checkpoint in (False, True):
+        t = compare.TorchTrainer(net.graph, "cpu", net=net, checkpoint=checkpoint)
+        loss = t.loss()
+        loss.backward()
+        grads.append((float(loss.detach()), [p.grad.clone() for p in t.twin.parameters() if p.requires_grad]))
+    pieces = compare.pieces(t.twin, t.inputs)
+    assert len(pieces) == 2 + 5 + 3          # conv1..relu, pool1; one per block; pool5, fc1000, loss
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-6)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+
+
+TINY_SUITE = """
+frameworks: [sncaffe, pytorch, caffe]
+nets:
+  LeNet: {prototxt: prototxt/lenet_train_test.prototxt, input: [1, 28, 28]}
+  Tiny ResNet: {resnet: [1, 1, 1, 1], image_size: 32}
+memory:
+  modes: [none, liveness, all, all+host]
+  runs:
+    - {net: LeNet, batch: 4, verify: true}
+    - {net: Tiny ResNet, batch: 2}
+throughput:
+  sncaffe_mode: none
+  warmup: 0
+  iterations: 1
+  runs:
+    - {net: LeNet, batch: 4}
+  depth: {batch: 2, image_size: 32, k: [1], warmup: 0, iterations: 1,
+          sncaffe_modes: [none], pytorch: [eager]}
+deepest:
+  budget: 300MiB
+  batch: 2
+  image_size: 32
+  k_max: 12
+  sncaffe_modes: [liveness, all+host]
+  pytorch: [eager]
+  plot_k: [1, 4]
+  verify: {sncaffe: liveness}      # PyTorch's verification is the memory suite's LeNet
+quick:
+  deepest: {k_max: 6}
+"""
+
+
+def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))          # no `caffe`: that part is skipped
+    monkeypatch.delenv("CAFFE_BIN", raising=False)
+    (tmp_path / "suite.yaml").write_text(TINY_SUITE)
+    suite = compare.load_suite(tmp_path / "suite.yaml", quick=True)
+    assert suite["deepest"]["k_max"] == 6 and suite["deepest"]["budget"] == "300MiB"
+    out = tmp_path / "out"
+    results = compare.run(suite, out, say=lambda s: None)
+
+    assert results["machine"]["threads"]["OPENBLAS_NUM_THREADS"] == "1"
+    lenet = results["memory"][0]
+    assert lenet["sncaffe_measured"]["liveness"] == lenet["sncaffe"]["liveness"]   # the plan is the pool peak
+    assert lenet["sncaffe_measured"]["none"] == lenet["sncaffe"]["none"]
+    d = results["deepest"]
+    for name, k in d["found"].items():
+        curve = dict(d["curves"][name])
+        if k:
+            assert curve[k] <= d["budget"]
+        if k < d["k_max"]:
+            assert curve[k + 1] > d["budget"]
+    assert d["found"]["sncaffe all+host"] == 6                   # the cap: parameters on the host
+    if d["found"]["sncaffe liveness"]:
+        v = d["verified"]["sncaffe liveness"]
+        assert v["measured"] == v["planned"]
+    assert results["caffe"]["skipped"]
+
+    text = (out / "tables.md").read_text()
+    for heading in ("Peak memory of a training step", "Training throughput", "Images/s against depth",
+                    "Deepest ResNet", "Real Caffe: no `caffe`"):
+        assert heading in text
+    assert json.loads((out / "results.json").read_text())["deepest"]["k_max"] == 6
+    for png in ("memory_vs_depth.png", "throughput_vs_depth.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if compare.torch is not None:
+        assert "Ratios and targets" in text and "PyTorch eager" in text and results["throughput"]["runs"][0]["pytorch eager"]["images_per_s"] > 0
+        loss = results["throughput"]["runs"][0]["loss"]
+        assert loss["sncaffe"] == pytest.approx(loss["pytorch"], rel=1e-4)
+
+
+def test_default_suite_names_known_nets():
+    for quick in (False, True):
+        suite = compare.load_suite(quick=quick)
+        names = [r["net"] for key in ("memory", "throughput") for r in suite[key]["runs"]]
+        assert set(names) <= set(suite["nets"])
+        for name in set(names):
+            spec = suite["nets"][name]
+            assert "resnet" in spec or (ROOT / spec["prototxt"]).is_file()
+
+
+# -- caffe_baseline.py -----------------------------------------------------------------------------
+CAFFE_TIME_LOG = """\
+I1130 10:00:01.000000  4242 caffe.cpp:397] Iteration: 10 forward-backward time: 51 ms.
+I1130 10:00:01.100000  4242 caffe.cpp:400] Average time per layer:
+I1130 10:00:01.200000  4242 caffe.cpp:415] Average Forward pass: 20.5 ms.
+I1130 10:00:01.200000  4242 caffe.cpp:417] Average Backward pass: 30.1 ms.
+I1130 10:00:01.200000  4242 caffe.cpp:419] Average Forward-Backward: 50.7 ms.
+I1130 10:00:01.200000  4242 caffe.cpp:421] Total Time: 507 ms.
+"""
+CAFFE_TEST_LOG = """\
+I1130 10:00:02.000000  4242 caffe.cpp:281] Running for 1 iterations.
+I1130 10:00:02.100000  4242 caffe.cpp:304] Batch 0, accuracy = 0.25
+I1130 10:00:02.100000  4242 caffe.cpp:304] Batch 0, loss = 2.31
+I1130 10:00:02.100000  4242 caffe.cpp:309] Loss: 2.31
+I1130 10:00:02.100000  4242 caffe.cpp:321] accuracy = 0.25
+I1130 10:00:02.100000  4242 caffe.cpp:321] loss = 2.30259 (* 1 = 2.30259 loss)
+"""
+
+
+def test_caffe_log_parsers():
+    assert caffe_baseline.forward_backward_ms(CAFFE_TIME_LOG) == 50.7
+    assert caffe_baseline.test_outputs(CAFFE_TEST_LOG) == {"accuracy": 0.25, "loss": 2.30259}
+    with pytest.raises(ValueError):
+        caffe_baseline.forward_backward_ms("no timing here")
+
+
+def test_caffe_baseline_skips_without_caffe(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CAFFE_BIN", raising=False)
+    assert caffe_baseline.find_caffe() is None
+    assert "skipped" in caffe_baseline.compare(pb.NetParameter())
+    assert caffe_baseline.main([str(ROOT / "prototxt" / "cifar10_resnet.prototxt")]) == 0
+    assert "skipped" in capsys.readouterr().out
+
+
+# A stand-in `caffe`: the same flags, answered by sncaffe's own `time` and `test` (whose output
+# has Caffe's format), so the whole path (files written, commands, parsing, comparison) runs.
+FAKE_CAFFE = """\
+#!{python}
+import subprocess, sys
+cmd, args = sys.argv[1], dict(zip(sys.argv[2::2], sys.argv[3::2]))
+out = [sys.executable, "-m", "sncaffe.cli", cmd, args["-model"], "-n", args["-iterations"]]
+if "-weights" in args:
+    out += ["--weights", args["-weights"]]
+sys.exit(subprocess.call(out))
+"""
+
+
+def test_caffe_baseline_end_to_end_with_a_stand_in(tmp_path, monkeypatch):
+    fake = tmp_path / "caffe"
+    fake.write_text(FAKE_CAFFE.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("CAFFE_BIN", str(fake))
+    assert caffe_baseline.find_caffe() == fake
+    param = parse_text(textwrap.dedent("""
+        layer { name: "data" type: "Input" top: "data" top: "label"
+                input_param { shape { dim: 4 dim: 1 dim: 12 dim: 12 } shape { dim: 4 } } }
+        layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+                convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "msra" } } }
+        layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+                inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+        layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" include { phase: TEST } }
+        """), pb.NetParameter())
+    r = caffe_baseline.compare(param, iterations=1, workdir=tmp_path / "work")
+    assert r["outputs"] == "agree", r
+    assert set(r["caffe_outputs"]) == {"loss", "acc"} and r["caffe_ms"] > 0 and r["images_per_s"] > 0
+    assert (tmp_path / "work" / "weights.caffemodel").is_file() and (tmp_path / "work" / "inputs.h5").is_file()

@@ -1,0 +1,258 @@
+"""sncaffe against its PyTorch twin (tools/torch_net.py): forward values, loss, input and
+parameter gradients of small nets covering every layer type the twin knows, and the
+golden nets with Caffe's weights."""
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, SHARED, needs_shared
+
+torch = pytest.importorskip("torch", reason="PyTorch (the optional extra sncaffe[torch]) is not installed")
+sys.path.insert(0, str(ROOT / "tools"))
+from torch_net import TorchNet, TorchNetError  # noqa: E402
+
+from sncaffe import Net  # noqa: E402
+from sncaffe.backend.cpu import CPUDevice  # noqa: E402
+from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
+from sncaffe.prototxt import parse_text  # noqa: E402
+
+TOL = {np.float32: 1e-4, np.float64: 1e-9}
+
+
+def layer(name, type, bottoms, tops, body=""):
+    b = " ".join(f'bottom: "{x}"' for x in bottoms.split())
+    t = " ".join(f'top: "{x}"' for x in tops.split())
+    return f'layer {{ name: "{name}" type: "{type}" {b} {t} {body} }}\n'
+
+
+def inputs(*shapes):
+    """An Input layer: shapes as ("name", dims...)."""
+    tops = " ".join(s[0] for s in shapes)
+    body = " ".join("shape { " + " ".join(f"dim: {d}" for d in s[1:]) + " }" for s in shapes)
+    return layer("input", "Input", "", tops, f"input_param {{ {body} }}")
+
+
+# Small nets, batch 2. Labels are named label*; every other input is N(0, 1).
+NETS = {
+    "conv_pool": "force_backward: true\n"
+    + inputs(("data", 2, 3, 9, 9), ("label", 2))
+    + layer("conv", "Convolution", "data", "conv",
+            "convolution_param { num_output: 6 kernel_size: 3 stride: 2 pad: 1 dilation: 2 group: 3 }")
+    + layer("relu", "ReLU", "conv", "conv", "relu_param { negative_slope: 0.1 }")
+    + layer("deconv", "Deconvolution", "conv", "deconv",
+            "convolution_param { num_output: 4 kernel_size: 3 stride: 2 pad: 1 group: 2 }")
+    + layer("conv_rect", "Convolution", "deconv", "rect",
+            "convolution_param { num_output: 3 kernel_h: 3 kernel_w: 2 stride_h: 1 stride_w: 2 "
+            "pad_h: 0 pad_w: 1 bias_term: false }")
+    + layer("pool_max", "Pooling", "rect", "pmax", "pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }")
+    + layer("pool_ave", "Pooling", "rect", "pave",
+            "pooling_param { pool: AVE kernel_h: 2 kernel_w: 3 stride: 2 pad_h: 1 pad_w: 1 }")
+    + layer("deconv2", "Deconvolution", "pave", "deconv2",
+            "convolution_param { num_output: 3 kernel_size: 2 dilation: 2 bias_term: false }")
+    + layer("pool_ceil", "Pooling", "deconv2", "pceil", "pooling_param { pool: AVE kernel_size: 3 stride: 2 }")
+    + layer("ip1", "InnerProduct", "pmax", "ip1", "inner_product_param { num_output: 5 }")
+    + layer("ip2", "InnerProduct", "pceil", "ip2", "inner_product_param { num_output: 5 }")
+    + layer("sum", "Eltwise", "ip1 ip2", "ip")
+    + layer("loss", "SoftmaxWithLoss", "ip label", "loss")
+    + layer("acc", "Accuracy", "ip label", "acc", "accuracy_param { top_k: 2 }"),
+
+    "pool_modes": "force_backward: true\n"
+    + inputs(("data", 2, 3, 7, 8))
+    + layer("gmax", "Pooling", "data", "gmax", "pooling_param { pool: MAX global_pooling: true }")
+    + layer("gave", "Pooling", "data", "gave", "pooling_param { pool: AVE global_pooling: true }")
+    + layer("max_ceil", "Pooling", "data", "max_ceil", "pooling_param { pool: MAX kernel_size: 3 stride: 2 }")
+    + layer("max_floor", "Pooling", "data", "max_floor",
+            "pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 round_mode: FLOOR }")
+    + layer("max_mask", "Pooling", "data", "max_2 mask", "pooling_param { pool: MAX kernel_size: 2 stride: 2 }")
+    + layer("big_pad", "Pooling", "data", "big_pad", "pooling_param { pool: AVE kernel_size: 3 stride: 3 pad: 2 }")
+    + layer("max_pad", "Pooling", "data", "max_pad",
+            "pooling_param { pool: MAX kernel_h: 2 kernel_w: 3 stride: 2 pad: 1 }"),
+
+    "neurons": "force_backward: true\n"
+    + inputs(("data", 2, 4, 3, 3), ("target", 2, 24, 3))
+    + layer("prelu", "PReLU", "data", "a")
+    + layer("prelu_shared", "PReLU", "a", "a", "prelu_param { channel_shared: true }")
+    + layer("elu", "ELU", "a", "b", "elu_param { alpha: 0.5 }")
+    + layer("sig", "Sigmoid", "b", "c")
+    + layer("tanh", "TanH", "b", "d")
+    + layer("abs", "AbsVal", "a", "e")
+    + layer("pow", "Power", "e", "e", "power_param { power: 2 scale: 0.5 shift: 1 }")
+    + layer("pow3", "Power", "d", "f", "power_param { power: 3 scale: 0.7 }")
+    + layer("sqrt", "Power", "c", "g", "power_param { power: 0.5 scale: 2 shift: 3 }")
+    + layer("relu", "ReLU", "b", "h")
+    + layer("lin", "Power", "a", "k", "power_param { scale: -1.5 shift: 0.2 }")
+    + layer("leaky", "ReLU", "k", "k", "relu_param { negative_slope: -0.2 }")
+    + layer("prod", "Eltwise", "c d e", "prod", "eltwise_param { operation: PROD }")
+    + layer("max", "Eltwise", "f g h", "max", "eltwise_param { operation: MAX }")
+    + layer("sum", "Eltwise", "prod max k", "sum", "eltwise_param { operation: SUM coeff: 1 coeff: -0.5 coeff: 2 }")
+    + layer("concat", "Concat", "sum a", "cat", "concat_param { axis: 1 }")
+    + layer("slice", "Slice", "cat", "s1 s2 s3", "slice_param { axis: 1 slice_point: 1 slice_point: 5 }")
+    + layer("slice_eq", "Slice", "s2", "q1 q2", "slice_param { slice_dim: 1 }")
+    + layer("concat2", "Concat", "q2 s1 q1 s3", "cat2")
+    + layer("reshape", "Reshape", "cat2", "r", "reshape_param { shape { dim: 0 dim: -1 dim: 3 } }")
+    + layer("loss", "EuclideanLoss", "r target", "loss", "loss_weight: 0.5"),
+
+    "norm": "force_backward: true\n"
+    + inputs(("data", 2, 5, 4, 4), ("target", 2, 5, 3), ("s", 5), ("bias_in", 2, 5))
+    + layer("lrn_across", "LRN", "data", "la", "lrn_param { local_size: 3 alpha: 0.2 beta: 0.75 k: 2 }")
+    + layer("lrn_within", "LRN", "la", "lw",
+            "lrn_param { local_size: 3 alpha: 0.2 beta: 0.75 norm_region: WITHIN_CHANNEL }")
+    + layer("bn", "BatchNorm", "lw", "bn", "batch_norm_param { eps: 1e-4 moving_average_fraction: 0.9 }")
+    + layer("scale", "Scale", "bn", "bn", "scale_param { bias_term: true }")
+    + layer("bn_global", "BatchNorm", "bn", "g", "batch_norm_param { use_global_stats: true }")
+    + layer("scale_bottom", "Scale", "g s", "sb", "scale_param { axis: 1 }")
+    + layer("bias", "Bias", "sb", "sb", "bias_param { axis: 1 num_axes: 2 }")
+    + layer("bias_bottom", "Bias", "sb bias_in", "bb", "bias_param { axis: 0 }")
+    + layer("drop", "Dropout", "bb", "bb", "dropout_param { dropout_ratio: 0 }")
+    + layer("softmax", "Softmax", "bb", "sm", "softmax_param { axis: 2 }")
+    + layer("flatten", "Flatten", "sm", "fl", "flatten_param { axis: 2 }")
+    + layer("ip_axis2", "InnerProduct", "fl", "ip2", "inner_product_param { num_output: 3 axis: 2 }")
+    + layer("ip_t", "InnerProduct", "bb", "ipt", "inner_product_param { num_output: 15 transpose: true }")
+    + layer("reshape", "Reshape", "ipt", "ipr", "reshape_param { shape { dim: 5 dim: 3 } axis: 1 }")
+    + layer("bn2", "BatchNorm", "ip2", "ip2")
+    + layer("add", "Eltwise", "ip2 ipr", "out")
+    + layer("silence", "Silence", "fl bias_in", "")
+    + layer("loss", "SigmoidCrossEntropyLoss", "out target", "loss"),
+
+    "softmax_loss": "force_backward: true\n"
+    + inputs(("data", 2, 5, 3, 3), ("label", 2, 3, 3), ("label2", 2, 5, 3))
+    + layer("scale", "Scale", "data", "x", "scale_param { axis: 0 num_axes: 0 }")
+    + layer("valid", "SoftmaxWithLoss", "x label", "loss prob", "loss_param { ignore_label: -1 }")
+    + layer("full", "SoftmaxWithLoss", "x label", "loss_full",
+            "loss_weight: 0.3 loss_param { ignore_label: -1 normalization: FULL }")
+    + layer("batch", "SoftmaxWithLoss", "x label", "loss_batch", "loss_weight: 2 loss_param { normalize: false ignore_label: -1 }")
+    + layer("chan2", "SoftmaxWithLoss", "x label2", "loss_axis2",
+            "softmax_param { axis: 2 } loss_param { normalization: NONE }")
+    + layer("sig", "SigmoidCrossEntropyLoss", "x data", "loss_sig", "loss_param { normalization: VALID ignore_label: 0 }")
+    + layer("ip", "InnerProduct", "prob", "ip", "inner_product_param { num_output: 4 } loss_weight: 0.1")
+    + layer("acc", "Accuracy", "x label", "acc acc_class", "accuracy_param { ignore_label: -1 }"),
+}
+
+TEST_NET = (
+    "force_backward: true\n"
+    + inputs(("data", 2, 3, 5, 5))
+    + layer("bn", "BatchNorm", "data", "bn")
+    + layer("drop", "Dropout", "bn", "bn", "dropout_param { dropout_ratio: 0.5 }")
+    + layer("pool", "Pooling", "bn", "pool", "pooling_param { pool: AVE kernel_size: 2 stride: 2 }")
+)
+
+
+def build(text, dtype=np.float32, phase="TRAIN"):
+    return Net(parse_text(text, pb.NetParameter()), phase, seed=0, dtype=dtype, device=CPUDevice(64 << 20))
+
+
+def labels_for(name, shape, rng):
+    """Labels for the nets above: class indices, some -1 (ignored)."""
+    if name == "label2":
+        return rng.integers(0, 3, shape)
+    lab = rng.integers(0, 5, shape)
+    return np.where(rng.random(shape) < 0.3, -1, lab) if len(shape) > 1 else lab
+
+
+def randomize(net, rng):
+    """Random learnable parameters, and plausible statistics for global-stat BatchNorms."""
+    for node in net.graph.layers:
+        for i, blob in enumerate(net.params.get(node.name, [])):
+            if node.layer.learnable:
+                blob.data[...] = rng.standard_normal(blob.data.shape) * 0.5
+            elif node.layer.use_global_stats:
+                blob.data[...] = [rng.standard_normal, rng.uniform][i % 2](size=blob.data.shape) * 3 \
+                    if i < 2 else 3.0
+
+
+def feed(net, rng):
+    values = {}
+    for name in net.inputs:
+        shape = net.blobs[name].data.shape
+        values[name] = labels_for(name, shape, rng) if name.startswith("label") else rng.standard_normal(shape)
+        net.blobs[name].data[...] = values[name]
+    return values
+
+
+def close(actual, expected, rtol, what):
+    """rtol, with an absolute floor of rtol times the array's scale (cancellation near 0)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    scale = float(np.abs(expected).max(initial=0.0)) or 1.0
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+def run_both(net, values, rng, rtol, top_diffs=None):
+    """Forward and backward in sncaffe and in the twin; compare everything."""
+    twin = TorchNet(net)       # before forward: BatchNorm statistics move in TRAIN
+    loss = net.forward()
+    loss_tops = {t.name for n in net.graph.layers for t, w in zip(n.tops, n.loss_weights) if w}
+    diffs = {}
+    for name in twin.outputs:
+        blob = net.blobs[name]
+        if blob.diff is not None and name not in loss_tops:
+            g = top_diffs[name] if top_diffs and name in top_diffs else rng.standard_normal(blob.diff.shape)
+            blob.diff[...] = diffs[name] = g
+    net.clear_param_diffs()
+    net.backward()
+
+    dtype = twin.dtype
+    tin = {k: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=net.blobs[k].diff is not None)
+           for k, v in values.items()}
+    out = twin(tin, all_blobs=True)
+    objective = out.loss + sum((out[k] * torch.tensor(g, dtype=dtype)).sum() for k, g in diffs.items())
+    objective.backward()
+
+    close(out.loss.item(), loss, rtol, "loss")
+    for name, blob in net.blobs.items():
+        close(out[name].detach().numpy(), blob.data, rtol, f"data of {name}")
+    for name, x in tin.items():
+        if x.requires_grad:
+            grad = x.grad if x.grad is not None else torch.zeros_like(x)
+            close(grad.numpy(), net.blobs[name].diff, rtol, f"diff of input {name}")
+    for node in net.graph.layers:
+        for i, (blob, t) in enumerate(zip(net.params.get(node.name, []), twin.blobs_of(node.name))):
+            if node.layer.learnable and node.param_need_backward[i]:
+                close(t.grad.numpy(), blob.diff, rtol, f"diff of param {node.name}[{i}]")
+            close(t.detach().numpy(), blob.data, rtol, f"data of param {node.name}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(NETS))
+def test_small_net(name, dtype):
+    rng = np.random.default_rng(7)
+    net = build(NETS[name], dtype)
+    randomize(net, rng)
+    run_both(net, feed(net, rng), rng, TOL[dtype])
+
+
+def test_test_phase_batchnorm_and_dropout():
+    rng = np.random.default_rng(3)
+    net = build(TEST_NET, phase="TEST")
+    randomize(net, rng)
+    run_both(net, feed(net, rng), rng, TOL[np.float32])
+
+
+def test_dropout_in_train_cannot_be_twinned():
+    net = build(inputs(("data", 2, 3)) + layer("drop", "Dropout", "data", "y"))
+    with pytest.raises(TorchNetError, match="drop"):
+        TorchNet(net)({"data": np.zeros((2, 3))})
+
+
+def test_unsupported_type_is_a_clear_error():
+    net = build(inputs(("data", 2, 6)) + layer("am", "ArgMax", "data", "y"))
+    with pytest.raises(TorchNetError, match='"am".*ArgMax'):
+        TorchNet(net)
+
+
+@needs_shared
+@pytest.mark.parametrize("case", ["lenet", "resblock", "inception"])
+def test_golden_net(case):
+    import h5py
+    d = SHARED / "golden" / "nets" / case
+    net = Net(d / "net.prototxt", "TRAIN", weights=d / "weights.caffemodel", device=CPUDevice(64 << 20))
+    with h5py.File(d / "input.h5") as f:
+        values = {k.replace("|", "/"): v[()] for k, v in f["inputs"].items()}
+        top_diffs = {k.replace("|", "/"): v[()] for k, v in f.get("top_diffs", {}).items()}
+    with h5py.File(d / "expected.h5") as f:
+        caffe_loss = float(f.attrs["loss"][0])
+    for k, v in values.items():
+        net.blobs[k].data[...] = v
+    out = run_both(net, values, np.random.default_rng(0), TOL[np.float32], top_diffs)
+    close(out.loss.item(), caffe_loss, 1e-4, "torch loss against Caffe's")

@@ -1,0 +1,864 @@
+"""sncaffe side by side with PyTorch (and real Caffe where a `caffe` binary is on PATH), in one run.
+
+    python tools/compare.py [--suite tools/compare.yaml] [--quick] [--out out/compare]
+
+The suite file names the nets, batch sizes, memory budgets and frameworks; ``--quick``
+applies its ``quick:`` section on top. Three suites, each measured the same way for
+every framework, in one process, one thread each (OPENBLAS/OMP/MKL_NUM_THREADS=1,
+torch.set_num_threads(1)):
+
+memory      peak memory of one training step (forward + backward; the SGD momentum
+            buffer counted as resident), every net of the suite
+throughput  time per training iteration (forward, backward, SGD update) and images/s,
+            sncaffe and PyTorch steps interleaved after warm-up, the median of N;
+            and images/s against depth for bottleneck ResNets [3, 4, k, 3]
+deepest     the deepest ResNet [3, 4, k, 3] (gen_resnet's rule, depth 3(k+10)+2) whose
+            training step fits a memory budget: PyTorch eager, PyTorch with
+            checkpoint_sequential (sqrt(n) segments), sncaffe in each memory mode
+
+What is counted
+  sncaffe   the device pool's peak: parameters, parameter diffs, SGD history and the
+            solver's two work buffers, and every activation, diff, layer scratch and
+            workspace the plan places (sncaffe.mem.planner.make_plan, no compute). The
+            runtime allocates exactly what the plan places, so the pool peak of a real
+            step equals the plan; `verify` runs check it. "all+host" is mode all with
+            parameters, diffs and history in host memory (--host-params).
+  PyTorch   bytes of live tensors: parameters and buffers + gradients + SGD momentum
+            + the peak of the storages autograd saves for backward (saved_tensors_hooks;
+            each storage once; parameters excluded; with checkpointing, the segment
+            boundaries and the recomputed segment's saved tensors, as backward frees and
+            re-saves them) + the largest transient (over every aten op of forward and
+            backward: bytes of its tensor arguments and results that are neither
+            parameters, gradients nor saved). It runs on the meta device (the same
+            autograd graph and sizes, no arithmetic), so a depth costs no compute;
+            `verify` runs the step on the CPU, where the same count is taken and the
+            allocator's own peak (torch.profiler's memory timeline) is given beside it.
+The PyTorch module is tools/torch_net.TorchNet of the same prototxt (dropout swapped for
+torch's own, whose masks need not match sncaffe's). Results go to --out: tables.md,
+results.json, memory_vs_depth.png, throughput_vs_depth.png.
+"""
+from __future__ import annotations
+
+import os
+
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+for _var in THREAD_VARS:
+    os.environ[_var] = "1"          # one thread each: set before NumPy and torch load their BLAS
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import ctypes  # noqa: E402
+import glob  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from functools import lru_cache  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+TOOLS = Path(__file__).resolve().parent
+ROOT = TOOLS.parent
+sys.path.insert(0, str(TOOLS))
+import gen_resnet  # noqa: E402
+
+from sncaffe.backend.cpu import CPUDevice  # noqa: E402
+from sncaffe.graph import build_graph  # noqa: E402
+from sncaffe.mem.planner import make_plan  # noqa: E402
+from sncaffe.mem.pool import fmt_bytes, parse_bytes  # noqa: E402
+from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
+from sncaffe.prototxt import parse_text, prepare_net, read_text, replace_data_layers, set_batch  # noqa: E402
+from sncaffe.solvers.solver import Solver, history_bytes  # noqa: E402
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import torch_net
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.checkpoint import checkpoint_sequential
+except ImportError:            # PyTorch is an optional extra: sncaffe's columns are still measured
+    torch = None
+    TorchDispatchMode = object
+
+DEFAULT_SUITE = TOOLS / "compare.yaml"
+HOST = "all+host"               # mode all, parameters/diffs/history on the host
+GiB = 1 << 30
+
+
+# -- the suite --------------------------------------------------------------------------------
+def merge(base, over):
+    """``over`` on top of ``base``: dicts merge key by key, anything else is replaced."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: merge(base.get(k), v) for k, v in over.items()}}
+    return over
+
+
+def load_suite(path=DEFAULT_SUITE, quick=False) -> dict:
+    suite = yaml.safe_load(Path(path).read_text())
+    quick_part = suite.pop("quick", None) or {}
+    return merge(suite, quick_part) if quick else suite
+
+
+def net_param(suite, name, batch) -> "pb.NetParameter":
+    """The TRAIN net ``name`` of the suite at ``batch``: a prototxt (data layers become Input
+    layers of the ``input`` shape) or a bottleneck ResNet ``resnet: [a, b, c, d]``."""
+    spec = suite["nets"][name]
+    if "resnet" in spec:
+        return resnet(spec["resnet"], batch, spec.get("image_size", 224))
+    param = read_text(ROOT / spec["prototxt"], pb.NetParameter())
+    if "input" in spec:
+        param = replace_data_layers(param, {"data": (batch, *spec["input"]), "label": (batch,)})
+    return set_batch(param, batch)
+
+
+def resnet(blocks, batch, image_size) -> "pb.NetParameter":
+    return parse_text(gen_resnet.generate(tuple(blocks), batch=batch, image_size=image_size), pb.NetParameter())
+
+
+def depth(k) -> int:
+    return 3 * (k + 10) + 2
+
+
+def graph_of(param):
+    """The TRAIN graph of ``param``: shapes only, nothing allocated."""
+    return build_graph(prepare_net(param, pb.TRAIN), pb.TRAIN)
+
+
+# -- machine and threads --------------------------------------------------------------------------
+def blas_threads():
+    """Threads of NumPy's OpenBLAS (forced to 1 here if NumPy was loaded before this module)."""
+    libs = glob.glob(str(Path(np.__file__).parent.parent / "numpy.libs" / "*openblas*"))
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for suffix in ("64_", ""):
+            get = getattr(lib, f"scipy_openblas_get_num_threads{suffix}", None) or \
+                getattr(lib, f"openblas_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"scipy_openblas_set_num_threads{suffix}", None) or \
+                getattr(lib, f"openblas_set_num_threads{suffix}", None)
+            if get is not None:
+                if set_ is not None and get() != 1:
+                    set_(1)
+                return get()
+    return None
+
+
+def machine() -> dict:
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in subprocess.run(
+            ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "?")
+    except OSError:
+        model = platform.processor() or "?"
+    if torch is not None:
+        torch.set_num_threads(1)
+    return {
+        "nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+        "numpy": np.__version__, "torch": torch.__version__ if torch is not None else None,
+        "threads": {**{v: os.environ.get(v) for v in THREAD_VARS}, "numpy_blas": blas_threads(),
+                    "torch": torch.get_num_threads() if torch is not None else None},
+        "loadavg_start": os.getloadavg()[0],
+    }
+
+
+# -- sncaffe ---------------------------------------------------------------------------------------
+def sncaffe_plan(graph, mode, capacity=None):
+    """The plan of one training step with SGD (momentum history + work buffers) on a device of
+    ``capacity`` bytes (None: unbounded, every workspace for the whole batch, nothing cached)."""
+    if mode == HOST:
+        return make_plan(graph, "all", capacity, 0, host_params=True)
+    return make_plan(graph, mode, capacity, history_bytes(graph, 1))
+
+
+def plan_peak(graph, mode, capacity=None) -> int:
+    return sncaffe_plan(graph, mode, capacity).peak
+
+
+def peak_within(graph, mode, budget) -> int:
+    """The least planned peak of a step that trains on a device of ``budget`` bytes: the unbounded
+    plan's, or where only the plan made for the budget fits (convolution workspaces chunked to
+    fit), that one's; the unbounded plan's (above ``budget``) where no plan fits."""
+    free, bound = sncaffe_plan(graph, mode), sncaffe_plan(graph, mode, budget)
+    return min(free.peak, bound.peak) if bound.fits else max(free.peak, budget + 1)
+
+
+def make_solver(param, mode="none", capacity=None, seed=0) -> Solver:
+    sp = pb.SolverParameter(base_lr=1e-3, momentum=0.9, weight_decay=5e-4, lr_policy="fixed", type="SGD",
+                            max_iter=1 << 30, display=0, random_seed=seed, snapshot_after_train=False)
+    sp.net_param.CopyFrom(param)
+    sp.memory_param.mode = "all" if mode == HOST else mode
+    sp.memory_param.host_params = mode == HOST
+    device = CPUDevice(capacity if capacity is not None else 8 * GiB, host_capacity=8 * GiB)
+    solver = Solver(sp, device=device)
+    fill_inputs(solver.net)
+    return solver
+
+
+def fill_inputs(net, seed=0):
+    """Data N(0, 1); labels integers below the number of classes (as `sncaffe train` does)."""
+    from sncaffe.cli import SyntheticInputs
+    SyntheticInputs(seed)(net)
+
+
+def sncaffe_true_peak(param, mode, capacity, exact=True) -> int:
+    """The pool peak of one real training step (solver history included) on a device of
+    ``capacity`` bytes (not ``exact``: a little more where the plan's blocks do not pack into it)."""
+    from sncaffe.mem.planner import MemoryExhausted
+    for slack in (1.0,) if exact else (1.0, 1.02, 1.1):
+        try:
+            solver = make_solver(param, mode, int(capacity * slack) + (0 if exact else 4096))
+            break
+        except MemoryExhausted:
+            if exact or slack == 1.1:
+                raise
+    solver.device.pool.reset_peak()
+    solver.step(1)
+    return solver.device.pool.peak
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+class Skeleton:
+    """An sncaffe Net's graph without its memory: what TorchNet reads, for a twin on the meta device
+    (the parameters are zero-stride views; the twin copies each into a meta tensor, no bytes)."""
+
+    def __init__(self, graph):
+        self.phase, self.graph = pb.TRAIN, graph
+        self.params = {n.name: [SimpleNamespace(data=np.broadcast_to(np.zeros((), d.dtype), d.shape))
+                                for d, _ in n.params] for n in graph.layers if n.params}
+
+
+@contextlib.contextmanager
+def torch_dropout():
+    """TRAIN-phase dropout with torch's own masks: a baseline needs the same work, not the same masks."""
+    def dropout(twin, node, bottoms, blobs):
+        return [F.dropout(bottoms[0], node.layer.param.dropout_param.dropout_ratio, training=True)]
+    saved, torch_net.OPS["Dropout"] = torch_net.OPS["Dropout"], dropout
+    try:
+        yield
+    finally:
+        torch_net.OPS["Dropout"] = saved
+
+
+def torch_inputs(graph, device, net=None) -> dict:
+    """The Input blobs as tensors: ``net``'s values when given (the same batch sncaffe sees), else zeros."""
+    out = {}
+    for node in graph.layers:
+        if node.type == "Input":
+            for t in node.tops:
+                value = net.blobs[t.name].data if net is not None else np.zeros(t.shape, np.float32)
+                out[t.name] = torch.tensor(np.array(value), device=device)
+    return out
+
+
+def pieces(twin, inputs) -> list:
+    """The net after its Input layer, cut where exactly one blob is live (labels aside) and the next
+    layer is not in place on it (a ResNet: one piece per block): functions of that blob for
+    checkpoint_sequential; the last returns the loss."""
+    layers = [n for n in twin.layers if n.type != "Input"]
+    feeds = [t.name for n in twin.layers if n.type == "Input" for t in n.tops]
+    side = {k: inputs[k] for k in feeds[1:]}
+    uses = {}
+    for n in layers:
+        for b in n.bottoms:
+            uses[b.name] = uses.get(b.name, 0) + 1
+    live, bounds = {feeds[0]}, [(0, feeds[0])]
+    for i, n in enumerate(layers):
+        for b in n.bottoms:
+            uses[b.name] -= 1
+            if not uses[b.name]:
+                live.discard(b.name)
+        live.update(t.name for t in n.tops if uses.get(t.name))
+        cut = live - set(side)
+        if len(cut) == 1 and i + 1 < len(layers) and not cut & {t.name for t in layers[i + 1].tops}:
+            bounds.append((i + 1, next(iter(cut))))     # (not inside a chain of in-place layers)
+    bounds.append((len(layers), None))
+
+    def piece(nodes, inp, out):
+        def run(x):
+            env, loss = {**side, inp: x}, 0
+            with torch.device(x.device):        # also when backward replays it (another thread)
+                for node in nodes:
+                    tops = torch_net.OPS[node.type](twin, node, [env[b.name] for b in node.bottoms],
+                                                    twin.blobs_of(node.name))
+                    for t, v, w in zip(node.tops, tops, node.loss_weights or [0] * len(tops)):
+                        env[t.name] = v
+                        loss = loss + w * v.sum() if w else loss
+            return env[out] if out else loss
+        return run
+    return [piece(layers[a:b], inp, out) for (a, inp), (b, out) in zip(bounds, bounds[1:])]
+
+
+def torch_loss(twin, inputs, checkpoint):
+    with torch_dropout():
+        if not checkpoint:
+            return twin(inputs).loss
+        fns = pieces(twin, inputs)
+        data = next(iter(inputs.values())).detach().requires_grad_(True)   # reentrant checkpoints need it
+        return checkpoint_sequential(fns, max(1, round(math.sqrt(len(fns)))), data,
+                                     use_reentrant=True, preserve_rng_state=False)
+
+
+def _storage(t):
+    s = t.untyped_storage()
+    return s._cdata, s.nbytes()
+
+
+class _Saved:
+    """What a saved_tensors_hooks pack returns: lives exactly as long as autograd keeps the tensor."""
+    __slots__ = ("count", "key", "tensor")
+
+    def __init__(self, count, key, tensor):
+        self.count, self.key, self.tensor = count, key, tensor
+
+    def __del__(self):
+        self.count.release(self.key)
+
+
+class LiveTensors(TorchDispatchMode):
+    """Counts one training step: the storages autograd saves (peak over time) and the largest
+    transient (over every aten op, its arguments and results neither fixed nor saved)."""
+
+    def __init__(self, fixed):
+        super().__init__()
+        self.fixed = fixed              # storages counted apart: parameters, buffers, gradients, momentum
+        self.saved = {}                 # storage -> [references, bytes]
+        self.saved_bytes = self.saved_peak = self.transient = 0
+
+    def pack(self, t):
+        key, nbytes = _storage(t)
+        if key in self.fixed:
+            return t
+        entry = self.saved.setdefault(key, [0, nbytes])
+        if not entry[0]:
+            self.saved_bytes += nbytes
+            self.saved_peak = max(self.saved_peak, self.saved_bytes)
+        entry[0] += 1
+        return _Saved(self, key, t)
+
+    @staticmethod
+    def unpack(packed):
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    def release(self, key):
+        entry = self.saved[key]
+        entry[0] -= 1
+        if not entry[0]:
+            del self.saved[key]
+            self.saved_bytes -= entry[1]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {}
+        for t in tree_flatten((args, kwargs, out))[0]:
+            if isinstance(t, torch.Tensor):
+                key, nbytes = _storage(t)
+                if key not in self.fixed and key not in self.saved:
+                    seen[key] = nbytes
+        self.transient = max(self.transient, sum(seen.values()))
+        return out
+
+
+class TorchTrainer:
+    """TorchNet of a graph with SGD (momentum 0.9, weight decay 5e-4), on ``device``."""
+
+    def __init__(self, graph, device="cpu", net=None, checkpoint=False):
+        self.device, self.checkpoint = device, checkpoint
+        with torch.device(device):
+            self.twin = torch_net.TorchNet(net if net is not None else Skeleton(graph))
+        self.inputs = torch_inputs(graph, device, net)
+        params = [p for p in self.twin.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = torch.zeros_like(p)            # resident, as sncaffe's diffs
+        self.opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+        for p in params:                            # the momentum buffers, resident too
+            self.opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        self.fixed = [*self.twin.parameters(), *self.twin.buffers(), *(p.grad for p in params),
+                      *(self.opt.state[p]["momentum_buffer"] for p in params)]
+
+    def loss(self):
+        with torch.device(self.device):
+            return torch_loss(self.twin, self.inputs, self.checkpoint)
+
+    def step(self, update=True) -> float:
+        self.opt.zero_grad(set_to_none=False)
+        loss = self.loss()
+        with torch.device(self.device):
+            loss.backward()
+        if update:
+            self.opt.step()
+        return float(loss.detach()) if self.device != "meta" else 0.0
+
+    def count(self, allocator=False) -> dict:
+        """The counted peak of one step (forward + backward), by component; with ``allocator``, the
+        CPU allocator's own peak of that step beside it (``allocator_peak``)."""
+        keys = {_storage(t) for t in self.fixed}
+        live = LiveTensors({k for k, _ in keys})
+        with torch.autograd.graph.saved_tensors_hooks(live.pack, live.unpack), live:
+            self.step(update=False)
+        # a step of its own: the profiler's stack capture is slow through the counting mode
+        alloc = allocator_peak(self.step, [*self.fixed, *self.inputs.values()]) if allocator else None
+        grads = sum(_storage(p.grad)[1] for p in self.opt.param_groups[0]["params"])
+        fixed = sum(n for _, n in keys)
+        return {"params": fixed - 2 * grads, "grads": grads, "momentum": grads, "saved": live.saved_peak,
+                "transient": live.transient, "peak": fixed + live.saved_peak + live.transient,
+                **({"allocator": alloc} if allocator else {})}
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """The profiler (Kineto) prints its start and stop on file descriptor 2."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def allocator_peak(step, resident):
+    """The CPU allocator's peak during ``step(update=False)``: the bytes of ``resident`` (what lives
+    before it: parameters, buffers, gradients, momentum, inputs) + the highest sum of allocations
+    less frees within it, from torch.profiler's memory timeline (a private API: None if missing)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import Action
+        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                                     record_shapes=True, with_stack=True) as prof:
+            step(update=False)
+        timeline = prof._memory_profile().timeline
+    except Exception as e:       # noqa: BLE001  (a private API: report it, never fail the run)
+        print(f"  (torch.profiler memory timeline unavailable: {e})")
+        return None
+    live = peak = 0
+    for _, action, _, size in timeline:
+        live += size if action == Action.CREATE else -size if action == Action.DESTROY else 0
+        peak = max(peak, live)
+    return sum(n for _, n in {_storage(t) for t in resident}) + peak
+
+
+def torch_count(graph, checkpoint) -> dict:
+    """The counted PyTorch peak of a graph's training step, on the meta device."""
+    return TorchTrainer(graph, "meta", checkpoint=checkpoint).count()
+
+
+# -- timing ----------------------------------------------------------------------------------------
+def interleaved(steps: dict, warmup: int, iterations: int) -> dict:
+    """Median seconds per call of each step function, calls interleaved (the same machine load)."""
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    times = {k: [] for k in steps}
+    for _ in range(iterations):
+        for k, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def conv_share(net) -> float:
+    """Share of a forward + backward pass spent in Convolution layers (what bounds sncaffe)."""
+    timings = {}
+    net.forward(timings=timings)
+    net.backward(timings=timings)
+    types = {n.name: n.type for n in net.graph.layers}
+    conv = sum(v for k, v in timings.items() if types.get(k.split(":")[0]) == "Convolution")
+    return conv / max(sum(timings.values()), 1e-12)
+
+
+def time_pair(param, modes, torch_variants, warmup, iterations, batch) -> dict:
+    """images/s of sncaffe (each mode) and PyTorch (each variant) on the same net and batch."""
+    steps, out, solvers = {}, {}, {}
+    for mode in modes:
+        solvers[mode] = make_solver(param, mode)
+        steps[f"sncaffe {mode}"] = (lambda s: lambda: s.step(1))(solvers[mode])
+    net = solvers[modes[0]].net if modes else None
+    if torch is not None and torch_variants:
+        graph = net.graph if net is not None else graph_of(param)
+        trainers = {v: TorchTrainer(graph, "cpu", net=net, checkpoint=v == "checkpoint") for v in torch_variants}
+        steps.update((f"pytorch {v}", t.step) for v, t in trainers.items())
+        if net is not None:              # the same weights and batch: the first losses agree
+            loss_s = net.forward()
+            net.backward()
+            out["loss"] = {"sncaffe": loss_s, "pytorch": float(next(iter(trainers.values())).loss().detach())}
+    medians = interleaved(steps, warmup, iterations)
+    for k, s in medians.items():
+        out[k] = {"s_per_iter": s, "images_per_s": batch / s}
+    if net is not None:
+        out["conv_share"] = conv_share(net)
+    for s in solvers.values():
+        s.net.release()
+    return out
+
+
+# -- the deepest ResNet -------------------------------------------------------------------------
+def deepest(peak, budget, k_max, log=None) -> int:
+    """The largest k <= k_max with peak(k) <= budget, 0 if none (peak nondecreasing in k).
+
+    Each guess comes from the line through two measured points (a ResNet's peak grows by
+    about the same per block), alternating with bisection; the answer is always confirmed
+    by a direct measurement of k (fits) and k + 1 (does not, unless k = k_max)."""
+    lo, hi = 0, k_max + 1          # lo fits (0: none yet), hi does not (k_max + 1: beyond the cap)
+    seen = {}
+
+    def measure(k):
+        seen[k] = peak(k)
+        if log:
+            log(k, seen[k])
+        return seen[k]
+    k, step = 1, 0
+    while True:
+        if measure(k) <= budget:
+            lo = k
+        else:
+            hi = k
+        if hi - lo <= 1:
+            return lo
+        step += 1
+        (ka, pa), (kb, pb_) = sorted(seen.items())[-2:] if len(seen) > 1 else ((0, 0), (0, 0))
+        slope = (pb_ - pa) / (kb - ka) if kb > ka else 0
+        if len(seen) == 1:
+            k = 2
+        elif slope > 0 and (step % 3 or hi > k_max):
+            k = lo + math.floor((budget - seen.get(lo, pa)) / slope) if lo else kb
+        elif hi <= k_max:
+            k = (lo + hi) // 2
+        else:
+            k = hi - 1 if slope <= 0 else 2 * lo     # flat: straight to the cap
+        k = min(max(k, lo + 1), hi - 1)
+
+
+# -- suites ----------------------------------------------------------------------------------------
+def memory_suite(suite, say) -> list:
+    cfg = suite["memory"]
+    modes, rows = cfg["modes"], []
+    want_torch = torch is not None and "pytorch" in suite["frameworks"]
+    for run in cfg["runs"]:
+        name, batch = run["net"], run["batch"]
+        param = net_param(suite, name, batch)
+        graph = graph_of(param)
+        row = {"net": name, "batch": batch, "sncaffe": {m: plan_peak(graph, m) for m in modes}}
+        if want_torch:
+            row["pytorch"] = {v: torch_count(graph, v == "checkpoint") for v in ("eager", "checkpoint")}
+        if run.get("verify"):
+            row["sncaffe_measured"] = {m: sncaffe_true_peak(param, m, p, exact=False)
+                                       for m, p in row["sncaffe"].items()}
+            if want_torch:
+                row["pytorch_measured"] = {}
+                for v in ("eager", "checkpoint"):
+                    c = TorchTrainer(graph, "cpu", checkpoint=v == "checkpoint").count(allocator=True)
+                    row["pytorch_measured"][v] = {"counted": c["peak"], "allocator": c["allocator"]}
+        say(f"  {name} (batch {batch}): " + ", ".join(f"{m} {fmt_bytes(p)}" for m, p in row["sncaffe"].items())
+            + ("" if "pytorch" not in row else
+               f"; pytorch eager {fmt_bytes(row['pytorch']['eager']['peak'])}, "
+               f"checkpoint {fmt_bytes(row['pytorch']['checkpoint']['peak'])}"))
+        rows.append(row)
+    return rows
+
+
+def throughput_suite(suite, say) -> dict:
+    cfg = suite["throughput"]
+    want_torch = ["eager"] if torch is not None and "pytorch" in suite["frameworks"] else []
+    rows = []
+    for run in cfg["runs"]:
+        name, batch = run["net"], run["batch"]
+        param = net_param(suite, name, batch)
+        r = time_pair(param, [cfg["sncaffe_mode"]], want_torch, cfg["warmup"], cfg["iterations"], batch)
+        rows.append({"net": name, "batch": batch, **r})
+        say(f"  {name} (batch {batch}): " + ", ".join(
+            f"{k} {v['images_per_s']:.1f} img/s" for k, v in r.items() if isinstance(v, dict) and "images_per_s" in v))
+    by_depth = []
+    d = cfg.get("depth")
+    if d:
+        variants = [v for v in d["pytorch"] if want_torch]
+        for k in d["k"]:
+            param = resnet((3, 4, k, 3), d["batch"], d["image_size"])
+            r = time_pair(param, d["sncaffe_modes"], variants, d.get("warmup", 1), d["iterations"], d["batch"])
+            by_depth.append({"k": k, "depth": depth(k), **r})
+            say(f"  ResNet-{depth(k)} (batch {d['batch']}, {d['image_size']}px): " + ", ".join(
+                f"{k2} {v['images_per_s']:.2f}" for k2, v in r.items()
+                if isinstance(v, dict) and "images_per_s" in v) + " img/s")
+    return {"runs": rows, "depth": by_depth}
+
+
+def deepest_suite(suite, say) -> dict:
+    cfg = suite["deepest"]
+    budget, batch, size, k_max = parse_bytes(cfg["budget"]), cfg["batch"], cfg["image_size"], cfg["k_max"]
+    curves, found = {}, {}
+
+    @lru_cache(maxsize=4)           # the variants measure the same first depths
+    def graph_k(k):
+        return graph_of(resnet((3, 4, k, 3), batch, size))
+    variants = {f"sncaffe {m}": (lambda m: lambda k: peak_within(graph_k(k), m, budget))(m)
+                for m in cfg["sncaffe_modes"]}
+    if torch is not None and "pytorch" in suite["frameworks"]:
+        for v in cfg.get("pytorch", ["eager", "checkpoint"]):
+            variants[f"pytorch {v}"] = (lambda c: lambda k: torch_count(graph_k(k), c)["peak"])(v == "checkpoint")
+    for name, fn in variants.items():
+        t0 = time.perf_counter()
+        curve = curves.setdefault(name, {})
+        found[name] = deepest(fn, budget, k_max, log=lambda k, p, c=curve: c.__setitem__(k, p))
+        for k in cfg.get("plot_k", []):
+            if k not in curve and k <= k_max:
+                curve[k] = fn(k)
+        k = found[name]
+        say(f"  {name}: deepest k = {k} (ResNet-{depth(k) if k else '-'}"
+            f"{', the cap' if k == k_max else ''}), peak {fmt_bytes(curve.get(k, 0))}, "
+            f"{len(curve)} depths measured in {time.perf_counter() - t0:.1f} s")
+    verified = {}
+    v = cfg.get("verify") or {}
+    if v.get("sncaffe"):
+        name = f"sncaffe {v['sncaffe']}"
+        k = found.get(name, 0)
+        if k:
+            t0 = time.perf_counter()
+            true = sncaffe_true_peak(resnet((3, 4, k, 3), batch, size), v["sncaffe"], budget)
+            planned = plan_peak(graph_k(k), v["sncaffe"], budget)      # what the runtime follows there
+            verified[name] = {"k": k, "planned": planned, "measured": true}
+            say(f"  verified {name} at ResNet-{depth(k)} on a device of {fmt_bytes(budget)}: pool peak "
+                f"{fmt_bytes(true)} (planned {fmt_bytes(planned)}) in {time.perf_counter() - t0:.1f} s")
+    if v.get("pytorch") and f"pytorch {v['pytorch']}" in found:
+        name = f"pytorch {v['pytorch']}"
+        k = found[name]
+        if k:
+            t0 = time.perf_counter()
+            c = TorchTrainer(graph_k(k), "cpu", checkpoint=v["pytorch"] == "checkpoint").count(allocator=True)
+            counted = c["peak"]
+            verified[name] = {"k": k, "planned": curves[name][k], "measured": counted, "allocator": c["allocator"]}
+            say(f"  verified {name} at ResNet-{depth(k)}: counted on the CPU {fmt_bytes(counted)} "
+                f"(meta {fmt_bytes(curves[name][k])}), allocator peak "
+                f"{fmt_bytes(verified[name]['allocator'] or 0)} in {time.perf_counter() - t0:.1f} s")
+    return {"budget": budget, "batch": batch, "image_size": size, "k_max": k_max,
+            "found": found, "curves": {n: sorted(c.items()) for n, c in curves.items()}, "verified": verified}
+
+
+def caffe_suite(suite, say) -> dict:
+    """Real Caffe's `caffe time` (and outputs given the same .caffemodel), where it is installed."""
+    import caffe_baseline
+    exe = caffe_baseline.find_caffe()
+    if exe is None:
+        say("  no `caffe` on PATH: real Caffe skipped")
+        return {"skipped": "no `caffe` binary on PATH"}
+    cfg = suite["throughput"]
+    out = []
+    for run in cfg["runs"]:
+        param = net_param(suite, run["net"], run["batch"])
+        r = caffe_baseline.compare(param, exe, iterations=cfg["iterations"])
+        out.append({"net": run["net"], "batch": run["batch"], **r})
+        say(f"  {run['net']}: caffe {r.get('images_per_s', float('nan')):.1f} img/s; outputs {r.get('outputs')}")
+    return {"caffe": str(exe), "runs": out}
+
+
+# -- report ----------------------------------------------------------------------------------------
+def gib(n):
+    return "-" if n is None else f"{n / GiB:.2f}"
+
+
+def table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def ratios(results) -> list:
+    """(what, value, target, met) for each target of the comparison."""
+    out = []
+    d = results.get("deepest")
+    if d and "pytorch eager" in d["found"]:
+        found = d["found"]
+        ours = {k: v for k, v in found.items() if k.startswith("sncaffe")}
+        for label, group in (("parameters on the device", {k: v for k, v in ours.items() if HOST not in k}),
+                             ("parameters on the host", {k: v for k, v in ours.items() if HOST in k})):
+            if not group:
+                continue
+            best = max(group, key=group.get)
+            capped = ", the cap k_max" if group[best] == d["k_max"] else ""
+            for base, target in (("pytorch eager", 4.0), ("pytorch checkpoint", 1.5)):
+                if base not in found:
+                    continue
+                kb = found[base]
+                value = depth(group[best]) / depth(kb) if kb else math.inf
+                none = "" if kb else f" ({base} fits no depth)"
+                out.append((f"deepest: {best} ({label}{capped}) / {base}{none}", value, f">= {target}",
+                            value >= target))
+    t = results.get("throughput")
+    for r in (t or {}).get("runs", []):
+        s = next((v for k, v in r.items() if k.startswith("sncaffe ")), None)
+        p = r.get("pytorch eager")
+        if s and p:
+            value = s["images_per_s"] / p["images_per_s"]
+            target = ">= 1" if not r["net"].startswith("ResNet-50") else "recorded"
+            out.append((f"throughput {r['net']} (batch {r['batch']}): sncaffe / pytorch", value, target,
+                        value >= 1 if target == ">= 1" else None))
+    for r in (results.get("caffe") or {}).get("runs", []):
+        if r.get("images_per_s"):          # `sncaffe time` against `caffe time`: forward + backward
+            value = r["sncaffe_images_per_s"] / r["images_per_s"]
+            out.append((f"throughput {r['net']} (batch {r['batch']}): sncaffe / caffe", value, ">= 1", value >= 1))
+    return out
+
+
+def report(results) -> str:
+    m = results["machine"]
+    parts = [f"Machine: {m['nproc']} cores, {m['cpu']}; Python {m['python']}, NumPy {m['numpy']}, "
+             f"PyTorch {m['torch']}; threads: " + ", ".join(f"{k}={v}" for k, v in m["threads"].items())
+             + f"; load average {m['loadavg_start']:.2f} at the start, {m.get('loadavg_end', 0):.2f} at the end; "
+             f"{results['seconds']:.0f} s in all."]
+    mem = results.get("memory")
+    if mem:
+        modes = list(mem[0]["sncaffe"])
+        header = ["net", "batch", *[f"sncaffe {x}" for x in modes], "PyTorch eager", "PyTorch checkpoint"]
+        rows = []
+        for r in mem:
+            cells = [r["net"], r["batch"]]
+            for x in modes:
+                meas = r.get("sncaffe_measured", {}).get(x)
+                cells.append(gib(r["sncaffe"][x]) + ("" if meas is None else " =" if meas == r["sncaffe"][x]
+                                                     else f" ({gib(meas)} run)"))
+            for v in ("eager", "checkpoint"):
+                c = r.get("pytorch", {}).get(v)
+                meas = r.get("pytorch_measured", {}).get(v)
+                cells.append("-" if c is None else gib(c["peak"]) + (
+                    "" if meas is None else f" (alloc {gib(meas['allocator'])})"))
+            rows.append(cells)
+        parts.append("### Peak memory of a training step (GiB)\n\n" + table(header, rows) + (
+            "\n\n`=`: a real step on a device of the planned size peaked exactly at the plan; `(x run)`: it "
+            "peaked at x (the plan made for that capacity chunks a workspace or evicts a cached copy to pack "
+            "its blocks). `alloc`: the CPU allocator's peak of a real PyTorch step (torch.profiler), beside the "
+            "counted figure."))
+    t = results.get("throughput")
+    if t and t["runs"]:
+        rows = []
+        for r in t["runs"]:
+            s = next((v for k, v in r.items() if k.startswith("sncaffe ")), {})
+            p = r.get("pytorch eager", {})
+            loss = r.get("loss")
+            rows.append([r["net"], r["batch"], f"{s.get('s_per_iter', 0) * 1e3:.1f}", f"{s.get('images_per_s', 0):.1f}",
+                         f"{p.get('s_per_iter', 0) * 1e3:.1f}" if p else "-",
+                         f"{p.get('images_per_s', 0):.1f}" if p else "-",
+                         f"{s['images_per_s'] / p['images_per_s']:.2f}" if p and s else "-",
+                         f"{r['conv_share']:.0%}" if "conv_share" in r else "-",
+                         f"{loss['sncaffe']:.4f} / {loss['pytorch']:.4f}" if loss else "-"])
+        parts.append("### Training throughput, one thread each\n\n" + table(
+            ["net", "batch", "sncaffe ms/iter", "sncaffe img/s", "PyTorch ms/iter", "PyTorch img/s",
+             "sncaffe / PyTorch", "sncaffe time in conv", "first loss sncaffe / PyTorch"], rows))
+    if t and t["depth"]:
+        keys = [k for k in t["depth"][0] if isinstance(t["depth"][0][k], dict) and "images_per_s" in t["depth"][0][k]]
+        rows = [[f"ResNet-{r['depth']}", r["k"], *[f"{r[k]['images_per_s']:.2f}" for k in keys]] for r in t["depth"]]
+        parts.append("### Images/s against depth\n\n" + table(["net", "k", *keys], rows))
+    d = results.get("deepest")
+    if d:
+        rows = []
+        curves = {n: dict(c) for n, c in d["curves"].items()}
+        for name, k in d["found"].items():
+            ver = d["verified"].get(name)
+            rows.append([name, k, f"ResNet-{depth(k)}" if k else "none", gib(curves[name].get(k)),
+                         gib(curves[name].get(k + 1)) if k < d["k_max"] else "(cap)",
+                         "-" if not ver else f"{gib(ver['measured'])}" + (
+                             f" (alloc {gib(ver['allocator'])})" if ver.get("allocator") else "")])
+        parts.append(f"### Deepest ResNet [3, 4, k, 3] within {fmt_bytes(d['budget'])}, batch {d['batch']}, "
+                     f"{d['image_size']}x{d['image_size']} (k <= {d['k_max']})\n\n" + table(
+                         ["framework / mode", "k", "net", "peak at k (GiB)", "peak at k+1 (GiB)",
+                          "real step at k (GiB)"], rows))
+    c = results.get("caffe")
+    if c and c.get("runs"):
+        parts.append("### Real Caffe (`caffe time` / `sncaffe time`: forward + backward)\n\n" + table(
+            ["net", "batch", "caffe img/s", "sncaffe img/s", "outputs, same .caffemodel"],
+            [[r["net"], r["batch"], f"{r['images_per_s']:.1f}", f"{r['sncaffe_images_per_s']:.1f}", r["outputs"]]
+             for r in c["runs"]]))
+    elif c:
+        parts.append(f"Real Caffe: {c.get('skipped')}.")
+    rs = ratios(results)
+    if rs:
+        parts.append("### Ratios and targets\n\n" + table(["ratio", "value", "target", "met"], [
+            [w, "inf" if v == math.inf else f"{v:.2f}", tg, {True: "yes", False: "NO", None: "-"}[met]]
+            for w, v, tg, met in rs]))
+    return "\n\n".join(parts) + "\n"
+
+
+def plots(results, out: Path) -> list:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+    d = results.get("deepest")
+    if d:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for name, curve in d["curves"].items():
+            ks = [k for k, _ in curve]
+            ax.plot([depth(k) for k in ks], [p / GiB for _, p in curve], marker="o", ms=3, label=name,
+                    ls="--" if name.startswith("pytorch") else "-")
+        ax.axhline(d["budget"] / GiB, color="k", lw=0.8, label=f"budget {fmt_bytes(d['budget'])}")
+        ax.set(xscale="log", yscale="log", xlabel="ResNet depth (blocks [3, 4, k, 3])",
+               ylabel="peak memory of a training step (GiB)",
+               title=f"Memory against depth, batch {d['batch']}, {d['image_size']}x{d['image_size']}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "memory_vs_depth.png", dpi=120)
+        plt.close(fig)
+        written.append(out / "memory_vs_depth.png")
+    t = results.get("throughput")
+    if t and t["depth"]:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        keys = [k for k in t["depth"][0] if isinstance(t["depth"][0][k], dict) and "images_per_s" in t["depth"][0][k]]
+        for key in keys:
+            ax.plot([r["depth"] for r in t["depth"]], [r[key]["images_per_s"] for r in t["depth"]], marker="o",
+                    label=key, ls="--" if key.startswith("pytorch") else "-")
+        ax.set(xlabel="ResNet depth (blocks [3, 4, k, 3])", ylabel="images/s (one thread)",
+               title="Training throughput against depth")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "throughput_vs_depth.png", dpi=120)
+        plt.close(fig)
+        written.append(out / "throughput_vs_depth.png")
+    return written
+
+
+def run(suite, out: Path, say=print) -> dict:
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"machine": machine()}
+    th = results["machine"]["threads"]
+    say("machine: {nproc} cores, {cpu}".format(**results["machine"]))
+    say("threads: " + ", ".join(f"{k}={v}" for k, v in th.items()))
+    if torch is None:
+        say("PyTorch is not installed (pip install torch==2.13.0): its columns are left out")
+    for key, fn in (("memory", memory_suite), ("throughput", throughput_suite), ("deepest", deepest_suite)):
+        if suite.get(key):
+            t1 = time.perf_counter()
+            say(f"{key}:")
+            results[key] = fn(suite, say)
+            say(f"  ({time.perf_counter() - t1:.0f} s)")
+    if "caffe" in suite["frameworks"] and suite.get("throughput"):
+        say("caffe:")
+        results["caffe"] = caffe_suite(suite, say)
+    results["machine"]["loadavg_end"] = os.getloadavg()[0]
+    results["seconds"] = time.perf_counter() - t0
+    text = report(results)
+    (out / "tables.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    written = plots(results, out)
+    say("\n" + text)
+    say("written: " + ", ".join(str(p) for p in [out / "tables.md", out / "results.json", *written]))
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default=str(DEFAULT_SUITE), help="the suites (default: %(default)s)")
+    ap.add_argument("--quick", action="store_true", help="apply the suite file's quick: section")
+    ap.add_argument("--out", default="out/compare", help="folder for tables and plots (default: %(default)s)")
+    args = ap.parse_args(argv)
+    print(f"python tools/compare.py --suite {args.suite}{' --quick' if args.quick else ''} --out {args.out}")
+    run(load_suite(args.suite, args.quick), Path(args.out), say=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

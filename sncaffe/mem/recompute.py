@@ -31,8 +31,9 @@ def is_cheap(node) -> bool:
 
 
 def kept_scratch(node) -> set:
-    """Scratch a replay reads instead of writing (Dropout's mask)."""
-    return {id(t) for t in node.scratch.values()} if node.type == "Dropout" else set()
+    """Scratch a replay reads instead of writing: Dropout's mask, BatchNorm's batch mean and std."""
+    keep = {"Dropout": ("mask",), "BatchNorm": ("mean", "std")}.get(node.type, ())
+    return {id(t) for k, t in node.scratch.items() if k in keep}
 
 
 @dataclass

@@ -120,6 +120,17 @@ class Graph:
     def backward_ops(self):
         return [op for op in self.ops if op.kind == "backward"]
 
+    def outputs(self) -> list:
+        """The net's outputs, as Caffe counts them: blobs no layer consumes after (re)writing them;
+        an in-place layer consumes and writes its blob back, so it keeps it an output."""
+        available = {}
+        for node in self.layers:
+            for b in node.bottoms:
+                available.pop(b.name, None)
+            for t in node.tops:
+                available[t.name] = t
+        return [b for name, b in self.blobs.items() if name in available]
+
     def tensors(self):
         """Every distinct tensor, in first-use order."""
         seen, out = set(), []

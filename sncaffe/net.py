@@ -294,5 +294,4 @@ class Net:
 
     @property
     def outputs(self):
-        consumed = {b.name for n in self.graph.layers for b in n.bottoms}
-        return [name for name in self.graph.blobs if name not in consumed]
+        return [b.name for b in self.graph.outputs()]

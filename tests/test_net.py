@@ -167,3 +167,17 @@ def test_running_out_at_a_step_names_the_step_and_tensor():
         net.forward()
     msg = str(e.value)
     assert "conv1:forward" in msg and 'tensor "' in msg and "short" in msg
+
+
+def test_a_blob_rewritten_in_place_at_the_end_is_an_output_and_outlives_the_pass():
+    text = """
+      layer { name: "input" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+      layer { name: "ip" type: "InnerProduct" bottom: "x" top: "lw" inner_product_param { num_output: 4 } }
+      layer { name: "bn" type: "BatchNorm" bottom: "lw" top: "lw" }
+    """
+    for mode in ("none", "liveness", "all"):
+        net = Net(parse_text(text, pb.NetParameter()), "TRAIN", device=CPUDevice(64 << 20), memory=mode)
+        assert net.outputs == ["lw"]
+        net.blobs["x"].data[...] = np.arange(6).reshape(2, 3)
+        net.forward()
+        assert net.blobs["lw"].data is not None and np.all(np.isfinite(net.blobs["lw"].data))

@@ -33,13 +33,13 @@ def persistent_roots(graph) -> list:
         if t is not None and id(t.root) not in seen:
             seen.add(id(t.root))
             out.append(t.root)
-    consumed = {id(b) for n in graph.layers for b in n.bottoms}
+    outputs = {id(b) for b in graph.outputs()}
     for node in graph.layers:
         for d, g in node.params:
             add(d)
             add(g)
         for t in node.tops:
-            if not node.bottoms or id(t) not in consumed:   # filled by the caller / read after the pass
+            if not node.bottoms or id(t) in outputs:   # filled by the caller / read after the pass
                 add(t.data)
                 add(t.diff)
     return out

@@ -31,6 +31,8 @@ import sys
 import time
 from collections import OrderedDict, defaultdict
 from pathlib import Path
+
+from tables import table  # tools/tables.py: python puts the script's folder on sys.path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,14 +62,6 @@ def gib(n) -> str:
     return f"{n / GiB:.2f}"
 
 
-def table(rows, head):
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
-    print(line(head))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
-    print(flush=True)
 
 
 def machine(threads) -> str:

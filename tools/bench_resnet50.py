@@ -21,6 +21,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from tables import table  # tools/tables.py: python puts the script's folder on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ROOT / "prototxt" / "resnet50.prototxt"
 ZOO = ROOT.parent / "shared" / "zoo" / "resnet" / "ResNet-50-deploy.prototxt"
@@ -165,13 +167,6 @@ def mean(runs, i):
     return sum(r[i] for r in runs) / len(runs)
 
 
-def table(rows, head):
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
-    print(line(head))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
 
 
 def main():

@@ -139,6 +139,8 @@ def smallest_fit(graph, mode):
     """The smallest capacity (to 256 bytes) at which ``mode``'s plan fits, by bisection."""
     from sncaffe.mem.planner import make_plan
     lo, hi = 256, make_plan(graph, mode).peak + 256
+    while not make_plan(graph, mode, hi).fits:     # fragmentation: its peak may not be enough
+        lo, hi = hi, hi + (64 << 10)
     while hi - lo > 256:
         mid = (lo + hi) // 2 // 256 * 256
         lo, hi = (lo, mid) if make_plan(graph, mode, mid).fits else (mid, hi)

@@ -158,8 +158,8 @@ class ConvPlan:
     """
 
     def __init__(self, channels, num_output, group, size, kernel, stride, pad, dilation,
-                 batched=None, col=None, col_bytes=None, flip=None):
-        options = dict(batched=batched, col=col, col_bytes=col_bytes)
+                 batched=None, col=None, col_bytes=None, flip=None, col_filter=None):
+        options = dict(batched=batched, col=col, col_bytes=col_bytes, col_filter=col_filter)
         self.C, self.M, self.group = channels, num_output, group
         self.Cg, self.Mg = channels // group, num_output // group
         self.kernel = tuple(kernel)
@@ -177,19 +177,37 @@ class ConvPlan:
         self.single = T == 1 and self.P == 1 and self.slack == 0
         # ... and the image is its own packed form (1x1, stride 1, no pad)
         self.identity = self.single and pad == (0, 0) and self.grid == size[0] * size[1]
-        # a column matrix where per-tap GEMMs are thin (few channels) or the grid's garbage
-        # is large (small images); per image only where y is its own grid
-        self.col = T > 1 and ((self.Cg < 32 or self.out_size <= 256) if col is None else col)
+        # A column matrix where per-tap GEMMs lose (measured with OpenBLAS on one core,
+        # docs/benchmarks.md "Choosing a convolution's kernels"): very few input channels
+        # (ResNet's and AlexNet's conv1), few channels under many taps (each tap re-reads
+        # and re-writes the whole output: LeNet's 5x5s), or many outputs on a grid with
+        # much garbage (ResNet-50's res5 at 7x7). Per image only where y is its own grid.
+        if col is None:
+            col = (self.Cg < 8 or (T >= 16 and self.Cg < 32)
+                   or (self.Mg >= 256 and 4 * self.grid >= 5 * self.out_size))
+        self.col = T > 1 and col
         if batched is None:
             batched = self.grid != self.out_size or self.grid < 256
         self.batched = self.col or batched
+        # The weight gradient is one long-K GEMM: a column matrix wins there more often
+        # (5x5 and larger kernels, or wide layers), whatever the forward uses.
+        if col_filter is None:
+            col_filter = T >= 16 or self.Cg >= 256
+        self.col_filter = T > 1 and self.batched and (self.col or col_filter)
         self.col_images = max(1, (col_bytes or 8 << 20) // (4 * self.Cg * T * self.out_size))
         self.flip = None
         if T > 1 and stride == (1, 1) and flip is not False and all(
                 p <= d * (k - 1) for p, d, k in zip(pad, dilation, kernel)):
-            self.flip = ConvPlan(num_output, channels, group, self.out_shape, kernel, (1, 1),
-                                 tuple(d * (k - 1) - p for p, d, k in zip(pad, dilation, kernel)),
-                                 dilation, flip=False, **options)
+            flipped = ConvPlan(num_output, channels, group, self.out_shape, kernel, (1, 1),
+                               tuple(d * (k - 1) - p for p, d, k in zip(pad, dilation, kernel)),
+                               dilation, flip=False, **options)
+            # by default only where both sides run per-tap GEMMs of at least 16 channels on
+            # grids of about the same size: a flipped kernel of few outputs, a column matrix,
+            # or a top much smaller than the bottom (a "valid" convolution) make it slower
+            # than the scatter-add
+            if flip or (flip is None and not self.col and not flipped.col and min(self.Cg, self.Mg) >= 16
+                        and 10 * flipped.out_size <= 11 * self.out_size):
+                self.flip = flipped
 
     # -- the passes ----------------------------------------------------------------
     def forward(self, x, w, y, ws, bias=None):
@@ -202,22 +220,23 @@ class ConvPlan:
         """dw += the weight gradient (if dw is given; reads x), dx = the input gradient (if given)."""
         g = None
         if dw is not None:
-            g = self._grid(dy, ws)
-            self._gemm_filter(self._image(x, ws, transposed=True), g, dw, ws)
+            g = self._grid(dy, ws, col=self.col_filter)
+            self._gemm_filter(self._image(x, ws, transposed=not self.col_filter), g, dw, ws)
         if dx is None:
             return
         if self.flip:
             self.flip.forward(dy, self._flipped(w, ws), dx, ws)
             return
-        g = self._grid(dy, ws) if g is None else g
+        g = self._grid(dy, ws) if g is None or self.col_filter != self.col else g
         xq = self._zeroed_image(dx, ws)
         self._gemm_data(g, w, xq, ws)
         self._unpack_image(xq, dx)
 
     # -- sizes ---------------------------------------------------------------------
-    def _rows(self, n):
-        """(GEMM batch B, packed row length L, GEMM width G) for a chunk of n images."""
-        if self.col:
+    def _rows(self, n, col=None):
+        """(GEMM batch B, packed row length L, GEMM width G) for a chunk of n images
+        (``col``: the column-matrix form, default the forward's)."""
+        if self.col if col is None else col:
             return 1, n * self.grid + self.slack, n * self.out_size
         if self.batched:
             return 1, n * self.grid + self.slack, n * self.grid
@@ -240,7 +259,7 @@ class ConvPlan:
             ws["xq"] = B * self.P * self.C * L
         if not self.direct_grid():
             ws["grid"] = B * self.M * G
-        if self.col:
+        if self.col or self.col_filter:
             ws["col"] = self.Cg * T * min(n, self.col_images) * self.out_size
         if T > 1 and not (self.col and self.Mg >= 128):
             ws["wr"] = T * self.M * self.Cg
@@ -324,10 +343,10 @@ class ConvPlan:
                     (qh, ih), (qw, iw) = spans
                     x[:, cs, ih, iw] = view[:, cs, qh, qw]
 
-    def _grid_view(self, g, n):
+    def _grid_view(self, g, n, col=None):
         """The (n, M, Ho, Wo) view of grid g's valid positions, and views of its garbage."""
         Ho, Wo = self.out_shape
-        if self.col:
+        if self.col if col is None else col:
             return g[0].reshape(self.M, n, Ho, Wo).transpose(1, 0, 2, 3), ()
         Hq, Wq = self.h.pitch, self.w.pitch
         if self.batched:
@@ -336,15 +355,16 @@ class ConvPlan:
             view = g.reshape(n, self.M, Hq, Wq)
         return view[:, :, :Ho, :Wo], (view[:, :, :Ho, Wo:], view[:, :, Ho:])
 
-    def _grid(self, y, ws, fill=True):
-        """The grid (B, M, G) of y (n, M, Ho, Wo): y itself, or (fill) y copied in, zero garbage."""
+    def _grid(self, y, ws, fill=True, col=None):
+        """The grid (B, M, G) of y (n, M, Ho, Wo): y itself, or (fill) y copied in, zero garbage
+        (``col``: in the column-matrix form, default the forward's)."""
         n = y.shape[0]
-        B, _, G = self._rows(n)
+        B, _, G = self._rows(n, col)
         if self.direct_grid():
             return y.reshape(B, self.M, G)
         g = self._buf(ws, "grid", (B, self.M, G))
         if fill:
-            valid, garbage = self._grid_view(g, n)
+            valid, garbage = self._grid_view(g, n, col)
             for v in garbage:
                 v[...] = 0
             valid[...] = y
@@ -434,7 +454,7 @@ class ConvPlan:
         (sums in workspace "wr" first where a transposed or per-tap order runs faster)."""
         G = g.shape[2]
         T = len(self.taps)
-        if self.col:
+        if self.col_filter:
             # OpenBLAS writes a thin gradient faster as (Cg*T, Mg): sum it so, then add transposed
             acc = self._buf(ws, "wr", (self.group, self.Cg * T, self.Mg)) if self.Mg < 128 else None
             for k, (cs, ms) in enumerate(self._groups()):

@@ -30,10 +30,14 @@ CASES = [
     ((1, 2, 4, 3), 128, dict(kernel_size=3, pad=1, bias_term=False)),   # wide: the direct col filter GEMM
 ]
 # the forms of im2col.ConvPlan: per image or batched, per tap or column matrix (always batched;
-# col_bytes=1: one image per block), stride-1 backward-data by the flipped kernel or by scatter-add
-LAYOUTS = [dict(batched=False, col=False), dict(batched=True, col=False, flip=False),
-           dict(col=True), dict(col=True, col_bytes=1, flip=False)]
-LAYOUT_IDS = ["image-taps", "batch-taps-scatter", "col", "col-blocks-scatter"]
+# col_bytes=1: one image per block), stride-1 backward-data by the flipped kernel or by scatter-add,
+# the weight gradient per tap or by a column matrix under a per-tap forward
+LAYOUTS = [dict(batched=False, col=False, flip=True), dict(batched=True, col=False, flip=False, col_filter=False),
+           dict(col=True, flip=True), dict(col=True, col_bytes=1, flip=False),
+           dict(batched=True, col=False, col_filter=True, flip=False),
+           dict(batched=True, col=False, col_filter=True, col_bytes=1, flip=True)]
+LAYOUT_IDS = ["image-taps-flip", "batch-taps-scatter", "col-flip", "col-blocks-scatter",
+              "taps-colfilter-scatter", "taps-colfilter-blocks-flip"]
 
 
 def _text(kind, M, kw):

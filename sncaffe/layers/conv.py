@@ -128,7 +128,7 @@ class _ConvolutionBase(Layer):
 
     def _bias_grad(self, dy):
         """bias diff += dy (n, M, H, W) summed over n, H, W (the contiguous axis first)."""
-        self.blobs[1].diff += dy.reshape(dy.shape[0], dy.shape[1], -1).sum(axis=2).sum(axis=0)
+        self.blobs[1].diff += np.einsum("nms->m", dy.reshape(dy.shape[0], dy.shape[1], -1))
 
 
 @register

@@ -169,20 +169,24 @@ class BatchNorm(Layer):
             xp.subtract(x, (self.blobs[0].data * inv_factor)[:, None], out=y)
             xp.multiply(self.blobs[1].data, inv_factor, out=std)
         else:
+            # x_norm = (x - mean) / std, then y = x_norm; the sums are SIMD einsum reductions
+            # (one read each, no squared temporary), as exact as NumPy's pairwise sums here
             m = self.view[0] * self.view[2]
             mean = self.scratch["mean"]
-            xp.divide(x.sum(axis=(0, 2)), m, out=mean)
-            xp.subtract(x, mean[:, None], out=y)
+            xp.divide(np.einsum("ncs->c", x), m, out=mean)
             x_norm = self.scratch["x_norm"].reshape(self.view)
-            xp.square(y, out=x_norm)
-            xp.divide(x_norm.sum(axis=(0, 2)), m, out=std)      # the biased variance
+            xp.subtract(x, mean[:, None], out=x_norm)
+            xp.divide(np.einsum("ncs,ncs->c", x_norm, x_norm), m, out=std)      # the biased variance
             if update_stats:
                 self._update_stats(mean, std, m)
+            std += self.eps
+            xp.sqrt(std, out=std)
+            x_norm /= std[:, None]
+            y[...] = x_norm
+            return
         std += self.eps
         xp.sqrt(std, out=std)
         y /= std[:, None]
-        if not self.use_global_stats:
-            x_norm[...] = y
 
     def _update_stats(self, mean, var, m):
         mean_sum, var_sum, factor = (b.data for b in self.blobs)
@@ -207,9 +211,8 @@ class BatchNorm(Layer):
             return
         m = self.view[0] * self.view[2]
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
-        xp.multiply(x_norm, dy, out=temp)
-        mean_dy_xn = temp.sum(axis=(0, 2)) / m
-        mean_dy = dy.sum(axis=(0, 2)) / m
+        mean_dy_xn = np.einsum("ncs,ncs->c", x_norm, dy) / m
+        mean_dy = np.einsum("ncs->c", dy) / m
         xp.multiply(x_norm, mean_dy_xn[:, None], out=temp)
         xp.subtract(dy, mean_dy[:, None], out=dx)       # dx may be dy itself (in place)
         dx -= temp

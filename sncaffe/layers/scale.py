@@ -104,7 +104,7 @@ class Scale(_BroadcastLayer):
         dy3 = self.as3(top[0].diff)
         scale = self.scale_blob(bottom)
         if self.bias_term:
-            self.sum_into(dy3.sum(axis=(0, 2)), self.blobs[-1].diff, True)
+            self.sum_into(np.einsum("ijk->j", dy3), self.blobs[-1].diff, True)
         if self.scale_is_param or propagate_down[1]:
             x3 = self.as3(self.scratch["bottom"] if self.inplace else bottom[0].data)
             self.sum_into(xp.einsum("ijk,ijk->j", dy3, x3), scale.diff, self.scale_is_param)
@@ -139,6 +139,6 @@ class Bias(_BroadcastLayer):
             if array_module(dy) is not np:
                 cuda_ops.bias_backward(self, dy, target, self.bias_is_param)
             else:
-                self.sum_into(self.as3(dy).sum(axis=(0, 2)), target, self.bias_is_param)
+                self.sum_into(np.einsum("ijk->j", self.as3(dy)), target, self.bias_is_param)
         if propagate_down[0] and bottom[0].diff is not dy:
             bottom[0].diff[...] = dy

@@ -14,9 +14,11 @@ neighbouring rows and images share their zero padding where that is exact.
   convolution then reads bottom and writes top where they lie), or the
   whole chunk as one long image (one GEMM per tap; large GEMMs for small
   images).
-- Column mode (``col``), for few input channels (conv1) or small images
-  (where per-tap GEMMs are thin or the garbage large): the taps' slices of
-  whole images are copied into a column matrix, one GEMM with K = C*kh*kw.
+- Column mode (``col``), where per-tap GEMMs lose (few input channels, few
+  channels under many taps, wide layers on grids with much garbage): the taps'
+  slices of whole images are copied into a column matrix, one GEMM with
+  K = C*kh*kw. The weight gradient may use it under a per-tap forward
+  (``col_filter``). The rules were drawn from tools/bench_conv_layouts.py.
 - Backward-data of a stride-1 convolution is the convolution of the top
   diff with the flipped kernel (``flip``): no scatter-add. Otherwise the
   per-tap GEMMs accumulate into the packed image and it is unpacked.
@@ -152,9 +154,10 @@ class ConvPlan:
     w (M, C/group, kh, kw). ``forward`` computes y, ``backward`` the gradients of
     x and w. Options (None: chosen by size): ``batched`` packs the whole chunk
     as one image for big GEMMs (else per image); ``col`` uses a column matrix
-    of whole images (at most ``col_bytes``) instead of per-tap GEMMs; ``flip``
-    computes a stride-1 backward-data as the convolution of the top diff with
-    the flipped kernel (no scatter-add).
+    of whole images (at most ``col_bytes``) instead of per-tap GEMMs;
+    ``col_filter`` does so for the weight gradient alone; ``flip`` computes a
+    stride-1 backward-data as the convolution of the top diff with the
+    flipped kernel (no scatter-add).
     """
 
     def __init__(self, channels, num_output, group, size, kernel, stride, pad, dilation,

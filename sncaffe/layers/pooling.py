@@ -102,7 +102,10 @@ class Pooling(Layer):
         if not self.is_global and (self.method == STOCHASTIC or cuda_ops.gpu_target() is None):
             # Enough rows/cols for the padding and for the last window of ceil rounding.
             Lh, Lw = max(H + ph, (PH - 1) * sh + kh), max(W + pw, (PW - 1) * sw + kw)
-            if (Lh, Lw, sh, sw) != (H, W, 1, 1):
+            # Windows that tile the input exactly (kernel = stride, no padding, nothing left
+            # over: LeNet's 2x2/2) read their phases as a view of the input itself.
+            tiled = (kh, kw) == (sh, sw) and not (ph or pw) and (H, W) == (PH * sh, PW * sw)
+            if (Lh, Lw, sh, sw) != (H, W, 1, 1) and not tiled:
                 self.workspace_specs["padded"] = ((N, C, sh, sw, -(-Lh // sh), -(-Lw // sw)), None)
             self.workspace_specs["tmp"] = (top_shape, None)
             if self.method != AVE:
@@ -128,15 +131,23 @@ class Pooling(Layer):
 
     def _source(self, x, fill):
         """x split by stride phase into the workspace, ``fill`` around it; or a view of x
-        when there is no stride, padding or clipped window."""
-        N, C = x.shape[:2]
+        split so when there is no padding or clipped window and the stride is 1 or tiles it."""
         if "padded" not in self.workspace_specs:
-            return x.reshape(N, C, 1, 1, *x.shape[2:])
+            return self._phase_view(x)
+        N, C = x.shape[:2]
         ws = self.workspace["padded"]
         for phase, offsets, size, cells in self._phases():
             padded_view(ws[(slice(None), slice(None)) + phase], (N, C) + size, (0, 0) + offsets,
                         fill)[...] = x[(Ellipsis,) + cells]
         return ws
+
+    def _phase_view(self, x):
+        """(N, C, sh, sw, H/sh, W/sw): x by stride phase, a view (stride 1, or tiled windows)."""
+        N, C, H, W = x.shape
+        (sh, sw), (PH, PW) = self.stride, self.pooled
+        if (sh, sw) == (1, 1):
+            return x.reshape(N, C, 1, 1, H, W)
+        return x.reshape(N, C, PH, sh, PW, sw).transpose(0, 1, 3, 5, 2, 4)
 
     def _divisor(self, xp, dtype):
         """AVE window sizes (PH, PW): cells in the padding count, cells past it do not."""
@@ -253,7 +264,7 @@ class Pooling(Layer):
                 dx.reshape(N, C, H * W)[...] = dy.reshape(N, C, 1) / (H * W)
             return
         N, C, H, W = dx.shape
-        dst = self.workspace["padded"] if "padded" in self.workspace_specs else dx.reshape(N, C, 1, 1, H, W)
+        dst = self.workspace["padded"] if "padded" in self.workspace_specs else self._phase_view(dx)
         dst.fill(0)
         tmp, hit = self.workspace["tmp"], self.workspace.get("hit")
         if self.method == AVE:

@@ -20,6 +20,11 @@ from .layers.base import Layer, LayerError
 
 # Layers whose tops are the bottom's memory in another shape, as Caffe shares them.
 ALIASING = {"Split": ("data",), "Flatten": ("data", "diff"), "Reshape": ("data", "diff")}
+# Scratch one layer may take from the layer that wrote its bottom, because it holds the same
+# bits: an in-place Scale keeps a copy of its input, and when a training BatchNorm wrote that
+# input, BatchNorm's x_norm is that very copy (Caffe keeps both). (layer type, scratch) ->
+# (writer type, writer's scratch).
+SHARED_SCRATCH = {("Scale", "bottom"): ("BatchNorm", "x_norm")}
 
 
 class GraphError(ValueError):
@@ -74,6 +79,7 @@ class LayerNode:
     need_backward: bool = False
     propagate_down: list = field(default_factory=list)
     scratch: dict = field(default_factory=dict)
+    shared_scratch: set = field(default_factory=set)          # keys taken from another layer
     workspace: dict = field(default_factory=dict)             # forward's
     backward_workspace: dict = field(default_factory=dict)
 
@@ -157,6 +163,7 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
     dtype = np.dtype(dtype)
     blobs: dict[str, BlobNode] = {}
     nodes: list[LayerNode] = []
+    last_writer: dict[str, LayerNode] = {}      # blob name -> the layer that wrote it last
     for lp in param.layer:
         try:
             layer = create_layer(lp, phase)
@@ -200,6 +207,8 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
             node.param_need_backward.append(layer.learnable and lr != 0)
         node.scratch = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "scratch", location=lp.location)
                         for k, (s, d) in layer.scratch_specs.items()}
+        _share_scratch(node, [last_writer.get(b) for b in lp.bottom])
+        last_writer.update((t, node) for t in lp.top)
         node.workspace = _workspace(lp.name, layer.workspace_specs, dtype, lp.location)
         bspecs = layer.backward_workspace_specs
         node.backward_workspace = node.workspace if bspecs is None else _workspace(lp.name, bspecs, dtype, lp.location)
@@ -290,11 +299,26 @@ def _make_diffs(nodes, blobs, dtype) -> None:
                     t.diff.base = src.diff
 
 
+def _share_scratch(node, writers) -> None:
+    """Point ``node``'s scratch at its bottom writer's where SHARED_SCRATCH allows (same shape,
+    dtype and device); the layer is told (``layer.shared_scratch``) and skips its copy."""
+    for key, t in list(node.scratch.items()):
+        rule = SHARED_SCRATCH.get((node.type, key))
+        w = writers[0] if writers else None
+        if rule is None or w is None or w.type != rule[0] or rule[1] not in w.scratch:
+            continue
+        src = w.scratch[rule[1]]
+        if (src.shape, src.dtype, src.location) == (t.shape, t.dtype, t.location):
+            node.scratch[key] = src
+            node.shared_scratch.add(key)
+            node.layer.shared_scratch = node.layer.shared_scratch | {key}
+
+
 def _operators(nodes) -> list:
     ops = []
     for node in nodes:
         reads = [b.data for b in node.bottoms] + [p for p, _ in node.params]
-        writes = [t.data for t in node.tops] + list(node.scratch.values())
+        writes = [t.data for t in node.tops] + [t for k, t in node.scratch.items() if k not in node.shared_scratch]
         ops.append(Operator(node.name + ":forward", "forward", node, reads,
                             writes + list(node.workspace.values())))
     for node in reversed(nodes):

@@ -183,3 +183,66 @@ def test_a_blob_rewritten_in_place_at_the_end_is_an_output_and_outlives_the_pass
         net.blobs["x"].data[...] = np.arange(6).reshape(2, 3)
         net.forward()
         assert net.blobs["lw"].data is not None and np.all(np.isfinite(net.blobs["lw"].data))
+
+
+BN_SCALE = """
+name: "bn_scale"
+force_backward: true
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 3 dim: 6 dim: 6 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "scale2" type: "Scale" bottom: "conv1" top: "conv1"
+        scale_param { filler { type: "uniform" min: 0.5 max: 1.5 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _bn_scale_net(memory="none"):
+    net = Net(parse_text(BN_SCALE, pb.NetParameter()), "TRAIN", device=CPUDevice(64 << 20), memory=memory)
+    rng = np.random.default_rng(1)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].data.shape)
+    net.blobs["label"].data[...] = [0, 2, 1, 2]
+    return net
+
+
+def _run(net):
+    loss = net.forward()
+    net.backward()
+    return loss, {k: [b.diff.copy() for b in v] for k, v in net.params.items()}, net.blobs["data"].diff.copy()
+
+
+@pytest.mark.parametrize("memory", ["none", "liveness", "all"])
+def test_scale_after_batchnorm_shares_its_x_norm_with_the_same_bits(monkeypatch, memory):
+    """An in-place Scale keeps its input for its gradient; after a training BatchNorm that input
+    is BatchNorm's x_norm, so the graph points one at the other (the copy and its memory go),
+    and every gradient comes out as with the copy. A Scale after another layer keeps its own."""
+    import sncaffe.graph as graph
+    net = _bn_scale_net(memory)
+    bn, s1, s2 = (net.graph.layer(n) for n in ("bn1", "scale1", "scale2"))
+    assert s1.scratch["bottom"] is bn.scratch["x_norm"] and s1.shared_scratch == {"bottom"}
+    assert s2.scratch["bottom"] is not bn.scratch["x_norm"] and not s2.shared_scratch
+    fwd = next(op for op in net.graph.ops if op.name == "scale1:forward")
+    bwd = next(op for op in net.graph.ops if op.name == "scale1:backward")
+    assert bn.scratch["x_norm"] not in fwd.writes and bn.scratch["x_norm"] in bwd.reads
+    shared = _run(net)
+    monkeypatch.setattr(graph, "SHARED_SCRATCH", {})
+    plain = _bn_scale_net(memory)
+    assert "bottom" not in plain.graph.layer("scale1").shared_scratch
+    copied = _run(plain)
+    assert shared[0] == copied[0] and np.array_equal(shared[2], copied[2])
+    for k in copied[1]:
+        assert all(np.array_equal(a, b) for a, b in zip(shared[1][k], copied[1][k])), k
+    if memory == "none":     # everything resident: exactly the copy's bytes fewer
+        assert plain.plan.peak - net.plan.peak == align(bn.scratch["x_norm"].nbytes)
+
+
+def test_scale_keeps_its_copy_after_a_batchnorm_with_global_stats():
+    param = parse_text(BN_SCALE, pb.NetParameter())
+    param.layer[2].batch_norm_param.use_global_stats = True
+    net = Net(param, "TRAIN", device=CPUDevice(64 << 20))
+    assert not net.graph.layer("scale1").shared_scratch and "x_norm" not in net.graph.layer("bn1").scratch

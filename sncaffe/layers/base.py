@@ -87,6 +87,7 @@ class Layer:
         self.backward_workspace_specs: dict | None = None
         self.blobs: list[Blob] = []
         self.scratch: dict = {}
+        self.shared_scratch: frozenset = frozenset()    # scratch another layer writes (graph.SHARED_SCRATCH)
         self.workspace: dict = {}
         self.rng = np.random.default_rng(0)
 

@@ -58,7 +58,8 @@ class _BroadcastLayer(Layer):
 class Scale(_BroadcastLayer):
     """top = bottom[0] * scale (+ bias with bias_term). Blobs: [scale] (one bottom), then [bias].
 
-    In place, a copy of the input is kept in scratch for the scale's gradient, as in Caffe.
+    In place, a copy of the input is kept in scratch for the scale's gradient, as in Caffe;
+    after a training BatchNorm that copy is BatchNorm's own x_norm (graph.SHARED_SCRATCH).
     """
     type = "Scale"
 
@@ -87,7 +88,7 @@ class Scale(_BroadcastLayer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        if self.inplace:
+        if self.inplace and "bottom" not in self.shared_scratch:
             self.scratch["bottom"][...] = x
         if array_module(x) is not np:
             return cuda_ops.scale_forward(self, x, self.scale_blob(bottom).data,

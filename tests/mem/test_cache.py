@@ -122,8 +122,12 @@ def test_device_run_moves_what_the_plan_says():
     param = net_param(ROOT / "prototxt" / "resnet50.prototxt")
     graph = graph_of(param)
     uncached = make_plan(graph, "offload")
-    capacity = next(c for c in range(uncached.peak + 256, 2 * uncached.peak, 4096)
-                    if make_plan(graph, "offload", c).fits)
+
+    def evicts(plan):
+        return plan.fits and plan.cache_misses > 0 and plan.cache_hits > 0
+    # from the uncached peak down (convolutions chunk their batch there) to where the cache misses
+    capacity = next(c for c in range(uncached.peak + 256, uncached.peak // 2, -4096)
+                    if evicts(make_plan(graph, "offload", c)))
     net = Net(param, "TRAIN", device=CPUDevice(capacity), memory="offload")
     assert net.plan.cache_misses > 0 and net.plan.cache_hits > 0
     feed(net, np.random.default_rng(0))

@@ -39,7 +39,9 @@ SHRINK = {"resnet": dict(width=16, hw=32), "ResNet": dict(width=16, hw=32),
 TIGHT = {"resnet50", "lenet_train_test", "bvlc_alexnet__train_val", "bvlc_googlenet__train_val",
          "cifar10__cifar10_full_sigmoid_train_test_bn", "cifar10__cifar10_full_train_test", "ResNet-50-deploy"}
 # Tight-capacity cases where the LRU cache must miss (evict, then prefetch back).
-MISSES = {("resnet50", "offload"), ("cifar10__cifar10_full_train_test", "offload")}
+# (ResNet-50's unchunked plans cache every offloaded copy once its Scales share BatchNorm's x_norm;
+# tests/mem/test_cache.py makes it miss below the uncached peak, where convolutions chunk.)
+MISSES = {("cifar10__cifar10_full_train_test", "offload")}
 
 
 def _shrink(param, width=1, hw=None):

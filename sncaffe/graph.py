@@ -79,7 +79,6 @@ class LayerNode:
     need_backward: bool = False
     propagate_down: list = field(default_factory=list)
     scratch: dict = field(default_factory=dict)
-    shared_scratch: set = field(default_factory=set)          # keys taken from another layer
     workspace: dict = field(default_factory=dict)             # forward's
     backward_workspace: dict = field(default_factory=dict)
 
@@ -93,6 +92,11 @@ class LayerNode:
     @property
     def type(self):
         return self.layer.type
+
+    @property
+    def shared_scratch(self):
+        """Scratch keys taken from another layer (SHARED_SCRATCH): read, never written, here."""
+        return self.layer.shared_scratch
 
 
 @dataclass(eq=False, repr=False)
@@ -302,16 +306,15 @@ def _make_diffs(nodes, blobs, dtype) -> None:
 def _share_scratch(node, writers) -> None:
     """Point ``node``'s scratch at its bottom writer's where SHARED_SCRATCH allows (same shape,
     dtype and device); the layer is told (``layer.shared_scratch``) and skips its copy."""
+    w = writers[0] if writers else None
     for key, t in list(node.scratch.items()):
         rule = SHARED_SCRATCH.get((node.type, key))
-        w = writers[0] if writers else None
         if rule is None or w is None or w.type != rule[0] or rule[1] not in w.scratch:
             continue
         src = w.scratch[rule[1]]
         if (src.shape, src.dtype, src.location) == (t.shape, t.dtype, t.location):
             node.scratch[key] = src
-            node.shared_scratch.add(key)
-            node.layer.shared_scratch = node.layer.shared_scratch | {key}
+            node.layer.shared_scratch |= {key}
 
 
 def _operators(nodes) -> list:

@@ -450,9 +450,9 @@ def torch_count(graph, checkpoint) -> dict:
 
 
 # -- timing ----------------------------------------------------------------------------------------
-def interleaved(steps: dict, warmup: int, iterations: int, best=False) -> dict:
-    """Median seconds per call of each step function, calls interleaved (the same machine load);
-    with ``best``, (median, fastest call) pairs."""
+def interleaved(steps: dict, warmup: int, iterations: int) -> dict:
+    """(median, fastest) seconds per call of each step function, calls interleaved (the same
+    machine load)."""
     for _ in range(warmup):
         for fn in steps.values():
             fn()
@@ -462,9 +462,7 @@ def interleaved(steps: dict, warmup: int, iterations: int, best=False) -> dict:
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    if best:
-        return {k: (statistics.median(v), min(v)) for k, v in times.items()}
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: (statistics.median(v), min(v)) for k, v in times.items()}
 
 
 def conv_share(net) -> float:
@@ -492,8 +490,7 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch) -> dict:
             loss_s = net.forward()
             net.backward()
             out["loss"] = {"sncaffe": loss_s, "pytorch": float(next(iter(trainers.values())).loss().detach())}
-    medians = interleaved(steps, warmup, iterations, best=True)
-    for k, (s, fastest) in medians.items():
+    for k, (s, fastest) in interleaved(steps, warmup, iterations).items():
         out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest}
     if net is not None:
         out["conv_share"] = conv_share(net)

@@ -179,14 +179,13 @@ class BatchNorm(Layer):
             xp.divide(np.einsum("ncs,ncs->c", x_norm, x_norm), m, out=std)      # the biased variance
             if update_stats:
                 self._update_stats(mean, std, m)
-            std += self.eps
-            xp.sqrt(std, out=std)
-            x_norm /= std[:, None]
-            y[...] = x_norm
-            return
         std += self.eps
         xp.sqrt(std, out=std)
-        y /= std[:, None]
+        if self.use_global_stats:
+            y /= std[:, None]
+        else:
+            x_norm /= std[:, None]
+            y[...] = x_norm
 
     def _update_stats(self, mean, var, m):
         mean_sum, var_sum, factor = (b.data for b in self.blobs)

@@ -496,6 +496,9 @@ def cmd_time(args) -> int:
     print(f"Total Time: {total * 1e3:.1f} ms.")
     st = net.device.pool.stats()
     print(f"Pool peak: {fmt_bytes(st['peak'])} ({st['peak']} bytes) of {fmt_bytes(st['capacity'])}.")
+    if net.device.name == "cpu":
+        from .backend.blas import BLAS
+        print(f"CPU GEMMs: {BLAS.describe()} (SNCAFFE_BLAS=mkl|openblas|numpy).")
     return 0
 
 

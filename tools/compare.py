@@ -68,6 +68,7 @@ ROOT = TOOLS.parent
 sys.path.insert(0, str(TOOLS))
 import gen_resnet  # noqa: E402
 
+from sncaffe.backend import blas  # noqa: E402
 from sncaffe.backend.cpu import CPUDevice  # noqa: E402
 from sncaffe.graph import build_graph  # noqa: E402
 from sncaffe.mem.planner import make_plan  # noqa: E402
@@ -160,6 +161,7 @@ def machine() -> dict:
     return {
         "nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
         "numpy": np.__version__, "torch": torch.__version__ if torch is not None else None,
+        "sncaffe_blas": blas.BLAS.describe(),
         "threads": {**{v: os.environ.get(v) for v in THREAD_VARS}, "numpy_blas": blas_threads(),
                     "torch": torch.get_num_threads() if torch is not None else None},
         "loadavg_start": os.getloadavg()[0],
@@ -707,7 +709,8 @@ def ratios(results) -> list:
 def report(results) -> str:
     m = results["machine"]
     parts = [f"Machine: {m['nproc']} cores, {m['cpu']}; Python {m['python']}, NumPy {m['numpy']}, "
-             f"PyTorch {m['torch']}; threads: " + ", ".join(f"{k}={v}" for k, v in m["threads"].items())
+             f"PyTorch {m['torch']}; sncaffe's CPU GEMMs: {m.get('sncaffe_blas', '?')}; threads: "
+             + ", ".join(f"{k}={v}" for k, v in m["threads"].items())
              + f"; load average {m['loadavg_start']:.2f} at the start, {m.get('loadavg_end', 0):.2f} at the end; "
              f"{results['seconds']:.0f} s in all."]
     mem = results.get("memory")
@@ -827,7 +830,7 @@ def run(suite, out: Path, say=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     results = {"machine": machine()}
     th = results["machine"]["threads"]
-    say("machine: {nproc} cores, {cpu}".format(**results["machine"]))
+    say("machine: {nproc} cores, {cpu}; sncaffe's CPU GEMMs: {sncaffe_blas}".format(**results["machine"]))
     say("threads: " + ", ".join(f"{k}={v}" for k, v in th.items()))
     if torch is None:
         say("PyTorch is not installed (pip install torch==2.13.0): its columns are left out")

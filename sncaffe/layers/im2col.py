@@ -25,83 +25,18 @@ neighbouring rows and images share their zero padding where that is exact.
 - The weight gradient reads the packed image transposed (positions x
   channels), which OpenBLAS runs faster.
 
-GEMMs accumulate through BLAS's beta (``gemm``); on NumPy that is the
-sgemm/dgemm of NumPy's own OpenBLAS, reached through ctypes (CPU only; other
+GEMMs accumulate through BLAS's beta (``backend.blas.gemm``: MKL where the
+``mkl`` extra is installed, else NumPy's own OpenBLAS, through ctypes; other
 arrays fall back to matmul).
 """
 from __future__ import annotations
 
-import ctypes
-import glob
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend.blas import gemm
 from .base import array_module
-
-# -- GEMM with beta (CPU: NumPy's bundled OpenBLAS through ctypes) ------------
-
-
-def _load_cblas():
-    """{dtype: cblas ?gemm} from the OpenBLAS that NumPy ships (CPU only), or None."""
-    libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-    for path in sorted(glob.glob(os.path.join(libs, "*openblas*.so*"))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix, int_t in (("scipy_cblas_", "64_", ctypes.c_int64), ("cblas_", "64_", ctypes.c_int64),
-                                      ("scipy_cblas_", "", ctypes.c_int), ("cblas_", "", ctypes.c_int)):
-            try:
-                fns = [getattr(lib, f"{prefix}{t}gemm{suffix}") for t in "sd"]
-            except AttributeError:
-                continue
-            for fn, real in zip(fns, (ctypes.c_float, ctypes.c_double)):
-                fn.restype = None
-                fn.argtypes = [ctypes.c_int] * 3 + [int_t] * 3 + [real, ctypes.c_void_p, int_t,
-                                                                  ctypes.c_void_p, int_t, real,
-                                                                  ctypes.c_void_p, int_t]
-            return {np.dtype(np.float32): fns[0], np.dtype(np.float64): fns[1]}
-    return None
-
-
-_CBLAS = _load_cblas()
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-
-
-def _blas_layout(a):
-    """(transpose flag, leading dimension) of a 2-D view as a row-major BLAS operand, or None."""
-    m, n = a.shape
-    s0, s1 = a.strides
-    if s0 % a.itemsize or s1 % a.itemsize:
-        return None
-    s0, s1 = s0 // a.itemsize, s1 // a.itemsize
-    if (s1 == 1 or n == 1) and (m == 1 or s0 >= n):
-        return _NO_TRANS, max(s0 if m > 1 else n, n, 1)
-    if (s0 == 1 or m == 1) and (n == 1 or s1 >= m):
-        return _TRANS, max(s1 if n > 1 else m, m, 1)
-    return None
-
-
-def gemm(a, b, c, beta=0.0):
-    """``c = a @ b + beta * c`` for 2-D arrays (views welcome: BLAS takes their strides)."""
-    fn = _CBLAS and type(c) is np.ndarray and _CBLAS.get(c.dtype)
-    if fn and a.dtype == b.dtype == c.dtype and c.size and a.shape[1]:
-        la, lb, lc = _blas_layout(a), _blas_layout(b), _blas_layout(c)
-        if la and lb and lc:
-            if lc[0] == _TRANS:               # write c^T = b^T a^T
-                a, b, la, lb = b.T, a.T, _blas_layout(b.T), _blas_layout(a.T)
-            m, k = a.shape
-            fn(_ROW_MAJOR, la[0], lb[0], m, b.shape[1], k, 1.0, a.ctypes.data, la[1],
-               b.ctypes.data, lb[1], beta, c.ctypes.data, lc[1])
-            return
-    xp = array_module(c)
-    if beta == 0:
-        xp.matmul(a, b, out=c)
-    else:
-        c += xp.matmul(a, b)
-
 
 # -- geometry -----------------------------------------------------------------
 

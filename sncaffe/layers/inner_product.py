@@ -1,8 +1,9 @@
 """InnerProduct: a fully connected layer, one GEMM per pass (Caffe's inner_product_layer)."""
 from __future__ import annotations
 
+from ..backend.blas import gemm
 from ..fillers import fill
-from .base import Layer, array_module, canonical_axis, count, register
+from .base import Layer, canonical_axis, count, register
 
 
 @register
@@ -25,7 +26,7 @@ class InnerProduct(Layer):
         self.transpose, self.bias_term = p.transpose, p.bias_term
         weight_shape = (self.K, self.N) if self.transpose else (self.N, self.K)
         self.param_shapes = [weight_shape] + [(self.N,)] * self.bias_term
-        # matmul has no GEMM beta to accumulate with: the weight gradient lands here first
+        # the weight gradient lands here first (on a GPU, matmul has no beta to accumulate with)
         self.backward_workspace_specs = {"weight_diff": (weight_shape, None)}
         return [shape[:axis] + (self.N,)]
 
@@ -43,21 +44,20 @@ class InnerProduct(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data.reshape(self.M, self.K)
         y = top[0].data.reshape(self.M, self.N)
-        array_module(x).matmul(x, self._weight_nk().T, out=y)
+        gemm(x, self._weight_nk().T, y)
         if self.bias_term:
             y += self.blobs[1].data
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(self.M, self.N)
         x = bottom[0].data.reshape(self.M, self.K)
-        xp = array_module(dy)
         dw = self.workspace["weight_diff"]
         if self.transpose:
-            xp.matmul(x.T, dy, out=dw)      # (K, N)
+            gemm(x.T, dy, dw)               # (K, N)
         else:
-            xp.matmul(dy.T, x, out=dw)      # (N, K)
+            gemm(dy.T, x, dw)               # (N, K)
         self.blobs[0].diff += dw
         if self.bias_term:
             self.blobs[1].diff += dy.sum(axis=0)
         if propagate_down[0]:
-            xp.matmul(dy, self._weight_nk(), out=bottom[0].diff.reshape(self.M, self.K))
+            gemm(dy, self._weight_nk(), bottom[0].diff.reshape(self.M, self.K))

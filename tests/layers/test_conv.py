@@ -7,7 +7,6 @@ import pytest
 
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers.base import LayerError
-from sncaffe.layers.im2col import gemm
 
 GOLDEN = Path("/work/shared/golden/layers")
 
@@ -162,15 +161,6 @@ def test_chunks_and_float32(kind, layout, stride):
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol * 10)
 
 
-def test_without_ctypes_blas(monkeypatch):
-    """The NumPy matmul fallback (no BLAS beta) gives the same gradients."""
-    import sncaffe.layers.im2col as im2col
-    monkeypatch.setattr(im2col, "_CBLAS", None)
-    for layout in LAYOUTS:
-        check_gradient(_layer("Convolution", 4, dict(kernel_size=3, stride=2, pad=1, group=2), layout),
-                       [np.random.default_rng(7).standard_normal((2, 4, 6, 5))], max_probes=30)
-
-
 def test_two_bottoms_share_weights_and_frozen_bias():
     layer = make_layer(_text("Convolution", 3, dict(kernel_size=3, pad=1)) +
                        " param { lr_mult: 1 } param { lr_mult: 0 }", n_bottoms=2, n_tops=2)
@@ -184,22 +174,6 @@ def test_two_bottoms_share_weights_and_frozen_bias():
     _, (dw, db) = h.backward([np.ones_like(y) for y in ys])
     assert not db.any()       # lr_mult 0: no bias gradient, as in Caffe
     assert dw.any()
-
-
-@pytest.mark.parametrize("trans_a,trans_b,beta", [(False, False, 0.0), (True, False, 1.0), (False, True, 1.0),
-                                                  (True, True, 0.0)])
-def test_gemm_views(trans_a, trans_b, beta):
-    rng = np.random.default_rng(6)
-    a = rng.standard_normal((7, 5) if not trans_a else (5, 7)).astype(np.float32)
-    b = rng.standard_normal((5, 9) if not trans_b else (9, 5)).astype(np.float32)
-    a, b = (a.T if trans_a else a), (b.T if trans_b else b)
-    c = rng.standard_normal((7, 12)).astype(np.float32)[:, 2:11]
-    want = a @ b + beta * c
-    gemm(a, b, c, beta)
-    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
-    ct = np.zeros((9, 7), np.float32)
-    gemm(a, b, ct.T)                       # a transposed output
-    np.testing.assert_allclose(ct.T, a @ b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind,shape,M,kw,message", [

@@ -1,0 +1,169 @@
+"""GEMM with BLAS's beta on the CPU: Intel MKL where the ``mkl`` extra is installed, else the
+OpenBLAS that NumPy ships, both reached through ctypes.
+
+The CPU convolution (``layers/im2col.py``) is a sum of thin GEMMs (K = input channels, M =
+output channels, 16 to 64 in a CIFAR ResNet). OpenBLAS runs those at 40-100 GFLOP/s on one
+AVX-512 core, MKL at 80-145 (``tools/bench_conv_layouts.py``); MKL is what PyTorch's CPU
+build uses too. ``SNCAFFE_BLAS`` chooses: ``mkl``, ``openblas`` or ``numpy`` (``matmul``,
+no beta: one more pass per accumulating GEMM); unset, MKL where installed.
+
+MKL's threads: ``MKL_NUM_THREADS``, else NumPy's OpenBLAS's count (``OPENBLAS_NUM_THREADS``),
+so one setting fixes both; one thread runs MKL's sequential layer (no OpenMP runtime).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_MKL_THREADING_INTEL, _MKL_THREADING_SEQUENTIAL = 0, 1
+CHOICES = ("mkl", "openblas", "numpy")
+
+
+@dataclass
+class Blas:
+    """One loaded BLAS: its name, threads and cblas ?gemm per dtype (empty for ``numpy``)."""
+    name: str
+    threads: int | None = None
+    gemm: dict = field(default_factory=dict)
+    path: str = ""
+
+    def describe(self) -> str:
+        threads = f", {self.threads} thread{'s' * (self.threads != 1)}" if self.threads else ""
+        return f"{self.name}{threads}"
+
+
+def _bind_gemm(lib, prefix, suffix, int_t):
+    """{dtype: cblas ?gemm} of ``lib`` under these symbol names, or None."""
+    try:
+        fns = [getattr(lib, f"{prefix}{t}gemm{suffix}") for t in "sd"]
+    except AttributeError:
+        return None
+    for fn, real in zip(fns, (ctypes.c_float, ctypes.c_double)):
+        fn.restype = None
+        fn.argtypes = [ctypes.c_int] * 3 + [int_t] * 3 + [real, ctypes.c_void_p, int_t,
+                                                          ctypes.c_void_p, int_t, real,
+                                                          ctypes.c_void_p, int_t]
+    return {np.dtype(np.float32): fns[0], np.dtype(np.float64): fns[1]}
+
+
+def _openblas_lib():
+    """(library, symbol suffix) of NumPy's bundled OpenBLAS, or (None, None)."""
+    libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libs, "*openblas*.so*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix, int_t in (("scipy_cblas_", "64_", ctypes.c_int64), ("cblas_", "64_", ctypes.c_int64),
+                                      ("scipy_cblas_", "", ctypes.c_int), ("cblas_", "", ctypes.c_int)):
+            fns = _bind_gemm(lib, prefix, suffix, int_t)
+            if fns:
+                return lib, fns, path
+    return None, None, None
+
+
+def openblas_threads(lib=None):
+    """Threads of NumPy's OpenBLAS, or None where it is not found."""
+    lib = lib or _openblas_lib()[0]
+    for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                 "scipy_openblas_get_num_threads", "openblas_get_num_threads"):
+        fn = getattr(lib, name, None) if lib is not None else None
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            return fn()
+    return None
+
+
+def _mkl_path():
+    """libmkl_rt of the installed ``mkl`` wheel, or None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, files
+        entries = files("mkl") or []
+    except PackageNotFoundError:
+        return None
+    for entry in entries:
+        if os.path.basename(str(entry)).startswith("libmkl_rt.so"):
+            path = os.path.realpath(entry.locate())
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def _load_mkl(threads):
+    """Blas of MKL's single dynamic library with ``threads`` threads, or None."""
+    path = _mkl_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    # the threading layer is chosen before any other MKL call
+    lib.MKL_Set_Threading_Layer(_MKL_THREADING_SEQUENTIAL if threads == 1 else _MKL_THREADING_INTEL)
+    lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
+    fns = _bind_gemm(lib, "cblas_", "", ctypes.c_int)          # the LP64 interface: 32-bit ints
+    return fns and Blas("mkl", threads, fns, path)
+
+
+def load(choice=None) -> Blas:
+    """The BLAS of ``choice`` (default ``SNCAFFE_BLAS``, else MKL where installed, else OpenBLAS)."""
+    choice = (choice or os.environ.get("SNCAFFE_BLAS") or "").lower()
+    if choice and choice not in CHOICES:
+        raise ValueError(f"SNCAFFE_BLAS={choice!r}: choose one of {', '.join(CHOICES)}")
+    lib, fns, path = _openblas_lib() if choice != "numpy" else (None, None, None)
+    if choice in ("", "mkl"):
+        threads = os.environ.get("MKL_NUM_THREADS") or openblas_threads(lib) or os.cpu_count()
+        mkl = _load_mkl(int(threads))
+        if mkl is not None:
+            return mkl
+        if choice == "mkl":
+            raise RuntimeError("SNCAFFE_BLAS=mkl, but MKL is not installed: pip install 'sncaffe[mkl]'")
+    if choice != "numpy" and fns:
+        return Blas("openblas", openblas_threads(lib), fns, path)
+    return Blas("numpy")
+
+
+BLAS = load()
+
+
+def _layout(a):
+    """(transpose flag, leading dimension) of a 2-D view as a row-major BLAS operand, or None."""
+    m, n = a.shape
+    s0, s1 = a.strides
+    if s0 % a.itemsize or s1 % a.itemsize:
+        return None
+    s0, s1 = s0 // a.itemsize, s1 // a.itemsize
+    if (s1 == 1 or n == 1) and (m == 1 or s0 >= n):
+        return _NO_TRANS, max(s0 if m > 1 else n, n, 1)
+    if (s0 == 1 or m == 1) and (n == 1 or s1 >= m):
+        return _TRANS, max(s1 if n > 1 else m, m, 1)
+    return None
+
+
+def gemm(a, b, c, beta=0.0, blas=None):
+    """``c = a @ b + beta * c`` for 2-D arrays (views welcome: BLAS takes their strides).
+    NumPy arrays go to ``blas`` (default the loaded one); others, or layouts BLAS cannot take,
+    to ``matmul``."""
+    fn = type(c) is np.ndarray and (blas or BLAS).gemm.get(c.dtype)
+    if fn and a.dtype == b.dtype == c.dtype and c.size and a.shape[1]:
+        la, lb, lc = _layout(a), _layout(b), _layout(c)
+        if la and lb and lc:
+            if lc[0] == _TRANS:               # write c^T = b^T a^T
+                a, b, la, lb = b.T, a.T, _layout(b.T), _layout(a.T)
+            m, k = a.shape
+            fn(_ROW_MAJOR, la[0], lb[0], m, b.shape[1], k, 1.0, a.ctypes.data, la[1],
+               b.ctypes.data, lb[1], beta, c.ctypes.data, lc[1])
+            return
+    from ..layers.base import array_module       # numpy or cupy
+    xp = array_module(c)
+    if beta == 0:
+        xp.matmul(a, b, out=c)
+        return
+    if beta != 1:
+        c *= beta
+    c += xp.matmul(a, b)

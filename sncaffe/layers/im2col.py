@@ -146,6 +146,20 @@ class ConvPlan:
             if flip or (flip is None and not self.col and not flipped.col and min(self.Cg, self.Mg) >= 16
                         and 10 * flipped.out_size <= 11 * self.out_size):
                 self.flip = flipped
+        # Where the weight gradient's grid of dy, shifted by ``lead`` positions, is the flipped
+        # convolution's packed dy (same pitch, dy at rows lo_h.. and columns lo_w.., zeros
+        # elsewhere), the backward packs dy once: that grid is written into the flipped plan's
+        # image rows, and the flipped plan's output grid takes the (then spent) "xq" buffer.
+        self.lead = None
+        f = self.flip
+        if (f is not None and self.batched and not self.col_filter and f.batched and not f.col and f.P == 1
+                and not f.direct_image() and (f.h.pitch, f.w.pitch) == (self.h.pitch, self.w.pitch)
+                and f.h.covers_image() and f.w.covers_image()):
+            (lo_h,), (lo_w,) = f.h.lo, f.w.lo
+            Ho, Wo = self.out_shape
+            lead = lo_h * self.w.pitch + lo_w
+            if lo_h + Ho <= self.h.pitch and lo_w + Wo <= self.w.pitch and lead <= f.slack:
+                self.lead = lead
 
     # -- the passes ----------------------------------------------------------------
     def forward(self, x, w, y, ws, bias=None):
@@ -158,12 +172,23 @@ class ConvPlan:
         """dw += the weight gradient (if dw is given; reads x), dx = the input gradient (if given)."""
         g = None
         if dw is not None:
-            g = self._grid(dy, ws, col=self.col_filter)
+            g = self._grid(dy, ws, col=self.col_filter) if self.lead is None else self._flip_image_grid(dy, ws)
             self._gemm_filter(self._image(x, ws, transposed=not self.col_filter), g, dw, ws)
         if dx is None:
             return
         if self.flip:
-            self.flip.forward(dy, self._flipped(w, ws), dx, ws)
+            wf = self._flipped(w, ws)
+            if self.lead is None:
+                self.flip.forward(dy, wf, dx, ws)
+                return
+            swapped = self._flip_ws(ws)
+            if g is None:
+                self.flip.forward(dy, wf, dx, swapped)
+            else:                             # dy is packed already: the grid's own rows
+                f = self.flip
+                out = f._grid(dx, swapped, fill=False)
+                f._gemm_forward(self._buf(ws, "grid", (1, 1, self.M, f._rows(dy.shape[0])[1])), wf, out, swapped)
+                f._unpack_grid(out, dx)
             return
         g = self._grid(dy, ws) if g is None or self.col_filter != self.col else g
         xq = self._zeroed_image(dx, ws)
@@ -203,9 +228,33 @@ class ConvPlan:
             ws["wr"] = T * self.M * self.Cg
         if self.flip:     # used after the weight gradient: the same buffers serve both
             for k, v in self.flip.workspace(n).items():
+                k = self._flip_name(k)
                 ws[k] = max(ws.get(k, 0), v)
             ws["wflip"] = self.C * self.Mg * T
         return ws
+
+    def _flip_name(self, name):
+        """The workspace buffer the flipped plan's ``name`` lives in (its packed dy is our grid)."""
+        return {"xq": "grid", "grid": "xq"}.get(name, name) if self.lead is not None else name
+
+    def _flip_ws(self, ws):
+        return {self._flip_name(k): v for k, v in ws.items()}
+
+    def _flip_image_grid(self, dy, ws):
+        """The grid (1, M, G) of dy for the weight gradient, as a view into the flipped plan's
+        packed rows (1, 1, M, L), which it completes: zeros before and after (``lead``)."""
+        n = dy.shape[0]
+        _, L, G = self.flip._rows(n)
+        rows = self._buf(ws, "grid", (1, 1, self.M, L))
+        rows[..., :self.lead] = 0
+        rows[..., self.lead + n * self.grid:] = 0
+        g = rows[0, :, :, self.lead:self.lead + n * self.grid]
+        valid, garbage = self._grid_view(g, n)
+        assert np.may_share_memory(valid, rows), "the grid view must not be a copy"
+        for v in garbage:
+            v[...] = 0
+        valid[...] = dy
+        return g
 
     @staticmethod
     def _buf(ws, name, shape):

@@ -30,13 +30,15 @@ CASES = [
 ]
 # the forms of im2col.ConvPlan: per image or batched, per tap or column matrix (always batched;
 # col_bytes=1: one image per block), stride-1 backward-data by the flipped kernel or by scatter-add,
-# the weight gradient per tap or by a column matrix under a per-tap forward
+# the weight gradient per tap or by a column matrix under a per-tap forward; batched per-tap with a
+# flipped backward-data packs dy once where the geometry allows (ConvPlan.lead)
 LAYOUTS = [dict(batched=False, col=False, flip=True), dict(batched=True, col=False, flip=False, col_filter=False),
            dict(col=True, flip=True), dict(col=True, col_bytes=1, flip=False),
            dict(batched=True, col=False, col_filter=True, flip=False),
-           dict(batched=True, col=False, col_filter=True, col_bytes=1, flip=True)]
+           dict(batched=True, col=False, col_filter=True, col_bytes=1, flip=True),
+           dict(batched=True, col=False, col_filter=False, flip=True)]
 LAYOUT_IDS = ["image-taps-flip", "batch-taps-scatter", "col-flip", "col-blocks-scatter",
-              "taps-colfilter-scatter", "taps-colfilter-blocks-flip"]
+              "taps-colfilter-scatter", "taps-colfilter-blocks-flip", "batch-taps-flip"]
 
 
 def _text(kind, M, kw):
@@ -226,3 +228,38 @@ def test_golden(case, layout):
         np.testing.assert_allclose(dx, exp[f"blobs/{bname}/diff"][...], **tol)
         for i, dp in enumerate(dparams):
             np.testing.assert_allclose(dp, exp[f"params/{lp.name}/{i}/diff"][...], **tol)
+
+
+@pytest.mark.parametrize("size,kernel,pad,dilation", [
+    ((32, 32), (3, 3), (1, 1), (1, 1)), ((7, 9), (3, 3), (1, 1), (1, 1)), ((8, 8), (3, 5), (1, 2), (1, 1)),
+    ((12, 10), (5, 5), (0, 0), (1, 1)), ((9, 9), (3, 3), (2, 2), (2, 2)), ((6, 11), (2, 2), (1, 0), (1, 1)),
+    ((5, 5), (1, 3), (0, 1), (1, 1))])
+def test_weight_gradient_grid_is_the_flipped_packed_dy(size, kernel, pad, dilation):
+    """Where ConvPlan.lead is set, the weight gradient's grid of dy, as written into the flipped
+    plan's rows, is exactly what the flipped plan packs from dy itself (so it is not packed twice)."""
+    from sncaffe.layers.im2col import ConvPlan
+    plan = ConvPlan(3, 4, 1, size, kernel, (1, 1), pad, dilation, batched=True, col=False,
+                    col_filter=False, flip=True)
+    if plan.lead is None:
+        pytest.skip(f"no shared packing for {size} {kernel} pad {pad} dilation {dilation}")
+    n = 3
+    rng = np.random.default_rng(1)
+    dy = rng.standard_normal((n, 4) + plan.out_shape).astype(np.float32)
+    sizes = plan.workspace(n)
+    ws = {k: np.full(v, np.nan, np.float32) for k, v in sizes.items()}
+    plan._flip_image_grid(dy, ws)
+    L = plan.flip._rows(n)[1]
+    mine = ws["grid"][:4 * L].reshape(1, 1, 4, L).copy()
+    own = {k: np.full(v, np.nan, np.float32) for k, v in plan.flip.workspace(n).items()}
+    np.testing.assert_array_equal(mine, plan.flip._image(dy, own))
+
+
+def test_frozen_weights_with_shared_packing():
+    """lr_mult 0 on the weights: backward-data alone, packing dy into the swapped buffers."""
+    kw = dict(kernel_size=3, pad=1)
+    layer = make_layer(_text("Convolution", 4, kw) + " param { lr_mult: 0 } param { lr_mult: 1 }")
+    layer.plan_options = dict(batched=True, col=False, col_filter=False, flip=True)
+    check_gradient(layer, [np.random.default_rng(2).standard_normal((2, 3, 6, 5))],
+                       check_params=False, max_probes=30)
+    assert layer.plan.lead is not None
+    assert not np.any(layer.blobs[0].diff)

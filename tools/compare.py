@@ -477,6 +477,22 @@ def conv_share(net) -> float:
     return conv / max(sum(timings.values()), 1e-12)
 
 
+def torch_conv_share(step) -> float | None:
+    """Share of a PyTorch step's CPU time in its convolution kernels (self time of the aten ops
+    named *conv*, from torch.profiler), or None where the profiler fails."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        events = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in events)
+        conv = sum(e.self_cpu_time_total for e in events if "conv" in e.key.lower())
+        return conv / total if total else None
+    except Exception as e:  # noqa: BLE001 - a missing figure, not a failed comparison
+        print(f"  (torch.profiler unavailable: {e})")
+        return None
+
+
 def time_pair(param, modes, torch_variants, warmup, iterations, batch) -> dict:
     """images/s of sncaffe (each mode) and PyTorch (each variant) on the same net and batch."""
     steps, out, solvers = {}, {}, {}
@@ -496,6 +512,8 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch) -> dict:
         out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest}
     if net is not None:
         out["conv_share"] = conv_share(net)
+    if torch is not None and "eager" in torch_variants:
+        out["torch_conv_share"] = torch_conv_share(trainers["eager"].step)
     for s in solvers.values():
         s.net.release()
     return out
@@ -742,17 +760,24 @@ def report(results) -> str:
             s = next((v for k, v in r.items() if k.startswith("sncaffe ")), {})
             p = r.get("pytorch eager", {})
             loss = r.get("loss")
+            conv = [f"{r[k] * v['s_per_iter'] * 1e3:.0f}" if r.get(k) is not None and v else "-"
+                    for k, v in (("conv_share", s), ("torch_conv_share", p))]
+            rest = [f"{(1 - r[k]) * v['s_per_iter'] * 1e3:.0f}" if r.get(k) is not None and v else "-"
+                    for k, v in (("conv_share", s), ("torch_conv_share", p))]
             rows.append([r["net"], r["batch"], f"{s.get('s_per_iter', 0) * 1e3:.1f}", f"{s.get('images_per_s', 0):.1f}",
                          f"{p.get('s_per_iter', 0) * 1e3:.1f}" if p else "-",
                          f"{p.get('images_per_s', 0):.1f}" if p else "-",
                          f"{s['images_per_s'] / p['images_per_s']:.2f}" if p and s else "-",
                          f"{p['s_best'] / s['s_best']:.2f}" if p and s and "s_best" in s else "-",
                          f"{r['conv_share']:.0%}" if "conv_share" in r else "-",
+                         " / ".join(conv), " / ".join(rest),
                          f"{loss['sncaffe']:.4f} / {loss['pytorch']:.4f}" if loss else "-"])
         parts.append("### Training throughput, one thread each\n\n" + table(
             ["net", "batch", "sncaffe ms/iter", "sncaffe img/s", "PyTorch ms/iter", "PyTorch img/s",
              "sncaffe / PyTorch", "same, fastest iterations", "sncaffe time in conv",
-             "first loss sncaffe / PyTorch"], rows))
+             "conv ms sncaffe / PyTorch", "other ms sncaffe / PyTorch", "first loss sncaffe / PyTorch"], rows)
+            + "\n\nconv ms / other ms: the median iteration split by each framework's own share of time in "
+            "convolutions (sncaffe: its Convolution layers; PyTorch: its aten *conv* kernels, torch.profiler).")
     if t and t["depth"]:
         keys = [k for k in t["depth"][0] if isinstance(t["depth"][0][k], dict) and "images_per_s" in t["depth"][0][k]]
         rows = [[f"ResNet-{r['depth']}", r["k"], *[f"{r[k]['images_per_s']:.2f}" for k in keys]] for r in t["depth"]]

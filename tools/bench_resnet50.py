@@ -52,13 +52,15 @@ def best(fn, seconds=1.0, least=10):
 
 
 def gemm_rates(np):
-    """GFLOP/s of NumPy's fp32 matmul: 1024^3, and res4's 3x3 conv as one GEMM (batch 8)."""
+    """GFLOP/s of the fp32 GEMM sncaffe's convolutions run on (backend/blas.py: MKL or NumPy's
+    OpenBLAS): 1024^3, and res4's 3x3 conv as one GEMM (batch 8)."""
+    from sncaffe.backend.blas import gemm
     rng = np.random.default_rng(0)
     out = {}
     for name, (m, k, n) in {"1024^3": (1024, 1024, 1024), "256x2304 @ 2304x1568": (256, 2304, 1568)}.items():
         a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
         c = np.empty((m, n), np.float32)
-        out[name] = 2 * m * k * n / best(lambda: np.matmul(a, b, out=c)) / 1e9
+        out[name] = 2 * m * k * n / best(lambda: gemm(a, b, c)) / 1e9
     return out
 
 
@@ -177,6 +179,7 @@ def main():
     sys.path.insert(0, str(ROOT / "tools"))
     import numpy as np
     from sncaffe import Net
+    from sncaffe.backend.blas import BLAS
     torch = None
     if not args.no_torch:
         try:
@@ -191,7 +194,7 @@ def main():
 
     rates = gemm_rates(np)
     for name, r in rates.items():
-        print(f"NumPy fp32 GEMM {name}: {r:.1f} GFLOP/s (fastest call in 1 s)")
+        print(f"fp32 GEMM ({BLAS.describe()}) {name}: {r:.1f} GFLOP/s (fastest call in 1 s)")
 
     param, source = resnet50(args.batch)
     t = time.perf_counter()
@@ -202,7 +205,7 @@ def main():
 
     runs, ops = time_sncaffe(net, iterations)
     again = gemm_rates(np)          # the machine's rate is the best seen, before or after
-    print(f"NumPy fp32 GEMM 1024^3 again after sncaffe: {again['1024^3']:.1f} GFLOP/s")
+    print(f"fp32 GEMM 1024^3 again after sncaffe: {again['1024^3']:.1f} GFLOP/s")
     gemm = max(rates["1024^3"], again["1024^3"])
     fwd, bwd = mean(runs, 0), mean(runs, 1)
     total = fwd + bwd

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from tables import table  # tools/tables.py: python puts the script's folder on sys.path
+from bench_conv_layouts import SHAPES  # the script's folder is on sys.path
+from tables import table
 
 # GEMMs (M, K, N): what one tap of a 3x3 convolution runs at batch 128 in the CIFAR ResNet
 GEMMS = {
@@ -29,14 +30,9 @@ GEMMS = {
     "weight grad 64ch": (64, 128 * 9 * 9, 64),
     "col 20>50 5x5 (LeNet conv2)": (50, 500, 64 * 64),
 }
-# convolutions: (batch, channels, outputs, size, kernel, stride, pad)
-CONVS = {
-    "CIFAR-RN 3x3 16": (128, 16, 16, 32, 3, 1, 1),
-    "CIFAR-RN 3x3 32": (128, 32, 32, 16, 3, 1, 1),
-    "CIFAR-RN 3x3 64": (128, 64, 64, 8, 3, 1, 1),
-    "LeNet conv2": (64, 20, 50, 12, 5, 1, 0),
-    "ResNet-50 3x3 128": (8, 128, 128, 28, 3, 1, 1),
-}
+# convolutions (tools/bench_conv_layouts.py's shapes)
+CONVS = {name: SHAPES[name] for name in ("CIFAR-RN 3x3 16", "CIFAR-RN 3x3 32", "CIFAR-RN 3x3 64", "LeNet conv2",
+                                         "ResNet-50 3x3 128")}
 
 
 def best(fn, repeat):

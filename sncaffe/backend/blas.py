@@ -2,9 +2,9 @@
 OpenBLAS that NumPy ships, both reached through ctypes.
 
 The CPU convolution (``layers/im2col.py``) is a sum of thin GEMMs (K = input channels, M =
-output channels, 16 to 64 in a CIFAR ResNet). OpenBLAS runs those at 40-100 GFLOP/s on one
-AVX-512 core, MKL at 80-145 (``tools/bench_conv_layouts.py``); MKL is what PyTorch's CPU
-build uses too. ``SNCAFFE_BLAS`` chooses: ``mkl``, ``openblas`` or ``numpy`` (``matmul``,
+output channels, 16 to 64 in a CIFAR ResNet). OpenBLAS runs those at 56-102 GFLOP/s on one
+AVX-512 core, MKL at 86-139 (``tools/bench_blas.py``); MKL is what PyTorch's CPU build uses
+for its GEMMs too. ``SNCAFFE_BLAS`` chooses: ``mkl``, ``openblas`` or ``numpy`` (``matmul``,
 no beta: one more pass per accumulating GEMM); unset, MKL where installed.
 
 MKL's threads: ``MKL_NUM_THREADS``, else NumPy's OpenBLAS's count (``OPENBLAS_NUM_THREADS``),
@@ -52,7 +52,7 @@ def _bind_gemm(lib, prefix, suffix, int_t):
 
 
 def _openblas_lib():
-    """(library, symbol suffix) of NumPy's bundled OpenBLAS, or (None, None)."""
+    """(library, {dtype: cblas ?gemm}, path) of NumPy's bundled OpenBLAS, or three Nones."""
     libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
     for path in sorted(glob.glob(os.path.join(libs, "*openblas*.so*"))):
         try:

@@ -23,7 +23,9 @@ neighbouring rows and images share their zero padding where that is exact.
   diff with the flipped kernel (``flip``): no scatter-add. Otherwise the
   per-tap GEMMs accumulate into the packed image and it is unpacked.
 - The weight gradient reads the packed image transposed (positions x
-  channels), which OpenBLAS runs faster.
+  channels), which OpenBLAS and MKL both run faster.
+- Where the geometry allows (``lead``), the backward packs the top diff once:
+  the weight gradient's grid of it is the flipped convolution's packed image.
 
 GEMMs accumulate through BLAS's beta (``backend.blas.gemm``: MKL where the
 ``mkl`` extra is installed, else NumPy's own OpenBLAS, through ctypes; other

@@ -114,14 +114,6 @@ def _close_data_layers(nets):
                 layer.close()
 
 
-def _batch_size(net) -> int:
-    """Images per forward pass: the first top of the first layer without bottoms."""
-    for node in net.graph.layers:
-        if not node.bottoms and node.tops and node.tops[0].shape:
-            return int(node.tops[0].shape[0])
-    return 0
-
-
 # -- common ---------------------------------------------------------------------
 
 def _net_param(args):
@@ -308,7 +300,7 @@ class _TrainProgress:
 
     def __init__(self, con, solver):
         self.solver = solver
-        self.images = _batch_size(solver.net) * solver.param.iter_size
+        self.images = solver.net.batch_size * solver.param.iter_size
         self.con, self.bar, self.start = con, None, None
         self.t, self.rate = time.perf_counter(), None
 
@@ -488,7 +480,7 @@ def cmd_time(args) -> int:
         b = bwd.get(node.name + ":backward", 0.0) / n * 1e3
         print(f"{node.name:<{width}}{node.type:<24}{f:>12.3f}{b:>13.3f}")
     f_all, b_all = sum(fwd.values()) / n * 1e3, sum(bwd.values()) / n * 1e3
-    batch = _batch_size(net)
+    batch = net.batch_size
     print(f"Average Forward pass: {f_all:.3f} ms.")
     print(f"Average Backward pass: {b_all:.3f} ms.")
     print(f"Average Forward-Backward: {total / n * 1e3:.3f} ms"
@@ -624,9 +616,10 @@ def _parser():
                                                   "iteration: compute, d2h, h2d and comm streams (rank 0)")
     t.add_argument("--trace-iter", type=int, default=1, metavar="N",
                    help="the iteration --trace records (default: %(default)s)")
-    t.add_argument("--bucket-mb", type=float, default=25.0,
+    from .parallel import BUCKET_BYTES, TIMEOUT
+    t.add_argument("--bucket-mb", type=float, default=BUCKET_BYTES / 2**20,
                    help="under mpiexec: megabytes of gradients all-reduced together (default: %(default)s)")
-    t.add_argument("--comm-timeout", type=float, default=1800.0, metavar="SECONDS",
+    t.add_argument("--comm-timeout", type=float, default=TIMEOUT, metavar="SECONDS",
                    help="under mpiexec: how long a rank waits for the others before stopping the job "
                         "(default: %(default)s; 0: forever)")
     t.set_defaults(func=cmd_train)

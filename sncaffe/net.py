@@ -17,6 +17,7 @@ import numpy as np
 from . import blobproto
 from .graph import build_graph
 from .layers.base import Blob
+from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
 
@@ -177,10 +178,7 @@ class Net:
                     else:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
-                if hasattr(blob.data, "set"):
-                    blob.data.set(arr)          # a device array (CuPy) from host values
-                else:
-                    blob.data[...] = arr
+                transfer(blob.data, arr)        # into a NumPy or a device (CuPy) array
         if src.layers:
             raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
 
@@ -256,6 +254,14 @@ class Net:
         finally:
             self._timings = None
         return self.loss()
+
+    @property
+    def batch_size(self) -> int:
+        """Images per forward pass: the first top of the first layer without bottoms (0 if none)."""
+        for node in self.graph.layers:
+            if not node.bottoms and node.tops and node.tops[0].shape:
+                return int(node.tops[0].shape[0])
+        return 0
 
     def loss(self) -> float:
         total = 0.0

@@ -220,7 +220,9 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
     out = tmp_path / "out"
     results = compare.run(suite, out, say=lambda s: None)
 
-    assert results["machine"]["threads"]["OPENBLAS_NUM_THREADS"] == "1"
+    threads = results["machine"]["threads"]
+    assert threads["OPENBLAS_NUM_THREADS"] == "1" and threads["numpy_blas"] in (1, None)
+    assert threads["torch"] in (1, None) and results["machine"]["sncaffe_blas"].endswith(", 1 thread")
     lenet = results["memory"][0]
     assert lenet["sncaffe_measured"]["liveness"] == lenet["sncaffe"]["liveness"]   # the plan is the pool peak
     assert lenet["sncaffe_measured"]["none"] == lenet["sncaffe"]["none"]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
-from bench_conv_layouts import SHAPES  # the script's folder is on sys.path
+from bench_conv import best_times  # the script's folder is on sys.path
+from bench_conv_layouts import SHAPES
 from tables import table
 
 # GEMMs (M, K, N): what one tap of a 3x3 convolution runs at batch 128 in the CIFAR ResNet
@@ -33,15 +33,6 @@ GEMMS = {
 # convolutions (tools/bench_conv_layouts.py's shapes)
 CONVS = {name: SHAPES[name] for name in ("CIFAR-RN 3x3 16", "CIFAR-RN 3x3 32", "CIFAR-RN 3x3 64", "LeNet conv2",
                                          "ResNet-50 3x3 128")}
-
-
-def best(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main():
@@ -69,8 +60,8 @@ def main():
     for label, (m, k, n) in GEMMS.items():
         a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
         c = np.zeros((m, n), np.float32)
-        rates = [2 * m * k * n / best(lambda: blas.gemm(a, b, c, 1.0, blas=lib), args.repeat) / 1e9
-                 for lib in libs.values()]
+        times = best_times([lambda lib=lib: blas.gemm(a, b, c, 1.0, blas=lib) for lib in libs.values()], args.repeat)
+        rates = [2 * m * k * n / t / 1e9 for t in times]
         rows.append([label, f"{m}x{k} @ {k}x{n}", *[f"{r:.0f}" for r in rates],
                      f"{rates[0] / rates[-1]:.2f}" if len(rates) > 1 else "-"])
     print("\n## GEMM GFLOP/s (beta 1, fastest call)\n")
@@ -93,7 +84,7 @@ def main():
             ms = []
             for lib in libs.values():
                 blas.BLAS = lib                 # what im2col's gemm uses by default
-                ms.append(best(fn, args.repeat) * 1e3)
+                ms.append(best_times([fn], args.repeat)[0] * 1e3)
             rows.append([label, pass_name, *[f"{v:.2f}" for v in ms],
                          f"{ms[-1] / ms[0]:.2f}" if len(ms) > 1 else "-"])
     print("\n## Convolution passes, ms (fastest call)\n")

@@ -1,6 +1,6 @@
 """Benchmark sncaffe's CPU Convolution on ResNet-50's distinct convolutions (not a test).
 
-Prints the machine's NumPy fp32 GEMM rate, then per shape the forward,
+Prints the machine's fp32 GEMM rate (on sncaffe's BLAS), then per shape the forward,
 backward-data and backward-filter time of sncaffe's layer (GFLOP/s and the
 fraction of the GEMM rate) and, when torch is importable, torch's conv2d on the
 same shape. The totals weight each shape by how often ResNet-50 has it (conv1's
@@ -66,9 +66,11 @@ def best_times(fns, repeat):
 
 
 def gemm_rate(np, repeat):
+    """GFLOP/s of a 2048^3 fp32 GEMM on the BLAS sncaffe's convolutions run on (backend/blas.py)."""
+    from sncaffe.backend.blas import gemm
     a, b = (np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32) for _ in range(2))
     c = np.empty_like(a)
-    return 2 * 2048 ** 3 / best_times([lambda: np.matmul(a, b, out=c)], repeat)[0] / 1e9
+    return 2 * 2048 ** 3 / best_times([lambda: gemm(a, b, c)], repeat)[0] / 1e9
 
 
 def sncaffe_passes(np, shape, N):
@@ -123,7 +125,8 @@ def main():
     rate = gemm_rate(np, repeat)
     print(f"threads {args.threads} (OPENBLAS_NUM_THREADS{', torch.set_num_threads' if torch else ''}), "
           f"batch {N}, best of {repeat}")
-    print(f"NumPy fp32 GEMM (2048^3): {rate:.1f} GFLOP/s")
+    from sncaffe.backend.blas import BLAS
+    print(f"fp32 GEMM (2048^3, {BLAS.describe()}): {rate:.1f} GFLOP/s")
     print(f"torch {torch.__version__}" if torch else "torch: not importable, sncaffe only")
     head = f"{'shape':22s} {'n':>2s} | {'fwd ms':>7s} {'GF/s':>5s} {'%gemm':>5s} | {'bwdD ms':>7s} {'GF/s':>5s} " \
            f"{'%gemm':>5s} | {'bwdF ms':>7s} {'GF/s':>5s} {'%gemm':>5s}"

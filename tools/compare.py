@@ -47,8 +47,6 @@ for _var in THREAD_VARS:
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import ctypes  # noqa: E402
-import glob  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
@@ -135,19 +133,9 @@ def graph_of(param):
 # -- machine and threads --------------------------------------------------------------------------
 def blas_threads():
     """Threads of NumPy's OpenBLAS (forced to 1 here if NumPy was loaded before this module)."""
-    libs = glob.glob(str(Path(np.__file__).parent.parent / "numpy.libs" / "*openblas*"))
-    for path in libs:
-        lib = ctypes.CDLL(path)
-        for suffix in ("64_", ""):
-            get = getattr(lib, f"scipy_openblas_get_num_threads{suffix}", None) or \
-                getattr(lib, f"openblas_get_num_threads{suffix}", None)
-            set_ = getattr(lib, f"scipy_openblas_set_num_threads{suffix}", None) or \
-                getattr(lib, f"openblas_set_num_threads{suffix}", None)
-            if get is not None:
-                if set_ is not None and get() != 1:
-                    set_(1)
-                return get()
-    return None
+    if blas.openblas_threads() not in (None, 1):
+        blas.set_openblas_threads(1)
+    return blas.openblas_threads()
 
 
 def machine() -> dict:
@@ -279,14 +267,15 @@ def pieces(twin, inputs) -> list:
         if len(cut) == 1 and i + 1 < len(layers) and not cut & {t.name for t in layers[i + 1].tops}:
             bounds.append((i + 1, next(iter(cut))))     # (not inside a chain of in-place layers)
     bounds.append((len(layers), None))
+    ops = dict(torch_net.OPS)       # as now (torch_dropout's): backward replays pieces outside it
 
     def piece(nodes, inp, out):
         def run(x):
             env, loss = {**side, inp: x}, 0
             with torch.device(x.device):        # also when backward replays it (another thread)
                 for node in nodes:
-                    tops = torch_net.OPS[node.type](twin, node, [env[b.name] for b in node.bottoms],
-                                                    twin.blobs_of(node.name))
+                    tops = ops[node.type](twin, node, [env[b.name] for b in node.bottoms],
+                                          twin.blobs_of(node.name))
                     for t, v, w in zip(node.tops, tops, node.loss_weights or [0] * len(tops)):
                         env[t.name] = v
                         loss = loss + w * v.sum() if w else loss
@@ -404,9 +393,13 @@ class TorchTrainer:
             self.step(update=False)
         # a step of its own: the profiler's stack capture is slow through the counting mode
         alloc = allocator_peak(self.step, [*self.fixed, *self.inputs.values()]) if allocator else None
-        grads = sum(_storage(p.grad)[1] for p in self.opt.param_groups[0]["params"])
+        params = self.opt.param_groups[0]["params"]
+
+        def total(tensors):
+            return sum(n for _, n in {_storage(t) for t in tensors})
         fixed = sum(n for _, n in keys)
-        return {"params": fixed - 2 * grads, "grads": grads, "momentum": grads, "saved": live.saved_peak,
+        return {"params": total([*self.twin.parameters(), *self.twin.buffers()]), "grads": total(p.grad for p in params),
+                "momentum": total(self.opt.state[p]["momentum_buffer"] for p in params), "saved": live.saved_peak,
                 "transient": live.transient, "peak": fixed + live.saved_peak + live.transient,
                 **({"allocator": alloc} if allocator else {})}
 
@@ -493,8 +486,9 @@ def torch_conv_share(step) -> float | None:
         return None
 
 
-def time_pair(param, modes, torch_variants, warmup, iterations, batch) -> dict:
-    """images/s of sncaffe (each mode) and PyTorch (each variant) on the same net and batch."""
+def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=True) -> dict:
+    """images/s of sncaffe (each mode) and PyTorch (each variant) on the same net and batch; with
+    ``extras``, also the first losses and each framework's share of time in convolutions."""
     steps, out, solvers = {}, {}, {}
     for mode in modes:
         solvers[mode] = make_solver(param, mode)
@@ -504,15 +498,14 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch) -> dict:
         graph = net.graph if net is not None else graph_of(param)
         trainers = {v: TorchTrainer(graph, "cpu", net=net, checkpoint=v == "checkpoint") for v in torch_variants}
         steps.update((f"pytorch {v}", t.step) for v, t in trainers.items())
-        if net is not None:              # the same weights and batch: the first losses agree
+        if extras and net is not None:      # the same weights and batch: the first losses agree
             loss_s = net.forward()
-            net.backward()
             out["loss"] = {"sncaffe": loss_s, "pytorch": float(next(iter(trainers.values())).loss().detach())}
     for k, (s, fastest) in interleaved(steps, warmup, iterations).items():
         out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest}
-    if net is not None:
+    if extras and net is not None:
         out["conv_share"] = conv_share(net)
-    if torch is not None and "eager" in torch_variants:
+    if extras and torch is not None and "eager" in torch_variants:
         out["torch_conv_share"] = torch_conv_share(trainers["eager"].step)
     for s in solvers.values():
         s.net.release()
@@ -601,7 +594,8 @@ def throughput_suite(suite, say) -> dict:
         variants = [v for v in d["pytorch"] if want_torch]
         for k in d["k"]:
             param = resnet((3, 4, k, 3), d["batch"], d["image_size"])
-            r = time_pair(param, d["sncaffe_modes"], variants, d.get("warmup", 1), d["iterations"], d["batch"])
+            r = time_pair(param, d["sncaffe_modes"], variants, d.get("warmup", 1), d["iterations"], d["batch"],
+                          extras=False)
             by_depth.append({"k": k, "depth": depth(k), **r})
             say(f"  ResNet-{depth(k)} (batch {d['batch']}, {d['image_size']}px): " + ", ".join(
                 f"{k2} {v['images_per_s']:.2f}" for k2, v in r.items()

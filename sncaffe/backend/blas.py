@@ -30,7 +30,6 @@ class Blas:
     name: str
     threads: int | None = None
     gemm: dict = field(default_factory=dict)
-    path: str = ""
 
     def describe(self) -> str:
         threads = f", {self.threads} thread{'s' * (self.threads != 1)}" if self.threads else ""
@@ -52,7 +51,7 @@ def _bind_gemm(lib, prefix, suffix, int_t):
 
 
 def _openblas_lib():
-    """(library, {dtype: cblas ?gemm}, path) of NumPy's bundled OpenBLAS, or three Nones."""
+    """(library, {dtype: cblas ?gemm}) of NumPy's bundled OpenBLAS, or (None, None)."""
     libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
     for path in sorted(glob.glob(os.path.join(libs, "*openblas*.so*"))):
         try:
@@ -63,20 +62,34 @@ def _openblas_lib():
                                       ("scipy_cblas_", "", ctypes.c_int), ("cblas_", "", ctypes.c_int)):
             fns = _bind_gemm(lib, prefix, suffix, int_t)
             if fns:
-                return lib, fns, path
-    return None, None, None
+                return lib, fns
+    return None, None
+
+
+def _openblas_threads_fn(lib, verb):
+    """NumPy's OpenBLAS's ``openblas_{verb}_num_threads`` (get or set) under its symbol names, or None."""
+    for name in (f"scipy_openblas_{verb}_num_threads64_", f"openblas_{verb}_num_threads64_",
+                 f"scipy_openblas_{verb}_num_threads", f"openblas_{verb}_num_threads"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            return fn
+    return None
 
 
 def openblas_threads(lib=None):
-    """Threads of NumPy's OpenBLAS, or None where it is not found."""
-    lib = lib or _openblas_lib()[0]
-    for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-                 "scipy_openblas_get_num_threads", "openblas_get_num_threads"):
-        fn = getattr(lib, name, None) if lib is not None else None
-        if fn is not None:
-            fn.restype = ctypes.c_int
-            return fn()
-    return None
+    """Threads of NumPy's OpenBLAS (``lib``, default found anew), or None where it is not found."""
+    fn = _openblas_threads_fn(lib or _openblas_lib()[0], "get")
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_int
+    return fn()
+
+
+def set_openblas_threads(n, lib=None):
+    """Set NumPy's OpenBLAS's thread count (where it is found)."""
+    fn = _openblas_threads_fn(lib or _openblas_lib()[0], "set")
+    if fn is not None:
+        fn(ctypes.c_int(n))
 
 
 def _mkl_path():
@@ -107,7 +120,7 @@ def _load_mkl(threads):
     lib.MKL_Set_Threading_Layer(_MKL_THREADING_SEQUENTIAL if threads == 1 else _MKL_THREADING_INTEL)
     lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
     fns = _bind_gemm(lib, "cblas_", "", ctypes.c_int)          # the LP64 interface: 32-bit ints
-    return fns and Blas("mkl", threads, fns, path)
+    return fns and Blas("mkl", threads, fns)
 
 
 def load(choice=None) -> Blas:
@@ -115,7 +128,7 @@ def load(choice=None) -> Blas:
     choice = (choice or os.environ.get("SNCAFFE_BLAS") or "").lower()
     if choice and choice not in CHOICES:
         raise ValueError(f"SNCAFFE_BLAS={choice!r}: choose one of {', '.join(CHOICES)}")
-    lib, fns, path = _openblas_lib() if choice != "numpy" else (None, None, None)
+    lib, fns = _openblas_lib() if choice != "numpy" else (None, None)
     if choice in ("", "mkl"):
         threads = os.environ.get("MKL_NUM_THREADS") or openblas_threads(lib) or os.cpu_count()
         mkl = _load_mkl(int(threads))
@@ -124,7 +137,7 @@ def load(choice=None) -> Blas:
         if choice == "mkl":
             raise RuntimeError("SNCAFFE_BLAS=mkl, but MKL is not installed: pip install 'sncaffe[mkl]'")
     if choice != "numpy" and fns:
-        return Blas("openblas", openblas_threads(lib), fns, path)
+        return Blas("openblas", openblas_threads(lib), fns)
     return Blas("numpy")
 
 

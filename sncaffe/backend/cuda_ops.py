@@ -38,6 +38,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..layers.base import array_module as _xp      # numpy or cupy, from an array
 from . import cudnn
 
 WORKSPACE_LIMIT = 256 << 20     # a convolution's workspace, unless the layer says workspace_limit
@@ -45,13 +46,6 @@ MATH = "fma"                    # cuDNN math type of every convolution: exact fp
 DETERMINISTIC = True            # the same bits every run, whatever the memory mode
 BLOCK = 256                     # threads per block (a power of 2, at most 256)
 MAX_BLOCKS = 8192               # grid-stride loops cover the rest
-
-
-def _xp(a):
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-        return cupy
-    return np
 
 
 def _cupy():
@@ -1052,15 +1046,6 @@ def _algorithm(shape, h, direction, x, w, y, workspace, nbytes, scratch=None):
     return algo
 
 
-def _chunks(layer, n):
-    step = getattr(layer, "chunk", None) or n
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
-
-
-def _learns(layer, i):
-    return layer._learns(i) if hasattr(layer, "_learns") else True
-
-
 def _bias_desc(layer, dtype):
     return cudnn.tensor((1, layer.param.convolution_param.num_output, 1, 1), np.dtype(dtype))
 
@@ -1071,7 +1056,7 @@ def conv_forward(layer, bottom, top):
     h, (ws, nbytes) = handle(), _workspace(layer)
     w = layer.blobs[0].data
     for b, t in zip(bottom, top):
-        for c in _chunks(layer, b.data.shape[0]):
+        for c in layer._chunks(b.data.shape[0]):
             x_, y_ = b.data[c], t.data[c]
             shape = conv_shape(layer, x_.shape[0], x_.dtype)
             if layer.deconv:
@@ -1092,10 +1077,10 @@ def conv_backward(layer, top, propagate_down, bottom):
     _set_conv_view(layer, bottom[0].data.shape)
     h, (ws, nbytes) = handle(), _workspace(layer)
     w = layer.blobs[0].data
-    learn_w, learn_b = _learns(layer, 0), layer.bias_term and _learns(layer, 1)
+    learn_w, learn_b = layer._learns(0), layer.bias_term and layer._learns(1)
     scratch = None
     for i, (t, b) in enumerate(zip(top, bottom)):
-        for c in _chunks(layer, t.diff.shape[0]):
+        for c in layer._chunks(t.diff.shape[0]):
             dy, x, dx = t.diff[c], b.data[c], (b.diff[c] if propagate_down[i] else None)
             shape = conv_shape(layer, dy.shape[0], dy.dtype)
             if learn_b:

@@ -164,33 +164,25 @@ class ConvPlan:
                 self.lead = lead
 
     # -- the passes ----------------------------------------------------------------
-    def forward(self, x, w, y, ws, bias=None):
-        """y = conv(x, w) (+ bias per output channel)."""
+    def forward(self, x, w, y, ws, bias=None, xq=None):
+        """y = conv(x, w) (+ bias per output channel); ``xq``: x already packed, if it is."""
         g = self._grid(y, ws, fill=False)
-        self._gemm_forward(self._image(x, ws), w, g, ws)
+        self._gemm_forward(self._image(x, ws) if xq is None else xq, w, g, ws)
         self._unpack_grid(g, y, bias)
 
     def backward(self, x, dy, w, ws, dx=None, dw=None):
         """dw += the weight gradient (if dw is given; reads x), dx = the input gradient (if given)."""
-        g = None
+        g = rows = None
         if dw is not None:
-            g = self._grid(dy, ws, col=self.col_filter) if self.lead is None else self._flip_image_grid(dy, ws)
+            if self.lead is None:
+                g = self._grid(dy, ws, col=self.col_filter)
+            else:
+                g, rows = self._flip_image_grid(dy, ws)
             self._gemm_filter(self._image(x, ws, transposed=not self.col_filter), g, dw, ws)
         if dx is None:
             return
-        if self.flip:
-            wf = self._flipped(w, ws)
-            if self.lead is None:
-                self.flip.forward(dy, wf, dx, ws)
-                return
-            swapped = self._flip_ws(ws)
-            if g is None:
-                self.flip.forward(dy, wf, dx, swapped)
-            else:                             # dy is packed already: the grid's own rows
-                f = self.flip
-                out = f._grid(dx, swapped, fill=False)
-                f._gemm_forward(self._buf(ws, "grid", (1, 1, self.M, f._rows(dy.shape[0])[1])), wf, out, swapped)
-                f._unpack_grid(out, dx)
+        if self.flip:     # dy packed already (rows) where the weight gradient's grid is its image
+            self.flip.forward(dy, self._flipped(w, ws), dx, self._flip_ws(ws), xq=rows)
             return
         g = self._grid(dy, ws) if g is None or self.col_filter != self.col else g
         xq = self._zeroed_image(dx, ws)
@@ -240,23 +232,23 @@ class ConvPlan:
         return {"xq": "grid", "grid": "xq"}.get(name, name) if self.lead is not None else name
 
     def _flip_ws(self, ws):
-        return {self._flip_name(k): v for k, v in ws.items()}
+        """The workspace as the flipped plan names it."""
+        return ws if self.lead is None else {self._flip_name(k): v for k, v in ws.items()}
 
     def _flip_image_grid(self, dy, ws):
-        """The grid (1, M, G) of dy for the weight gradient, as a view into the flipped plan's
-        packed rows (1, 1, M, L), which it completes: zeros before and after (``lead``)."""
+        """(grid, rows): the grid (1, M, G) of dy for the weight gradient, as a view into the
+        flipped plan's packed rows (1, 1, M, L), which it completes: zeros before and after
+        (``lead``)."""
         n = dy.shape[0]
-        _, L, G = self.flip._rows(n)
-        rows = self._buf(ws, "grid", (1, 1, self.M, L))
+        rows = self._buf(ws, "grid", (1, 1, self.M, self.flip._rows(n)[1]))
         rows[..., :self.lead] = 0
         rows[..., self.lead + n * self.grid:] = 0
         g = rows[0, :, :, self.lead:self.lead + n * self.grid]
         valid, garbage = self._grid_view(g, n)
-        assert np.may_share_memory(valid, rows), "the grid view must not be a copy"
         for v in garbage:
             v[...] = 0
         valid[...] = dy
-        return g
+        return g, rows
 
     @staticmethod
     def _buf(ws, name, shape):

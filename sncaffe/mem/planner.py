@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..graph import Tensor
+from ..graph import Tensor, _workspace
 from .liveness import analyze, op_tensors, persistent_roots, workspaces
 from .pool import OutOfMemory, Pool, align
 from .recompute import is_cheap, kept_scratch, segments
@@ -239,7 +239,7 @@ class _Builder:
         """LRU: evict cached copies until ``tensor`` (or blocks of ``sizes``) can be placed."""
         loc = tensor.location if loc is None else loc
         sizes = [tensor.nbytes] if sizes is None else sizes
-        while not self.fits_now(sizes, loc):
+        while self.cache and not self.fits_now(sizes, loc):     # no trial while nothing is cached
             victim = next((t for t in self.cache.values() if t.location == loc), None)
             if victim is None:
                 return
@@ -476,9 +476,7 @@ class _Builder:
             specs = layer.workspace_for_chunk(chunk)
             if specs is None:
                 return None
-            ws = [Tensor(f"{node.name}#{k}", tuple(shape), np.dtype(d or op.writes[0].dtype), "workspace",
-                         location=node.layer.param.location)
-                  for k, (shape, d) in specs.items()]
+            ws = list(_workspace(node.name, specs, op.writes[0].dtype, node.layer.param.location).values())
             if self.fits_now([t.nbytes for t in ws], node.layer.param.location):
                 return chunk, ws
         return None

@@ -27,6 +27,7 @@ import zlib
 
 import numpy as np
 
+from ..solvers.solver import _host
 from .buckets import BUCKET_BYTES, describe, make_buckets
 from .mpi import MPIReducer, allreduce_max
 
@@ -127,7 +128,7 @@ class DataParallel:
         solver.before_update = self.wait
         solver.sync_requests = self.agree
         solver.is_root = self.rank == 0
-        batch, sizes = _batch(self.net), [f"{b.nbytes / 2**20:.2f}" for b in self.buckets]
+        batch, sizes = self.net.batch_size, [f"{b.nbytes / 2**20:.2f}" for b in self.buckets]
         log.info("Data parallel: %d ranks, batch %d per rank (%d in all); %d gradient buckets of at most %g MB "
                  "all-reduced by %s, in backward order (%s MB)", self.size, batch, batch * self.size,
                  len(self.buckets), bucket_bytes / 2**20, self.reducer.name,
@@ -139,16 +140,15 @@ class DataParallel:
         """Rank 0's parameters, solver history and iteration on every rank."""
         solver = self.solver
         arrays = [q.blob.data for q in solver._learnable] + list(solver.history)
-        hosts = [_host(a) for a in arrays]
+        hosts = [np.ascontiguousarray(_host(a)) for a in arrays]
         crc = 0
         for h in hosts:
-            crc = zlib.crc32(np.ascontiguousarray(h).view(np.uint8), crc)
+            crc = zlib.crc32(h.view(np.uint8), crc)
         differ = [r for r, c in enumerate(self.comm.allgather(crc)) if c != crc]
         if self.rank == 0 and differ:
             log.info("Ranks %s started from other weights than rank 0 (another seed or file): rank 0's are "
                      "used everywhere", ", ".join(map(str, differ)))
         for a, h in zip(arrays, hosts):
-            h = np.ascontiguousarray(h)
             self.comm.Bcast(h, root=0)
             a[...] = h if isinstance(a, np.ndarray) else solver.device.xp.asarray(h)
         solver.iter, solver.current_step = self.comm.bcast((solver.iter, solver.current_step), root=0)
@@ -233,13 +233,3 @@ class DataParallel:
         self.solver.before_update = self.solver.sync_requests = None
         self.reducer.close()
 
-
-def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.array(a)
-
-
-def _batch(net) -> int:
-    for node in net.graph.layers:
-        if not node.bottoms and node.tops and node.tops[0].shape:
-            return int(node.tops[0].shape[0])
-    return 0

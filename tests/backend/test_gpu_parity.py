@@ -9,21 +9,16 @@ Two backends run the same tests:
   sncaffe/backend/cuda_ops.py is compiled by g++ and launched block by block (threads of a
   block as real threads, for __syncthreads). Only cuDNN cannot be emulated: there a
   Convolution runs its CPU code, and the cuDNN tests are cuda-only.
-
-Until sncaffe/layers/conv.py calls cuda_ops itself, Convolution and Deconvolution are routed
-to cuda_ops here (``conv_routed``) on CuPy arrays.
 """
 import ctypes
 import functools
 import gc
 import hashlib
-import inspect
 import re
 import shutil
 import subprocess
 import sys
 import types
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -213,45 +208,6 @@ class Backend:
             return Net(source, phase, device=device or self.device, **kw)
 
 
-@contextmanager
-def conv_routed(mp):
-    """Until conv.py dispatches to cuda_ops itself: Convolution/Deconvolution on CuPy arrays run
-    cuda_ops.conv_forward/conv_backward, with the cuDNN workspace declared in setup (and for
-    the memory runtime's chunks)."""
-    if "cuda_ops" in inspect.getsource(conv):
-        yield
-        return
-    for cls in (conv.Convolution, conv.Deconvolution):
-        setup, forward, backward = cls.setup, cls.forward, cls.backward
-
-        def gpu_setup(self, shapes, setup=setup):
-            tops = setup(self, shapes)
-            if cuda_ops.gpu_target() is not None:
-                self.workspace_specs, self.backward_workspace_specs = cuda_ops.conv_workspace_specs(
-                    self, tuple(shapes[0]), self.chunk)
-            return tops
-
-        def gpu_forward(self, bottom, top, forward=forward):
-            if array_module(bottom[0].data) is np:
-                return forward(self, bottom, top)
-            return cuda_ops.conv_forward(self, bottom, top)
-
-        def gpu_backward(self, top, propagate_down, bottom, backward=backward):
-            if array_module(top[0].diff) is np:
-                return backward(self, top, propagate_down, bottom)
-            return cuda_ops.conv_backward(self, top, propagate_down, bottom)
-
-        def gpu_chunk(self, chunk, original=cls.workspace_for_chunk):
-            if cuda_ops.gpu_target() is None:
-                return original(self, chunk)
-            return cuda_ops.conv_workspace_for_chunk(self, chunk)
-        mp.setattr(cls, "workspace_for_chunk", gpu_chunk)
-        mp.setattr(cls, "setup", gpu_setup)
-        mp.setattr(cls, "forward", gpu_forward)
-        mp.setattr(cls, "backward", gpu_backward)
-    yield
-
-
 def _plain(method):
     """The layer's method on plain NumPy views of its blobs and workspace: its CPU code (emulation
     has no cuDNN)."""
@@ -277,9 +233,8 @@ def backend(request, tmp_path_factory):
 
             def new_device(capacity="1GiB"):
                 return CUDADevice(capacity, host_capacity="1GiB")
-            with conv_routed(mp):
-                yield Backend("cuda", device, new_device, lambda a: cupy.asarray(np.ascontiguousarray(a)),
-                              cupy.asnumpy)
+            yield Backend("cuda", device, new_device, lambda a: cupy.asarray(np.ascontiguousarray(a)),
+                          cupy.asnumpy)
             device.close()
             del device
             gc.collect()

@@ -31,18 +31,21 @@ def golden_case(case):
     return lp, [np.array(b.data, np.float32).reshape(tuple(b.shape.dim)) for b in blobs]
 
 
-def run_golden_layer(case, *, check_param_data=False):
+def run_golden_layer(case, *, check_param_data=False, attrs=None):
     """Run the case's layer in float32 (TRAIN phase) and assert it matches Caffe's dump. Returns the Harness.
 
     Compared: every top's data; then, unless the case is forward-only (no top_diffs and not a loss),
     each bottom's diff where the layer allows backward to it (not labels), the number and shapes of
     the parameter diffs and their values. A loss top gets its loss_weight as diff; a top without a
     stored diff (Pooling's mask) gets zeros. ``check_param_data``: also compare the parameter data
-    after the pass (BatchNorm's running statistics).
+    after the pass (BatchNorm's running statistics). ``attrs``: set on the layer before its setup
+    (a convolution's ``plan_options``).
     """
     d = golden_dir(case)
     lp, params = golden_case(case)
     layer = create_layer(lp, TRAIN)
+    for k, v in (attrs or {}).items():
+        setattr(layer, k, v)
     with h5py.File(d / "input.h5") as inp, h5py.File(d / "expected.h5") as exp:
         h = Harness(layer, [inp["inputs"][b][()] for b in lp.bottom], np.float32, params=params or None)
         tops = h.forward()

@@ -14,10 +14,19 @@ from test_conv import LAYOUT_IDS, LAYOUTS, _layer
 
 
 def _blas(name):
+    """The BLAS ``name``, its GEMM calls counted (``calls``)."""
     if name == "mkl" and blas._mkl_path() is None:
         pytest.skip("MKL is not installed (pip install 'sncaffe[mkl]')")
     loaded = blas.load(name)
     assert loaded.name == name
+    loaded.calls = []
+
+    def counted(fn):
+        def call(*args):
+            loaded.calls.append(args)
+            return fn(*args)
+        return call
+    loaded.gemm = {dtype: counted(fn) for dtype, fn in loaded.gemm.items()}
     return loaded
 
 
@@ -40,6 +49,7 @@ def test_gemm_views(name, dtype, trans_a, trans_b, beta):
     ct = np.full((9, 7), np.nan, dtype)
     blas.gemm(a, b, ct.T, blas=lib)                # a transposed output, beta 0 ignores its NaNs
     np.testing.assert_allclose(ct.T, a.astype(np.float64) @ b, rtol=tol, atol=tol)
+    assert len(lib.calls) == (0 if name == "numpy" else 2)      # BLAS took every view
 
 
 @pytest.mark.parametrize("name", blas.CHOICES)
@@ -52,15 +62,18 @@ def test_gemm_layouts_blas_cannot_take(name):
     c = np.ones((6, 5), np.float32)
     blas.gemm(a, b, c, 1.0, blas=lib)
     np.testing.assert_allclose(c, a @ b + 1, rtol=1e-5, atol=1e-5)
+    assert not lib.calls
 
 
 @pytest.mark.parametrize("name", blas.CHOICES)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_conv_gradients_on_each_blas(monkeypatch, name, layout):
     """A strided, grouped, padded convolution's gradients, with its GEMMs on this BLAS."""
-    monkeypatch.setattr(blas, "BLAS", _blas(name))
+    lib = _blas(name)
+    monkeypatch.setattr(blas, "BLAS", lib)
     check_gradient(_layer("Convolution", 4, dict(kernel_size=3, stride=2, pad=1, group=2), layout),
                    [np.random.default_rng(7).standard_normal((2, 4, 6, 5))], max_probes=30)
+    assert bool(lib.calls) == (name != "numpy")
 
 
 def _loaded_in_child(**env):

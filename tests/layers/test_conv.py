@@ -1,14 +1,12 @@
 """Convolution and Deconvolution: forward against direct loops, numerical gradients,
 every kernel layout, batch chunks, setting errors, and Caffe's golden cases."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from conftest import needs_shared
+from golden import run_golden_layer
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers.base import LayerError
-
-GOLDEN = Path("/work/shared/golden/layers")
 
 # (bottom shape, num_output, convolution_param fields); list values repeat the field
 CASES = [
@@ -202,32 +200,12 @@ def test_bad_settings_name_the_layer(kind, shape, M, kw, message):
 
 # -- Caffe's own outputs ---------------------------------------------------------
 
+@needs_shared
 @pytest.mark.parametrize("case", ["conv_s2_p1_d2_g3", "conv_s2_p1_d2_g3_nobias", "conv_rect_nobias",
                                   "deconv_s2_p1_g3", "deconv_d2_nobias"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_golden(case, layout):
-    h5py = pytest.importorskip("h5py")
-    from google.protobuf import text_format
-    from sncaffe.proto import sncaffe_pb2 as pb
-    d = GOLDEN / case
-    if not d.exists():
-        pytest.skip(f"no golden case {d}")
-    net = text_format.Parse((d / "net.prototxt").read_text(), pb.NetParameter())
-    lp = next(l for l in net.layer if l.type != "Input")
-    weights = pb.NetParameter.FromString((d / "weights.caffemodel").read_bytes())
-    blobs = next(l for l in weights.layer if l.name == lp.name).blobs
-    params = [np.array(b.data, np.float32).reshape(tuple(b.shape.dim)) for b in blobs]
-    layer = make_layer(text_format.MessageToString(lp))
-    layer.plan_options = layout
-    with h5py.File(d / "input.h5") as inp, h5py.File(d / "expected.h5") as exp:
-        (bname,), (tname,) = lp.bottom, lp.top
-        h = Harness(layer, [inp[f"inputs/{bname}"][...]], np.float32, params=params)
-        tol = dict(rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(h.forward()[0], exp[f"blobs/{tname}/data"][...], **tol)
-        (dx,), dparams = h.backward([inp[f"top_diffs/{tname}"][...]])
-        np.testing.assert_allclose(dx, exp[f"blobs/{bname}/diff"][...], **tol)
-        for i, dp in enumerate(dparams):
-            np.testing.assert_allclose(dp, exp[f"params/{lp.name}/{i}/diff"][...], **tol)
+    run_golden_layer(case, attrs={"plan_options": layout})
 
 
 @pytest.mark.parametrize("size,kernel,pad,dilation", [
@@ -240,14 +218,14 @@ def test_weight_gradient_grid_is_the_flipped_packed_dy(size, kernel, pad, dilati
     from sncaffe.layers.im2col import ConvPlan
     plan = ConvPlan(3, 4, 1, size, kernel, (1, 1), pad, dilation, batched=True, col=False,
                     col_filter=False, flip=True)
-    if plan.lead is None:
-        pytest.skip(f"no shared packing for {size} {kernel} pad {pad} dilation {dilation}")
+    assert plan.lead is not None, "these geometries share the packing"
     n = 3
     rng = np.random.default_rng(1)
     dy = rng.standard_normal((n, 4) + plan.out_shape).astype(np.float32)
     sizes = plan.workspace(n)
     ws = {k: np.full(v, np.nan, np.float32) for k, v in sizes.items()}
-    plan._flip_image_grid(dy, ws)
+    _, rows = plan._flip_image_grid(dy, ws)
+    assert np.shares_memory(rows, ws["grid"])
     L = plan.flip._rows(n)[1]
     mine = ws["grid"][:4 * L].reshape(1, 1, 4, L).copy()
     own = {k: np.full(v, np.nan, np.float32) for k, v in plan.flip.workspace(n).items()}

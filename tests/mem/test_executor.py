@@ -15,7 +15,7 @@ from sncaffe.mem.liveness import op_tensors
 from sncaffe.mem.planner import MemoryExhausted, make_plan
 from sncaffe.mem.schedule import Instr
 from test_liveness import TEXT
-from test_modes import assert_same_bits, feed, graph_of, train
+from test_modes import assert_same_bits, feed, graph_of, train, unchunked
 from test_recompute import param_of
 
 
@@ -54,7 +54,7 @@ def plan_capacity(mode):
     graph = graph_of(param_of(TEXT))
     peak = make_plan(graph, mode).peak
     return next(c for c in range(peak + 256, 2 * peak, 256)
-                if (p := make_plan(graph, mode, c)).fits and not any(i.kind == "run" and i.chunk for i in p.schedule))
+                if unchunked(make_plan(graph, mode, c)))
 
 
 def test_an_operator_waits_for_the_prefetch_of_what_it_reads(slow_copies):

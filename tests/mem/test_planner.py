@@ -7,7 +7,7 @@ import pytest
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.mem.liveness import op_tensors, workspaces
-from sncaffe.mem.planner import AUTO_ORDER, MODES, MemoryExhausted, PlanError, auto_plan, check_fits, make_plan
+from sncaffe.mem.planner import AUTO_ORDER, MODES, MemoryExhausted, PlanError, _cost, auto_plan, check_fits, make_plan
 from sncaffe.mem.pool import align
 from sncaffe.mem.schedule import simulate
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -213,6 +213,10 @@ def test_resnet2500_fits_12gib_with_sgd_history():
 
 def test_all_is_no_worse_than_offload(r50):
     assert r50.plans["all"].peak <= r50.plans["offload"].peak
+    # the guarantee is the cost-aware choice: offload's plan (noted) exactly where recomputation costs more
+    raw = make_plan(r50.graph, "all", cost_aware=False)
+    assert bool(r50.plans["all"].note) == (_cost(r50.plans["offload"]) < _cost(raw))
+    assert r50.plans["all"].peak == min(raw.peak, r50.plans["offload"].peak)
 
 
 @pytest.mark.skipif(SHARED is None, reason="../shared/zoo is not present")

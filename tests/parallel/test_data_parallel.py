@@ -121,6 +121,7 @@ def in_process_solver(iter_size=1, host_params=False, device="cpu"):
 def test_one_rank_data_parallel_trains_exactly_as_without(iter_size, host_params):
     from sncaffe.parallel import DataParallel
     plain, parallel = in_process_solver(iter_size, host_params), in_process_solver(iter_size, host_params)
+    parallel.feed.shard = None              # DataParallel must set it
     dp = DataParallel(parallel, MPI.COMM_SELF, bucket_bytes=600)
     assert len(dp.buckets) == 3 and parallel.feed.shard == (0, 1)
     assert parallel.net.step_hook == dp._after_op and parallel.before_update == dp.wait

@@ -95,13 +95,18 @@ def hdf5_net(param, source):
 
 
 def write_inputs(param, path, seed=0):
-    """One batch for the Input layer's tops: data N(0, 1), labels below the class count."""
+    """One batch for the Input layer's tops: data N(0, 1), labels below the class count.
+
+    The returned net has run one TRAIN forward pass on that batch, so its BatchNorm layers hold
+    that batch's statistics: a fresh net's global statistics are zero, and the TEST net would
+    divide by sqrt(eps) at every BatchNorm until the loss overflows to NaN."""
     import h5py
     from sncaffe import Net
     from sncaffe.backend.cpu import CPUDevice
     from sncaffe.cli import SyntheticInputs
     net = Net(param, "TRAIN", device=CPUDevice())
     SyntheticInputs(seed)(net)
+    net.forward()
     with h5py.File(path, "w") as f:
         for name in net.inputs:
             f[name] = np.asarray(net.blobs[name].data, np.float32)
@@ -130,11 +135,24 @@ def compare(param, exe=None, iterations=10, workdir=None) -> dict:
         caffe_out = test_outputs(run([exe, "test", "-model", test, "-weights", d / "weights.caffemodel",
                                       "-iterations", 1]))
         ours = test_outputs(run([*sncaffe_cmd(), "test", test, "--weights", d / "weights.caffemodel", "-n", 1]))
-    diffs = {k: abs(ours[k] - v) / max(abs(v), 1e-12) for k, v in caffe_out.items() if k in ours}
-    agree = bool(diffs) and set(caffe_out) == set(ours) and max(diffs.values()) <= RTOL
     return {"caffe_ms": caffe_ms, "sncaffe_ms": sncaffe_ms, "images_per_s": batch * 1e3 / caffe_ms,
             "sncaffe_images_per_s": batch * 1e3 / sncaffe_ms, "caffe_outputs": caffe_out,
-            "sncaffe_outputs": ours, "outputs": "agree" if agree else f"DIFFER (relative {diffs})"}
+            "sncaffe_outputs": ours, "outputs": outputs_verdict(caffe_out, ours)}
+
+
+def outputs_verdict(caffe_out: dict, ours: dict) -> str:
+    """'agree' when both printed the same finite outputs within RTOL; else what is wrong.
+
+    A NaN or infinite output fails even when both frameworks print it: timing a net whose loss is
+    NaN is not timing a training step."""
+    bad = {f"{who}:{k}": v for who, out in (("caffe", caffe_out), ("sncaffe", ours))
+           for k, v in out.items() if not np.isfinite(v)}
+    if bad:
+        return f"NOT FINITE {bad}"
+    if not caffe_out or set(caffe_out) != set(ours):
+        return f"DIFFER (outputs caffe {sorted(caffe_out)}, sncaffe {sorted(ours)})"
+    diffs = {k: abs(ours[k] - v) / max(abs(v), 1e-12) for k, v in caffe_out.items()}
+    return "agree" if max(diffs.values()) <= RTOL else f"DIFFER (relative {diffs})"
 
 
 def main(argv=None) -> int:

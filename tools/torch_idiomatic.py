@@ -192,6 +192,18 @@ def resnet(blocks=(3, 4, 6, 3), num_classes=1000) -> ResNet:
     return ResNet(blocks, num_classes)
 
 
+def sequential(model) -> nn.Sequential:
+    """``model`` as one flat nn.Sequential (stem, each block, head): what checkpoint_sequential cuts."""
+    if isinstance(model, ResNet):
+        stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
+        stages = (model.layer1, model.layer2, model.layer3, model.layer4)
+    else:
+        stem = nn.Sequential(model.conv1, model.bn1, model.relu)
+        stages = (model.layer1, model.layer2, model.layer3)
+    blocks = [b for stage in stages for b in stage]
+    return nn.Sequential(stem, *blocks, nn.Sequential(model.avgpool, nn.Flatten(1), model.fc))
+
+
 def step(model, x, y):
     """One training step's forward and backward, as a PyTorch training loop runs it."""
     loss = F.cross_entropy(model(x), y)

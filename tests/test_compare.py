@@ -195,8 +195,10 @@ throughput:
   iterations: 1
   runs:
     - {net: LeNet, batch: 4}
+  pytorch: [twin, idiomatic]
+  repeats: 2
   depth: {batch: 2, image_size: 32, k: [1], warmup: 0, iterations: 1,
-          sncaffe_modes: [none], pytorch: [eager]}
+          sncaffe_modes: [none], pytorch: [idiomatic]}
 deepest:
   budget: 300MiB
   batch: 2
@@ -204,7 +206,7 @@ deepest:
   k_max: 12
   sncaffe_modes: [liveness, all+host]
   pytorch: [eager]
-  plot_k: [1, 4]
+  plot_k: [1]
   verify: {sncaffe: liveness}      # PyTorch's verification is the memory suite's LeNet
 quick:
   deepest: {k_max: 6}
@@ -227,32 +229,38 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
     assert lenet["sncaffe_measured"]["liveness"] == lenet["sncaffe"]["liveness"]   # the plan is the pool peak
     assert lenet["sncaffe_measured"]["none"] == lenet["sncaffe"]["none"]
     d = results["deepest"]
-    for name, k in d["found"].items():
-        curve = dict(d["curves"][name])
-        if k:
-            assert curve[k] <= d["budget"]
-        if k < d["k_max"]:
-            assert curve[k + 1] > d["budget"]
-    assert d["found"]["sncaffe all+host"] == 6                   # the cap: parameters on the host
-    if d["found"]["sncaffe liveness"]:
+    for key in ("device", "machine"):
+        for name, k in d[key]["found"].items():
+            curve = dict(d[key]["curves"][name])
+            if k:
+                assert curve[k] <= d["budget"]
+            if k < d["k_max"] and k + 1 in curve:
+                assert curve[k + 1] > d["budget"]
+    assert d["device"]["found"]["sncaffe all+host"] == 6          # the cap: parameters on the host
+    # the machine budget counts the whole process: no deeper than the device budget allows
+    assert d["machine"]["found"]["sncaffe liveness"] <= d["device"]["found"]["sncaffe liveness"]
+    if d["device"]["found"]["sncaffe liveness"]:
         v = d["verified"]["sncaffe liveness"]
         assert v["measured"] == v["planned"]
     assert results["caffe"]["skipped"]
 
     text = (out / "tables.md").read_text()
     for heading in ("Peak memory of a training step", "Training throughput", "Images/s against depth",
-                    "Deepest ResNet", "Real Caffe: no `caffe`"):
+                    "within a device budget", "within a machine budget", "Real Caffe: no `caffe`"):
         assert heading in text
     assert json.loads((out / "results.json").read_text())["deepest"]["k_max"] == 6
     for png in ("memory_vs_depth.png", "throughput_vs_depth.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if compare.torch is not None:
-        assert "Ratios and targets" in text and "PyTorch eager" in text and results["throughput"]["runs"][0]["pytorch eager"]["images_per_s"] > 0
-        loss = results["throughput"]["runs"][0]["loss"]
-        assert loss["sncaffe"] == pytest.approx(loss["pytorch"], rel=1e-4)
-        share = results["throughput"]["runs"][0]["torch_conv_share"]      # LeNet: mostly convolution
-        assert share is not None and 0.2 < share < 1
-        assert "conv ms sncaffe / PyTorch" in text
+        row = results["throughput"]["runs"][0]
+        assert "Ratios and targets" in text and "fastest PyTorch" in text
+        for v in ("twin", "idiomatic"):            # LeNet has both forms; both ran, twice each
+            assert row[f"pytorch {v}"]["images_per_s"] > 0 and row[f"pytorch {v}"]["runs"] == 2
+            assert row["loss"]["sncaffe"] == pytest.approx(row["loss"][f"pytorch {v}"], rel=1e-4)
+        lo, hi = row["sncaffe none"]["spread"]
+        assert lo <= row["sncaffe none"]["images_per_s"] <= hi
+        assert set(row["torch_conv_share"]) == {"twin", "idiomatic"}
+        assert "PyTorch twin" in text and "PyTorch idiomatic" in text      # the memory table's columns
 
 
 def test_default_suite_names_known_nets():

@@ -78,6 +78,7 @@ from sncaffe.solvers.solver import Solver, history_bytes  # noqa: E402
 try:
     import torch
     import torch.nn.functional as F
+    import torch_idiomatic
     import torch_net
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -404,6 +405,60 @@ class TorchTrainer:
                 **({"allocator": alloc} if allocator else {})}
 
 
+class IdiomaticTrainer(TorchTrainer):
+    """The net as PyTorch users write it (tools/torch_idiomatic.py), same weights, batch and SGD;
+    ``model_for(graph)`` says whether the net has such a form."""
+
+    def __init__(self, graph, device="cpu", net=None, checkpoint=False):
+        self.device, self.checkpoint = device, checkpoint
+        with torch.device(device):
+            self.model = torch_idiomatic.model_for([n.name for n in graph.layers])
+        if net is not None:
+            self.model.load_caffe(net)
+        inputs = torch_inputs(graph, device, net)
+        self.x, self.y = inputs["data"], inputs["label"].long()
+        self.seq = torch_idiomatic.sequential(self.model) if checkpoint else None
+        params = list(self.model.parameters())
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        self.opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+        for p in params:
+            self.opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        self.twin, self.inputs = self.model, {"data": self.x, "label": self.y}     # what count() reads
+        self.fixed = [*params, *self.model.buffers(), *(p.grad for p in params),
+                      *(self.opt.state[p]["momentum_buffer"] for p in params)]
+
+    @staticmethod
+    def available(graph) -> bool:
+        return torch is not None and torch_idiomatic.model_for([n.name for n in graph.layers]) is not None
+
+    def loss(self):
+        with torch.device(self.device):
+            if self.seq is None:
+                logits = self.model(self.x)
+            else:
+                logits = checkpoint_sequential(self.seq, max(1, round(math.sqrt(len(self.seq)))), self.x,
+                                               use_reentrant=False)
+            return F.cross_entropy(logits, self.y)
+
+
+def pytorch_trainers(graph, net, variants, device="cpu") -> dict:
+    """PyTorch trainers by variant name: "twin" (tools/torch_net.py's Caffe-style replay) and, where
+    the net has an idiomatic form, "idiomatic"; each "+checkpoint" with checkpoint_sequential."""
+    out = {}
+    for v in variants:
+        style, _, saver = v.partition("+")
+        if style == "idiomatic" and not IdiomaticTrainer.available(graph):
+            continue
+        cls = IdiomaticTrainer if style == "idiomatic" else TorchTrainer
+        out[v] = cls(graph, device, net=net, checkpoint=saver == "checkpoint")
+    return out
+
+
+def pytorch_trainers_on(graph, device, variants) -> dict:
+    return pytorch_trainers(graph, None, variants, device)
+
+
 @contextlib.contextmanager
 def quiet_stderr():
     """The profiler (Kineto) prints its start and stop on file descriptor 2."""
@@ -439,9 +494,10 @@ def allocator_peak(step, resident):
     return sum(n for _, n in {_storage(t) for t in resident}) + peak
 
 
-def torch_count(graph, checkpoint) -> dict:
+def torch_count(graph, checkpoint, style="twin") -> dict:
     """The counted PyTorch peak of a graph's training step, on the meta device."""
-    return TorchTrainer(graph, "meta", checkpoint=checkpoint).count()
+    return pytorch_trainers_on(graph, "meta", [style + ("+checkpoint" if checkpoint else "")])[
+        style + ("+checkpoint" if checkpoint else "")].count()
 
 
 # -- timing ----------------------------------------------------------------------------------------
@@ -487,29 +543,53 @@ def torch_conv_share(step) -> float | None:
 
 
 def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=True) -> dict:
-    """images/s of sncaffe (each mode) and PyTorch (each variant) on the same net and batch; with
-    ``extras``, also the first losses and each framework's share of time in convolutions."""
+    """images/s of sncaffe (each mode) and PyTorch (each variant of ``pytorch_trainers``) on the same
+    net, weights and batch; with ``extras``, also the first losses and each framework's share of
+    time in convolutions."""
     steps, out, solvers = {}, {}, {}
     for mode in modes:
         solvers[mode] = make_solver(param, mode)
         steps[f"sncaffe {mode}"] = (lambda s: lambda: s.step(1))(solvers[mode])
     net = solvers[modes[0]].net if modes else None
+    trainers = {}
     if torch is not None and torch_variants:
         graph = net.graph if net is not None else graph_of(param)
-        trainers = {v: TorchTrainer(graph, "cpu", net=net, checkpoint=v == "checkpoint") for v in torch_variants}
+        trainers = pytorch_trainers(graph, net, torch_variants)
         steps.update((f"pytorch {v}", t.step) for v, t in trainers.items())
         if extras and net is not None:      # the same weights and batch: the first losses agree
-            loss_s = net.forward()
-            out["loss"] = {"sncaffe": loss_s, "pytorch": float(next(iter(trainers.values())).loss().detach())}
+            out["loss"] = {"sncaffe": net.forward(),
+                           **{f"pytorch {v}": float(t.loss().detach()) for v, t in trainers.items()}}
     for k, (s, fastest) in interleaved(steps, warmup, iterations).items():
         out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest}
     if extras and net is not None:
         out["conv_share"] = conv_share(net)
-    if extras and torch is not None and "eager" in torch_variants:
-        out["torch_conv_share"] = torch_conv_share(trainers["eager"].step)
+    if extras:
+        for v, t in trainers.items():
+            out.setdefault("torch_conv_share", {})[v] = torch_conv_share(t.step)
     for s in solvers.values():
         s.net.release()
     return out
+
+
+def repeated(runs: list) -> dict:
+    """Several whole interleaved runs of ``time_pair`` as one: each step's median of the runs'
+    medians, with ``spread`` (the runs' lowest and highest images/s); extras from the first run."""
+    out = dict(runs[0])
+    for k, v in runs[0].items():
+        if isinstance(v, dict) and "s_per_iter" in v:
+            med = statistics.median(r[k]["s_per_iter"] for r in runs)
+            ips = [r[k]["images_per_s"] for r in runs]
+            out[k] = {**v, "s_per_iter": med, "images_per_s": v["images_per_s"] * v["s_per_iter"] / med,
+                      "s_best": min(r[k]["s_best"] for r in runs), "spread": (min(ips), max(ips)),
+                      "runs": len(runs)}
+    return out
+
+
+def best_pytorch(row: dict):
+    """(variant, figures) of the fastest PyTorch variant of a throughput row, or (None, None)."""
+    cands = [(k[len("pytorch "):], v) for k, v in row.items()
+             if k.startswith("pytorch ") and isinstance(v, dict) and "images_per_s" in v]
+    return max(cands, key=lambda kv: kv[1]["images_per_s"]) if cands else (None, None)
 
 
 # -- the deepest ResNet -------------------------------------------------------------------------
@@ -551,40 +631,44 @@ def deepest(peak, budget, k_max, log=None) -> int:
 
 # -- suites ----------------------------------------------------------------------------------------
 def memory_suite(suite, say) -> list:
+    """Peak memory of one step: sncaffe planned per mode; PyTorch counted on the meta device for each
+    variant (twin: the Caffe-style replay; idiomatic: as PyTorch users write it, where the net has
+    such a form), and with ``verify`` also a real step's allocator peak beside the count."""
     cfg = suite["memory"]
     modes, rows = cfg["modes"], []
     want_torch = torch is not None and "pytorch" in suite["frameworks"]
+    variants = cfg.get("pytorch", ["twin", "twin+checkpoint", "idiomatic", "idiomatic+checkpoint"])
     for run in cfg["runs"]:
         name, batch = run["net"], run["batch"]
         param = net_param(suite, name, batch)
         graph = graph_of(param)
         row = {"net": name, "batch": batch, "sncaffe": {m: plan_peak(graph, m) for m in modes}}
         if want_torch:
-            row["pytorch"] = {v: torch_count(graph, v == "checkpoint") for v in ("eager", "checkpoint")}
+            row["pytorch"] = {v: t.count() for v, t in pytorch_trainers_on(graph, "meta", variants).items()}
         if run.get("verify"):
             row["sncaffe_measured"] = {m: sncaffe_true_peak(param, m, p, exact=False)
                                        for m, p in row["sncaffe"].items()}
             if want_torch:
                 row["pytorch_measured"] = {}
-                for v in ("eager", "checkpoint"):
-                    c = TorchTrainer(graph, "cpu", checkpoint=v == "checkpoint").count(allocator=True)
+                for v, t in pytorch_trainers_on(graph, "cpu", variants).items():
+                    c = t.count(allocator=True)
                     row["pytorch_measured"][v] = {"counted": c["peak"], "allocator": c["allocator"]}
         say(f"  {name} (batch {batch}): " + ", ".join(f"{m} {fmt_bytes(p)}" for m, p in row["sncaffe"].items())
-            + ("" if "pytorch" not in row else
-               f"; pytorch eager {fmt_bytes(row['pytorch']['eager']['peak'])}, "
-               f"checkpoint {fmt_bytes(row['pytorch']['checkpoint']['peak'])}"))
+            + "".join(f"; pytorch {v} {fmt_bytes(c['peak'])}" for v, c in row.get("pytorch", {}).items()))
         rows.append(row)
     return rows
 
 
 def throughput_suite(suite, say) -> dict:
     cfg = suite["throughput"]
-    want_torch = ["eager"] if torch is not None and "pytorch" in suite["frameworks"] else []
+    want = torch is not None and "pytorch" in suite["frameworks"]
+    want_torch = cfg.get("pytorch", ["twin", "idiomatic"]) if want else []
     rows = []
     for run in cfg["runs"]:
         name, batch = run["net"], run["batch"]
         param = net_param(suite, name, batch)
-        r = time_pair(param, [cfg["sncaffe_mode"]], want_torch, cfg["warmup"], cfg["iterations"], batch)
+        r = repeated([time_pair(param, [cfg["sncaffe_mode"]], want_torch, cfg["warmup"], cfg["iterations"], batch,
+                                extras=i == 0) for i in range(cfg.get("repeats", 1))])
         rows.append({"net": name, "batch": batch, **r})
         say(f"  {name} (batch {batch}): " + ", ".join(
             f"{k} {v['images_per_s']:.1f} img/s" for k, v in r.items() if isinstance(v, dict) and "images_per_s" in v))
@@ -603,35 +687,86 @@ def throughput_suite(suite, say) -> dict:
     return {"runs": rows, "depth": by_depth}
 
 
+def sncaffe_overhead() -> int:
+    """Resident bytes of a process that has loaded sncaffe and built nothing: what a machine
+    budget holds besides the pools (measured in a child, as PyTorch's RSS is)."""
+    code = ("import sncaffe, sncaffe.solvers.solver; "      # VmHWM: ru_maxrss would include this parent's
+            "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def machine_within(graph, mode, budget, overhead) -> int:
+    """The least planned bytes of the whole process (device pool + host pool + ``overhead``) of a
+    step that trains within ``budget`` bytes of RAM, over device capacities that leave the host
+    tier the rest; above ``budget`` where none fits. On the CPU device both pools are one RAM."""
+    best = None
+    for capacity in (None, budget - overhead, (budget - overhead) // 2, (budget - overhead) // 4):
+        if capacity is not None and capacity <= 0:
+            continue
+        plan = sncaffe_plan(graph, mode, capacity)
+        if capacity is not None and not plan.fits:
+            continue
+        total = plan.peak + plan.host_peak + overhead
+        best = total if best is None else min(best, total)
+    return best if best is not None else budget + 1
+
+
 def deepest_suite(suite, say) -> dict:
+    """The deepest ResNet within the budget, twice: a *device* budget (sncaffe's device pool; PyTorch's
+    allocator) and a *machine* budget (the whole process: sncaffe's pools + its fixed overhead; PyTorch's
+    peak RSS). Every PyTorch figure comes from a real step (tools/torch_memory.py, a child process
+    each); sncaffe's from its plan, which its runtime meets to the byte (verify runs one real step)."""
+    import torch_memory
     cfg = suite["deepest"]
     budget, batch, size, k_max = parse_bytes(cfg["budget"]), cfg["batch"], cfg["image_size"], cfg["k_max"]
-    curves, found = {}, {}
+    want_torch = torch is not None and "pytorch" in suite["frameworks"]
+    overhead = sncaffe_overhead()
+    say(f"  sncaffe's process holds {fmt_bytes(overhead)} before any net (counted in the machine budget)")
 
     @lru_cache(maxsize=4)           # the variants measure the same first depths
     def graph_k(k):
         return graph_of(resnet((3, 4, k, 3), batch, size))
-    variants = {f"sncaffe {m}": (lambda m: lambda k: peak_within(graph_k(k), m, budget))(m)
-                for m in cfg["sncaffe_modes"]}
-    if torch is not None and "pytorch" in suite["frameworks"]:
-        for v in cfg.get("pytorch", ["eager", "checkpoint"]):
-            variants[f"pytorch {v}"] = (lambda c: lambda k: torch_count(graph_k(k), c)["peak"])(v == "checkpoint")
-    for name, fn in variants.items():
-        t0 = time.perf_counter()
-        curve = curves.setdefault(name, {})
-        found[name] = deepest(fn, budget, k_max, log=lambda k, p, c=curve: c.__setitem__(k, p))
-        for k in cfg.get("plot_k", []):
-            if k not in curve and k <= k_max:
-                curve[k] = fn(k)
-        k = found[name]
-        say(f"  {name}: deepest k = {k} (ResNet-{depth(k) if k else '-'}"
-            f"{', the cap' if k == k_max else ''}), peak {fmt_bytes(curve.get(k, 0))}, "
-            f"{len(curve)} depths measured in {time.perf_counter() - t0:.1f} s")
+
+    @lru_cache(maxsize=None)        # one real PyTorch step gives both budgets' figures
+    def torch_run(variant, k):
+        return torch_memory.measure_in_child((3, 4, k, 3), batch, size, variant)
+    out = {"budget": budget, "batch": batch, "image_size": size, "k_max": k_max, "overhead": overhead}
+    for key, label, torch_key, sncaffe_fn in (
+            ("device", "device budget", "device", lambda m: lambda k: peak_within(graph_k(k), m, budget)),
+            ("machine", "machine budget", "rss", lambda m: lambda k: machine_within(graph_k(k), m, budget, overhead))):
+        say(f"  {label} {fmt_bytes(budget)}:")
+        variants = {f"sncaffe {m}": sncaffe_fn(m) for m in cfg["sncaffe_modes"]}
+        if want_torch:
+            for v in cfg.get("pytorch", list(torch_memory.VARIANTS)):
+                variants[f"pytorch {v}"] = (lambda v: lambda k: torch_run(v, k)[torch_key])(v)
+        curves, found = {}, {}
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            curve = curves.setdefault(name, {})
+            found[name] = deepest(fn, budget, k_max, log=lambda k, p, c=curve: c.__setitem__(k, p))
+            for k in cfg.get("plot_k", []):
+                if k not in curve and k <= k_max:
+                    curve[k] = fn(k)
+            k = found[name]
+            say(f"    {name}: deepest k = {k} (ResNet-{depth(k) if k else '-'}"
+                f"{', the cap' if k == k_max else ''}), peak {fmt_bytes(curve.get(k, 0))}, "
+                f"{len(curve)} depths measured in {time.perf_counter() - t0:.1f} s")
+        host = {}
+        for name, k in found.items():      # what each answer keeps besides: the host side
+            if not k:
+                continue
+            if name.startswith("pytorch"):
+                host[name] = torch_run(name[len("pytorch "):], k)["host"]
+            else:
+                mode = name[len("sncaffe "):]
+                host[name] = sncaffe_plan(graph_k(k), mode, budget if key == "device" else None).host_peak
+        out[key] = {"found": found, "curves": {n: sorted((k, v) for k, v in c.items() if v != math.inf)
+                                              for n, c in curves.items()}, "host": host}
     verified = {}
     v = cfg.get("verify") or {}
     if v.get("sncaffe"):
         name = f"sncaffe {v['sncaffe']}"
-        k = found.get(name, 0)
+        k = out["device"]["found"].get(name, 0)
         if k:
             t0 = time.perf_counter()
             true = sncaffe_true_peak(resnet((3, 4, k, 3), batch, size), v["sncaffe"], budget)
@@ -639,19 +774,8 @@ def deepest_suite(suite, say) -> dict:
             verified[name] = {"k": k, "planned": planned, "measured": true}
             say(f"  verified {name} at ResNet-{depth(k)} on a device of {fmt_bytes(budget)}: pool peak "
                 f"{fmt_bytes(true)} (planned {fmt_bytes(planned)}) in {time.perf_counter() - t0:.1f} s")
-    if v.get("pytorch") and f"pytorch {v['pytorch']}" in found:
-        name = f"pytorch {v['pytorch']}"
-        k = found[name]
-        if k:
-            t0 = time.perf_counter()
-            c = TorchTrainer(graph_k(k), "cpu", checkpoint=v["pytorch"] == "checkpoint").count(allocator=True)
-            counted = c["peak"]
-            verified[name] = {"k": k, "planned": curves[name][k], "measured": counted, "allocator": c["allocator"]}
-            say(f"  verified {name} at ResNet-{depth(k)}: counted on the CPU {fmt_bytes(counted)} "
-                f"(meta {fmt_bytes(curves[name][k])}), allocator peak "
-                f"{fmt_bytes(verified[name]['allocator'] or 0)} in {time.perf_counter() - t0:.1f} s")
-    return {"budget": budget, "batch": batch, "image_size": size, "k_max": k_max,
-            "found": found, "curves": {n: sorted(c.items()) for n, c in curves.items()}, "verified": verified}
+    out["verified"] = verified
+    return out
 
 
 def caffe_suite(suite, say) -> dict:
@@ -681,36 +805,48 @@ def table(header, rows) -> str:
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
+def deepest_ratios(d, key, pairs) -> list:
+    """(what, value, target, met) of the deepest-ResNet targets of one budget (``key``)."""
+    out, found = [], d[key]["found"]
+    ours = {k: v for k, v in found.items() if k.startswith("sncaffe")}
+    theirs = {k: v for k, v in found.items() if k.startswith("pytorch")}
+    savers = {k: v for k, v in theirs.items() if k != "pytorch eager"}
+    groups = [("", ours)] if key == "machine" else [
+        ("parameters on the device", {k: v for k, v in ours.items() if HOST not in k}),
+        ("parameters on the host", {k: v for k, v in ours.items() if HOST in k})]
+    for label, group in groups:
+        if not group:
+            continue
+        best = max(group, key=group.get)
+        capped = ", the cap k_max" if group[best] == d["k_max"] else ""
+        for base_label, base_group, target in pairs(theirs, savers):
+            if not base_group:
+                continue
+            base = max(base_group, key=base_group.get)
+            kb = base_group[base]
+            value = depth(group[best]) / depth(kb) if kb else math.inf
+            none = "" if kb else f" ({base} fits no depth)"
+            what = f"{key} budget: {best}" + (f" ({label}{capped})" if label or capped else "")
+            out.append((f"{what} / {base_label} {base}{none}", value, f">= {target}", value >= target))
+    return out
+
+
 def ratios(results) -> list:
     """(what, value, target, met) for each target of the comparison."""
     out = []
     d = results.get("deepest")
-    if d and "pytorch eager" in d["found"]:
-        found = d["found"]
-        ours = {k: v for k, v in found.items() if k.startswith("sncaffe")}
-        for label, group in (("parameters on the device", {k: v for k, v in ours.items() if HOST not in k}),
-                             ("parameters on the host", {k: v for k, v in ours.items() if HOST in k})):
-            if not group:
-                continue
-            best = max(group, key=group.get)
-            capped = ", the cap k_max" if group[best] == d["k_max"] else ""
-            for base, target in (("pytorch eager", 4.0), ("pytorch checkpoint", 1.5)):
-                if base not in found:
-                    continue
-                kb = found[base]
-                value = depth(group[best]) / depth(kb) if kb else math.inf
-                none = "" if kb else f" ({base} fits no depth)"
-                out.append((f"deepest: {best} ({label}{capped}) / {base}{none}", value, f">= {target}",
-                            value >= target))
+    if d and "device" in d:
+        out += deepest_ratios(d, "device", lambda theirs, savers: [
+            ("", {k: v for k, v in theirs.items() if k == "pytorch eager"}, 4.0), ("best saver", savers, 1.5)])
+        out += deepest_ratios(d, "machine", lambda theirs, savers: [("best saver", savers, 2.0)])
     t = results.get("throughput")
     for r in (t or {}).get("runs", []):
         s = next((v for k, v in r.items() if k.startswith("sncaffe ")), None)
-        p = r.get("pytorch eager")
+        variant, p = best_pytorch(r)
         if s and p:
             value = s["images_per_s"] / p["images_per_s"]
-            target = ">= 1" if not r["net"].startswith("ResNet-50") else "recorded"
-            out.append((f"throughput {r['net']} (batch {r['batch']}): sncaffe / pytorch", value, target,
-                        value >= 1 if target == ">= 1" else None))
+            out.append((f"throughput {r['net']} (batch {r['batch']}): sncaffe / fastest PyTorch ({variant})",
+                        value, ">= 1.1", value >= 1.1))
     for r in (results.get("caffe") or {}).get("runs", []):
         if r.get("images_per_s"):          # `sncaffe time` against `caffe time`: forward + backward
             value = r["sncaffe_images_per_s"] / r["images_per_s"]
@@ -724,11 +860,13 @@ def report(results) -> str:
              f"PyTorch {m['torch']}; sncaffe's CPU GEMMs: {m.get('sncaffe_blas', '?')}; threads: "
              + ", ".join(f"{k}={v}" for k, v in m["threads"].items())
              + f"; load average {m['loadavg_start']:.2f} at the start, {m.get('loadavg_end', 0):.2f} at the end; "
-             f"{results['seconds']:.0f} s in all."]
+             f"{results['seconds']:.0f} s in all; the tool's own peak RSS {gib(m.get('peak_rss'))} GiB (each PyTorch "
+             "depth runs in a child of its own)."]
     mem = results.get("memory")
     if mem:
         modes = list(mem[0]["sncaffe"])
-        header = ["net", "batch", *[f"sncaffe {x}" for x in modes], "PyTorch eager", "PyTorch checkpoint"]
+        variants = list(dict.fromkeys(v for r in mem for v in r.get("pytorch", {})))
+        header = ["net", "batch", *[f"sncaffe {x}" for x in modes], *[f"PyTorch {v}" for v in variants]]
         rows = []
         for r in mem:
             cells = [r["net"], r["batch"]]
@@ -736,7 +874,7 @@ def report(results) -> str:
                 meas = r.get("sncaffe_measured", {}).get(x)
                 cells.append(gib(r["sncaffe"][x]) + ("" if meas is None else " =" if meas == r["sncaffe"][x]
                                                      else f" ({gib(meas)} run)"))
-            for v in ("eager", "checkpoint"):
+            for v in variants:
                 c = r.get("pytorch", {}).get(v)
                 meas = r.get("pytorch_measured", {}).get(v)
                 cells.append("-" if c is None else gib(c["peak"]) + (
@@ -745,51 +883,55 @@ def report(results) -> str:
         parts.append("### Peak memory of a training step (GiB)\n\n" + table(header, rows) + (
             "\n\n`=`: a real step on a device of the planned size peaked exactly at the plan; `(x run)`: it "
             "peaked at x (the plan made for that capacity chunks a workspace or evicts a cached copy to pack "
-            "its blocks). `alloc`: the CPU allocator's peak of a real PyTorch step (torch.profiler), beside the "
-            "counted figure."))
+            "its blocks). PyTorch: counted on the meta device; `alloc`: the CPU allocator's peak of a real "
+            "step (torch.profiler) beside it. twin: tools/torch_net.py's Caffe-style replay; idiomatic: "
+            "tools/torch_idiomatic.py (affine BatchNorm2d, in-place ReLU), where the net has that form."))
     t = results.get("throughput")
     if t and t["runs"]:
         rows = []
         for r in t["runs"]:
             s = next((v for k, v in r.items() if k.startswith("sncaffe ")), {})
-            p = r.get("pytorch eager", {})
-            loss = r.get("loss")
-            conv = [f"{r[k] * v['s_per_iter'] * 1e3:.0f}" if r.get(k) is not None and v else "-"
-                    for k, v in (("conv_share", s), ("torch_conv_share", p))]
-            rest = [f"{(1 - r[k]) * v['s_per_iter'] * 1e3:.0f}" if r.get(k) is not None and v else "-"
-                    for k, v in (("conv_share", s), ("torch_conv_share", p))]
-            rows.append([r["net"], r["batch"], f"{s.get('s_per_iter', 0) * 1e3:.1f}", f"{s.get('images_per_s', 0):.1f}",
-                         f"{p.get('s_per_iter', 0) * 1e3:.1f}" if p else "-",
-                         f"{p.get('images_per_s', 0):.1f}" if p else "-",
+            variant, p = best_pytorch(r)
+            others = {k[len("pytorch "):]: v for k, v in r.items() if k.startswith("pytorch ") and k[8:] != variant
+                      and isinstance(v, dict) and "images_per_s" in v}
+            spread = (lambda v: f"{v['spread'][0]:.1f}-{v['spread'][1]:.1f}" if v and "spread" in v else "-")
+            loss = r.get("loss") or {}
+            rows.append([r["net"], r["batch"], f"{s.get('s_per_iter', 0) * 1e3:.1f}",
+                         f"{s.get('images_per_s', 0):.1f} ({spread(s)})",
+                         variant or "-", f"{p['images_per_s']:.1f} ({spread(p)})" if p else "-",
+                         ", ".join(f"{k} {v['images_per_s']:.1f}" for k, v in others.items()) or "-",
                          f"{s['images_per_s'] / p['images_per_s']:.2f}" if p and s else "-",
-                         f"{p['s_best'] / s['s_best']:.2f}" if p and s and "s_best" in s else "-",
                          f"{r['conv_share']:.0%}" if "conv_share" in r else "-",
-                         " / ".join(conv), " / ".join(rest),
-                         f"{loss['sncaffe']:.4f} / {loss['pytorch']:.4f}" if loss else "-"])
+                         " / ".join(f"{loss[k]:.4f}" for k in loss) or "-"])
         parts.append("### Training throughput, one thread each\n\n" + table(
-            ["net", "batch", "sncaffe ms/iter", "sncaffe img/s", "PyTorch ms/iter", "PyTorch img/s",
-             "sncaffe / PyTorch", "same, fastest iterations", "sncaffe time in conv",
-             "conv ms sncaffe / PyTorch", "other ms sncaffe / PyTorch", "first loss sncaffe / PyTorch"], rows)
-            + "\n\nconv ms / other ms: the median iteration split by each framework's own share of time in "
-            "convolutions (sncaffe: its Convolution layers; PyTorch: its aten *conv* kernels, torch.profiler).")
+            ["net", "batch", "sncaffe ms/iter", "sncaffe img/s (spread)", "fastest PyTorch",
+             "its img/s (spread)", "other PyTorch img/s", "sncaffe / fastest PyTorch",
+             "sncaffe time in conv", "first loss: " + " / ".join(next((r.get("loss") or {} for r in t["runs"]), {}))],
+            rows) + f"\n\nEach figure: the median of {next((v['runs'] for v in t['runs'][0].values() if isinstance(v, dict) and 'runs' in v), 1)} whole "
+            "interleaved runs (each the median of its iterations); spread: the runs' lowest and highest.")
     if t and t["depth"]:
         keys = [k for k in t["depth"][0] if isinstance(t["depth"][0][k], dict) and "images_per_s" in t["depth"][0][k]]
         rows = [[f"ResNet-{r['depth']}", r["k"], *[f"{r[k]['images_per_s']:.2f}" for k in keys]] for r in t["depth"]]
         parts.append("### Images/s against depth\n\n" + table(["net", "k", *keys], rows))
     d = results.get("deepest")
-    if d:
+    for key, what in (("device", "sncaffe: the device pool's planned peak; PyTorch: malloc's peak in a real step, "
+                       "less the libraries' own heap"),
+                      ("machine", "the whole process: sncaffe's device + host pools + its fixed overhead "
+                       f"({gib((d or {}).get('overhead'))} GiB); PyTorch: the peak RSS of a real step")):
+        if not d or key not in d:
+            continue
         rows = []
-        curves = {n: dict(c) for n, c in d["curves"].items()}
-        for name, k in d["found"].items():
-            ver = d["verified"].get(name)
+        curves = {n: dict(c) for n, c in d[key]["curves"].items()}
+        for name, k in d[key]["found"].items():
+            ver = d["verified"].get(name) if key == "device" else None
             rows.append([name, k, f"ResNet-{depth(k)}" if k else "none", gib(curves[name].get(k)),
                          gib(curves[name].get(k + 1)) if k < d["k_max"] else "(cap)",
-                         "-" if not ver else f"{gib(ver['measured'])}" + (
-                             f" (alloc {gib(ver['allocator'])})" if ver.get("allocator") else "")])
-        parts.append(f"### Deepest ResNet [3, 4, k, 3] within {fmt_bytes(d['budget'])}, batch {d['batch']}, "
-                     f"{d['image_size']}x{d['image_size']} (k <= {d['k_max']})\n\n" + table(
+                         gib(d[key]["host"].get(name)),
+                         "-" if not ver else f"{gib(ver['measured'])} (planned {gib(ver['planned'])})"])
+        parts.append(f"### Deepest ResNet [3, 4, k, 3] within a {key} budget of {fmt_bytes(d['budget'])}, batch "
+                     f"{d['batch']}, {d['image_size']}x{d['image_size']} (k <= {d['k_max']})\n\n" + table(
                          ["framework / mode", "k", "net", "peak at k (GiB)", "peak at k+1 (GiB)",
-                          "real step at k (GiB)"], rows))
+                          "host side at k (GiB)", "real sncaffe step at k"], rows) + f"\n\nCounted: {what}.")
     c = results.get("caffe")
     if c and c.get("runs"):
         parts.append("### Real Caffe (`caffe time` / `sncaffe time`: forward + backward)\n\n" + table(
@@ -812,21 +954,24 @@ def plots(results, out: Path) -> list:
     import matplotlib.pyplot as plt
     written = []
     d = results.get("deepest")
-    if d:
+    for key in ("device", "machine"):
+        if not d or key not in d:
+            continue
         fig, ax = plt.subplots(figsize=(8, 5))
-        for name, curve in d["curves"].items():
+        for name, curve in d[key]["curves"].items():
             ks = [k for k, _ in curve]
             ax.plot([depth(k) for k in ks], [p / GiB for _, p in curve], marker="o", ms=3, label=name,
                     ls="--" if name.startswith("pytorch") else "-")
         ax.axhline(d["budget"] / GiB, color="k", lw=0.8, label=f"budget {fmt_bytes(d['budget'])}")
         ax.set(xscale="log", yscale="log", xlabel="ResNet depth (blocks [3, 4, k, 3])",
-               ylabel="peak memory of a training step (GiB)",
-               title=f"Memory against depth, batch {d['batch']}, {d['image_size']}x{d['image_size']}")
+               ylabel=f"peak memory of a training step, {key} (GiB)",
+               title=f"{key.capitalize()} memory against depth, batch {d['batch']}, {d['image_size']}x{d['image_size']}")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / "memory_vs_depth.png", dpi=120)
+        name = "memory_vs_depth.png" if key == "device" else "machine_memory_vs_depth.png"
+        fig.savefig(out / name, dpi=120)
         plt.close(fig)
-        written.append(out / "memory_vs_depth.png")
+        written.append(out / name)
     t = results.get("throughput")
     if t and t["depth"]:
         fig, ax = plt.subplots(figsize=(8, 5))
@@ -863,6 +1008,8 @@ def run(suite, out: Path, say=print) -> dict:
         say("caffe:")
         results["caffe"] = caffe_suite(suite, say)
     results["machine"]["loadavg_end"] = os.getloadavg()[0]
+    import resource
+    results["machine"]["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     results["seconds"] = time.perf_counter() - t0
     text = report(results)
     (out / "tables.md").write_text(text)

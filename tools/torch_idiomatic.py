@@ -177,15 +177,37 @@ class LeNet(CaffeLoadable):
         super().__init__()
         self.conv1, self.conv2 = nn.Conv2d(1, 20, 5), nn.Conv2d(20, 50, 5)
         self.ip1, self.ip2 = nn.Linear(800, 500), nn.Linear(500, 10)
+        self.pool1, self.pool2, self.relu = nn.MaxPool2d(2), nn.MaxPool2d(2), nn.ReLU(inplace=True)
 
-    def forward(self, x):
-        x = F.max_pool2d(self.conv1(x), 2)      # the data layer's scale 1/256 comes before
-        x = F.max_pool2d(self.conv2(x), 2)
-        return self.ip2(F.relu(self.ip1(torch.flatten(x, 1)), inplace=True))
+    def forward(self, x):                   # the data layer's scale 1/256 comes before
+        x = self.pool2(self.conv2(self.pool1(self.conv1(x))))
+        return self.ip2(self.relu(self.ip1(torch.flatten(x, 1))))
 
     def caffe_names(self):
         for name in ("conv1", "conv2", "ip1", "ip2"):
             yield (getattr(self, name), None), name, None, None
+
+
+def model_for(layer_names, num_classes=None):
+    """The idiomatic module of a net by its Caffe layer names (gen_resnet's ResNets, the CIFAR
+    ResNet, LeNet), or None where this file has no idiomatic form of it."""
+    import re
+    names = set(layer_names)
+    stages = {}
+    for n in names:
+        m = re.fullmatch(r"res(\d)([a-z]\d*)_branch2a", n)
+        if m:
+            stages[int(m.group(1))] = stages.get(int(m.group(1)), 0) + 1
+    if sorted(stages) == [2, 3, 4, 5] and "fc1000" in names:
+        return ResNet(tuple(stages[s] for s in (2, 3, 4, 5)), num_classes or 1000)
+    cifar = {}
+    for m in filter(None, (re.fullmatch(r"res(\d)_(\d+)/conv1", n) for n in names)):
+        cifar[int(m.group(1))] = max(cifar.get(int(m.group(1)), 0), int(m.group(2)))
+    if sorted(cifar) == [1, 2, 3] and len(set(cifar.values())) == 1 and "fc10" in names:
+        return CifarResNet(cifar[1], num_classes or 10)
+    if {"conv1", "pool1", "conv2", "pool2", "ip1", "ip2"} <= names and not any(n.startswith("res") for n in names):
+        return LeNet()
+    return None
 
 
 def resnet(blocks=(3, 4, 6, 3), num_classes=1000) -> ResNet:
@@ -194,6 +216,10 @@ def resnet(blocks=(3, 4, 6, 3), num_classes=1000) -> ResNet:
 
 def sequential(model) -> nn.Sequential:
     """``model`` as one flat nn.Sequential (stem, each block, head): what checkpoint_sequential cuts."""
+    if isinstance(model, LeNet):
+        # one module per position: checkpoint_sequential walks children(), which skips repeats
+        return nn.Sequential(model.conv1, model.pool1, model.conv2, model.pool2, nn.Flatten(1), model.ip1,
+                             model.relu, model.ip2)
     if isinstance(model, ResNet):
         stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
         stages = (model.layer1, model.layer2, model.layer3, model.layer4)

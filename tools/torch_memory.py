@@ -16,7 +16,7 @@ checkpoint+save_on_cpu   both
 
 Each figure comes from a step that really ran (nothing estimated on the meta device):
 
-rss      the process's peak resident set (ru_maxrss) over the first step: what the machine
+rss      the process's peak resident set (VmHWM) over the first step: what the machine
          gave the whole process, libraries included (sncaffe is measured the same way)
 device   the bytes malloc holds (glibc's mallinfo2: in arenas plus mmapped chunks), read after
          every aten op of a second step, at their highest, less what malloc held before the net
@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -109,9 +108,11 @@ class HostSaved:
         return p.tensor.clone() if isinstance(p, HostSaved._Packed) else p
 
 
-def rss_now() -> int:
+def rss_now(field="VmRSS") -> int:
+    """This process's resident bytes (VmRSS), or its peak (VmHWM: unlike ru_maxrss, which a child
+    inherits from the parent it was forked from, the peak of this process's own memory alone)."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
 def best_segments(n: int) -> int:
@@ -131,6 +132,8 @@ def measure(blocks, batch, image_size, variant, segments=None, seed=0) -> dict:
     import torch_idiomatic
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    import gc
+    gc.collect()                      # what an earlier caller dropped must not be freed inside the step
     watch = MallocPeak()
     base = watch.in_use()             # the libraries' own heap, before the net exists
     torch.manual_seed(seed)
@@ -166,7 +169,7 @@ def measure(blocks, batch, image_size, variant, segments=None, seed=0) -> dict:
     t0 = time.perf_counter()
     loss = step()
     seconds = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = rss_now("VmHWM")
     with watch:
         step()
     device = watch.peak - base
@@ -177,7 +180,7 @@ def measure(blocks, batch, image_size, variant, segments=None, seed=0) -> dict:
 
 
 def measure_in_child(blocks, batch, image_size, variant, segments=None, timeout=7200) -> dict:
-    """``measure`` in a fresh process (one thread), so ru_maxrss is this step's alone."""
+    """``measure`` in a fresh process (one thread), so the peak RSS is this step's alone."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--blocks", ",".join(map(str, blocks)),
            "--batch", str(batch), "--image-size", str(image_size), "--variant", variant, "--json"]
     if segments:

@@ -1,0 +1,100 @@
+"""Issue 14's layers in every memory mode: a small net holding them trains to the same bits as
+mode ``none``, and the measured pool peak equals the plan, iteration by iteration."""
+import numpy as np
+import pytest
+
+from sncaffe import Net
+from sncaffe.backend import CPUDevice
+from sncaffe.mem.planner import MODES
+from sncaffe.prototxt import parse_text
+from sncaffe.proto import sncaffe_pb2 as pb
+
+NET = """
+name: "issue14"
+layer { name: "input" type: "Input" top: "data" top: "ref" top: "label" top: "word" top: "order" top: "sel" top: "H"
+  input_param { shape { dim: 2 dim: 3 dim: 7 dim: 9 } shape { dim: 2 dim: 4 dim: 5 dim: 6 } shape { dim: 2 }
+                shape { dim: 2 } shape { dim: 2 } shape { dim: 2 } shape { dim: 4 dim: 4 } } }
+layer { name: "thr" type: "Threshold" bottom: "data" top: "thr" threshold_param { threshold: 0.5 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "bnll" type: "BNLL" bottom: "conv" top: "conv" }
+layer { name: "mvn" type: "MVN" bottom: "conv" top: "mvn" }
+layer { name: "swish" type: "Swish" bottom: "mvn" top: "swish" swish_param { beta: 1.5 } }
+layer { name: "crop" type: "Crop" bottom: "swish" bottom: "ref" top: "crop" crop_param { offset: 1 } }
+layer { name: "im2col" type: "Im2col" bottom: "crop" top: "cols" convolution_param { kernel_size: 2 } }
+layer { name: "tile" type: "Tile" bottom: "cols" top: "tile" tile_param { axis: 1 tiles: 2 } }
+layer { name: "spp" type: "SPP" bottom: "tile" top: "spp" spp_param { pyramid_height: 2 pool: MAX } }
+layer { name: "ip" type: "InnerProduct" bottom: "spp" top: "ip"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "clip" type: "Clip" bottom: "ip" top: "ip" clip_param { min: -5 max: 5 } }
+layer { name: "exp" type: "Exp" bottom: "ip" top: "exp" exp_param { scale: 0.5 } }
+layer { name: "log" type: "Log" bottom: "exp" top: "log" log_param { shift: 1 } }
+layer { name: "embed" type: "Embed" bottom: "word" top: "embed"
+  embed_param { input_dim: 5 num_output: 4 weight_filler { type: "uniform" min: -1 max: 1 } } }
+layer { name: "param" type: "Parameter" top: "p" parameter_param { shape { dim: 2 dim: 4 } } }
+layer { name: "sum" type: "Eltwise" bottom: "log" bottom: "embed" bottom: "p" top: "score" }
+layer { name: "reindex" type: "BatchReindex" bottom: "score" bottom: "order" top: "perm" }
+layer { name: "filter" type: "Filter" bottom: "perm" bottom: "sel" top: "kept" }
+layer { name: "softmax" type: "Softmax" bottom: "kept" top: "prob" }
+layer { name: "mlr" type: "MultinomialLogisticLoss" bottom: "prob" bottom: "label" top: "mlr" }
+layer { name: "hinge" type: "HingeLoss" bottom: "kept" bottom: "label" top: "hinge" hinge_loss_param { norm: L2 } }
+layer { name: "infogain" type: "InfogainLoss" bottom: "score" bottom: "label" bottom: "H" top: "infogain" }
+layer { name: "sumsq" type: "Reduction" bottom: "score" top: "sumsq" reduction_param { operation: SUMSQ axis: 1 }
+  loss_weight: 0.01 }
+layer { name: "contrastive" type: "ContrastiveLoss" bottom: "log" bottom: "embed" bottom: "label" top: "contrastive" }
+"""
+
+
+def feed(net, rng):
+    values = {"word": rng.integers(0, 5, 2), "order": rng.permutation(2), "sel": np.ones(2),
+              "label": rng.integers(0, 4, 2), "H": np.eye(4) + rng.random((4, 4))}
+    for name in net.inputs:
+        blob = net.blobs[name]
+        blob.data[...] = values[name] if name in values else rng.standard_normal(blob.shape)
+
+
+def train(mode, iters=2):
+    device = CPUDevice("256MiB")
+    net = Net(parse_text(NET, pb.NetParameter()), "TRAIN", device=device, memory=mode, seed=1)
+    rng = np.random.default_rng(0)
+    net.params["param"][0].data[...] = rng.standard_normal((2, 4))
+    steps = []
+    for _ in range(iters):
+        feed(net, rng)
+        net.clear_param_diffs()
+        device.pool.reset_peak()
+        loss = net.forward()
+        net.backward()
+        state = {"loss": np.float64(loss), "thr": net.blobs["thr"].data.copy()}
+        for name, blobs in net.params.items():
+            for i, b in enumerate(blobs):
+                state[f"{name}[{i}]"], state[f"{name}[{i}].diff"] = b.data.copy(), b.diff.copy()
+        steps.append((device.pool.peak, state))
+        for blobs in net.params.values():
+            for b in blobs:
+                b.data -= np.float32(0.01) * b.diff
+    return net.plan, steps
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return train("none")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_new_layers_every_mode(mode, reference):
+    plan, steps = train(mode)
+    assert [peak for peak, _ in steps] == [plan.peak] * len(steps), "pool peak != planned peak"
+    assert plan.peak <= reference[0].peak
+    for it, ((_, state), (_, ref)) in enumerate(zip(steps, reference[1])):
+        assert state.keys() == ref.keys()
+        differ = [k for k in ref if state[k].tobytes() != ref[k].tobytes()]
+        assert not differ, f"iteration {it}: differs from mode none in {differ}"
+    assert all(np.any(s["conv[0].diff"]) and np.any(s["param[0].diff"]) for _, s in steps)
+
+
+def test_new_layers_are_recomputed():
+    """The cheap ones (the neuron layers) are dropped and replayed in mode recompute."""
+    plan, _ = train("recompute", iters=1)
+    replayed = {ins.op.node.type for ins in plan.schedule if ins.kind == "run" and ins.recompute}
+    assert {"BNLL", "Clip", "Exp", "Log"} <= replayed, replayed

@@ -156,8 +156,7 @@ class Threshold(NeuronLayer):
         self.threshold = self.param.threshold_param.threshold
 
     def forward_array(self, x, y):
-        xp = array_module(x)
-        xp.greater(x, x.dtype.type(self.threshold), out=y, casting="unsafe")
+        y[...] = x > x.dtype.type(self.threshold)
 
     def backward(self, top, propagate_down, bottom):
         if any(propagate_down):

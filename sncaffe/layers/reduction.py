@@ -33,7 +33,7 @@ class Reduction(Layer):
         elif self.op == "ASUM":
             xp.abs(x).sum(axis=1, out=y)
         else:
-            xp.einsum("ij,ij->i", x, x, out=y)
+            xp.multiply(x, x).sum(axis=1, out=y)
         if self.coeff != 1:
             y *= self.coeff
 
@@ -84,7 +84,7 @@ class MVN(Layer):
         xp.subtract(x, mean, out=y)
         if self.normalize:
             std = self.scratch["std"]
-            xp.einsum("ij,ij->i", y, y, out=std.reshape(self.num))
+            xp.multiply(y, y).sum(axis=1, keepdims=True, out=std)
             std *= std.dtype.type(1 / self.dim)
             xp.sqrt(std, out=std)
             std += std.dtype.type(self.eps)
@@ -103,7 +103,7 @@ class MVN(Layer):
             return
         y = top[0].data.reshape(self.num, self.dim)
         # Caffe: dx = (dy - (y sum(y dy) + sum(dy)) / dim) / (std + eps)
-        t = y * xp.einsum("ij,ij->i", y, dy)[:, None]
+        t = y * xp.multiply(y, dy).sum(axis=1, keepdims=True)
         t += mean_dy
         t *= dy.dtype.type(-1 / self.dim)
         xp.add(dy, t, out=dx)

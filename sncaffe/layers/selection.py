@@ -24,7 +24,8 @@ def _scatter_add(xp, dst, idx, rows):
     if xp is np:
         np.add.at(dst, idx, rows)
     else:
-        xp.add.at(dst, idx, rows)
+        import cupyx
+        cupyx.scatter_add(dst, idx, rows)
 
 
 @register

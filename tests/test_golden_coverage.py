@@ -17,16 +17,10 @@ CASES = sorted(p.name for p in (SHARED / "golden" / "coverage").iterdir()
 # A case whose net reads or writes files relative to the working directory, as Caffe does.
 IN_CASE_DIR = {"infogain_loss_file"}
 WRITES = {"hdf5_output"}
-# Caffe reshapes Filter's tops at every forward to the number of kept items (3 of 4 here);
-# sncaffe plans memory with the shapes known when the net is built and has no per-forward
-# reshape yet, so the layer refuses a selector that does not keep the planned batch.
-NEEDS_RESHAPE = {"filter"}
 
 
 @needs_shared
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(
-    strict=True, raises=ValueError, reason="data-dependent top shapes need a per-forward reshape"))
-    if c in NEEDS_RESHAPE else c for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_coverage_case(case, tmp_path, monkeypatch):
     d = SHARED / "golden" / "coverage" / case
     if case in IN_CASE_DIR:
@@ -102,8 +96,6 @@ def test_force_backward_refused_as_caffe(case, propagate_down):
     with h5py.File(d / "input.h5") as inp:
         for name, arr in inp["inputs"].items():
             net.blobs[name].data[...] = arr[()]
-    if case in NEEDS_RESHAPE:
-        net.blobs["sel"].data[...] = 1          # every item kept: the planned batch
     net.forward()
     with pytest.raises(LayerError, match=REFUSED_AT_BACKWARD[case]):
         net.backward()

@@ -35,10 +35,12 @@ class HDF5Output(Layer):
         if not self.file_name:
             raise self.error("hdf5_output_param.file_name must be set")
         self.shapes = {"data": _legacy4(data), "label": _legacy4(label)}
-        try:
-            h5py.File(self.file_name, "w").close()
-        except OSError as e:
-            raise self.error(f'failed to create HDF5 file "{self.file_name}": {e}') from None
+        if not getattr(self, "created", False):     # once, as Caffe's LayerSetUp (not at each reshape)
+            try:
+                h5py.File(self.file_name, "w").close()
+            except OSError as e:
+                raise self.error(f'failed to create HDF5 file "{self.file_name}": {e}') from None
+            self.created = True
         return []
 
     def forward(self, bottom, top):

@@ -112,12 +112,13 @@ class Filter(Layer):
     order, from every other bottom: top i is bottom i filtered. Backward copies each kept item's
     diff back and writes 0 to dropped items.
 
-    Caffe reshapes the tops at every forward to the number of kept items. sncaffe plans memory
-    with the shapes known when the net is built, so the tops hold the full batch; the number of
-    kept items must then equal it or the forward stops with an error (see ``kept``)."""
+    As in Caffe, the tops are set up with the whole batch and reshaped at every forward to the
+    number of kept items (``data_dependent``: sncaffe.dynamic re-sets the later layers up). Bound
+    to arrays of the whole batch (the gradient checker), the tops' first rows are used."""
     type = "Filter"
     min_bottoms, min_tops = 2, 1
     backward_needs = ("bottom",)
+    data_dependent = True
 
     def setup(self, bottom_shapes):
         shapes = [tuple(s) for s in bottom_shapes]
@@ -130,30 +131,29 @@ class Filter(Layer):
         for i, s in enumerate(shapes[:-1]):
             if not s or s[0] != sel[0]:
                 raise self.error(f"bottom {i} {s} must have the selector's first dimension {sel[0]}")
-        self.batch = sel[0]
         return shapes[:-1]
 
-    def _kept(self, xp, sel):
-        kept = xp.flatnonzero(sel.reshape(-1))
-        if kept.size != self.batch:
-            raise self.error(f"the selector keeps {kept.size} of {self.batch} items; Caffe would reshape "
-                             "the tops to that many, but sncaffe plans memory with the shapes the net "
-                             "was built with, which keep the whole batch")
-        return kept
+    @staticmethod
+    def _kept(sel):
+        return array_module(sel).flatnonzero(sel.reshape(-1))
+
+    def top_shapes(self, bottom):
+        """This forward's top shapes: as many items as the selector keeps."""
+        n = int(self._kept(bottom[-1].data).size)
+        return [(n,) + tuple(b.data.shape[1:]) for b in bottom[:-1]]
 
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
-        kept = self._kept(xp, bottom[-1].data)
+        kept = self._kept(bottom[-1].data)
         for b, t in zip(bottom, top):
-            xp.take(b.data, kept, axis=0, out=t.data)
+            t.data[:kept.size] = xp.take(b.data, kept, axis=0)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[-1]:
             raise self.error("cannot backpropagate to the filter index input (the selector, last "
                              "bottom), as in Caffe; remove force_backward or the gradient it asks for")
-        xp = array_module(top[0].diff)
-        kept = self._kept(xp, bottom[-1].data)
+        kept = self._kept(bottom[-1].data)
         for b, t, down in zip(bottom, top, propagate_down):
             if down:
                 b.diff.fill(0)
-                b.diff[kept] = t.diff
+                b.diff[kept] = t.diff[:kept.size]

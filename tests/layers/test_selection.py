@@ -51,14 +51,22 @@ def test_batch_reindex():
         h.forward()
 
 
-def test_filter_gradient():
-    """Every item kept (the tops hold the planned batch)."""
-    x, t, sel = rand(0, 3, 2), rand(1, 3, 4, 1), np.array([1.0, 2.0, -1.0])
+@pytest.mark.parametrize("sel", [[1.0, 2.0, -1.0, 0.5], [0.0, 1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 1.0]])
+def test_filter(sel):
+    """Bound to whole-batch arrays (no Net to reshape them), the kept items fill the tops' first
+    rows; the other rows stay constant, so finite differences still check backward."""
+    x, t, sel = rand(0, 4, 2), rand(1, 4, 3, 1), np.array(sel)
     layer = make_layer('type: "Filter"', n_bottoms=3, n_tops=2)
     h = check_gradient(layer, [x, t, sel], check_bottoms=[0, 1], propagate_down=[True, True, False])
-    np.testing.assert_array_equal(h.forward()[0], x)
+    kept = np.flatnonzero(sel)
+    assert layer.top_shapes(h.bottom) == [(len(kept), 2), (len(kept), 3, 1)]
+    y, tf = h.forward()
+    np.testing.assert_array_equal(y[:len(kept)], x[kept])
+    np.testing.assert_array_equal(tf[:len(kept)], t[kept])
+    (dx, _, _), _ = h.backward([np.ones((4, 2)), np.ones((4, 3, 1))], [True, False, False])
+    np.testing.assert_array_equal(dx.any(axis=1), sel != 0)          # dropped items get 0
     with pytest.raises(LayerError, match=r'\(Filter\): cannot backpropagate to the filter index input'):
-        h.backward([np.ones((3, 2)), np.ones((3, 4, 1))], [True, True, True])
+        h.backward([np.ones((4, 2)), np.ones((4, 3, 1))], [True, True, True])
 
 
 def test_parameter():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from .base import Layer, array_module, canonical_axis, count, register
+from .base import Layer, canonical_axis, count, register
 
 
 @register

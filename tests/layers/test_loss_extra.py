@@ -22,7 +22,8 @@ def softmax(x, axis=1):
 def test_contrastive_loss(legacy, margin):
     a, b = rng(0).standard_normal((6, 3)), rng(1).standard_normal((6, 3))
     sim = np.array([1.0, 0, 1, 0, 0, 1])
-    text = f'type: "ContrastiveLoss" contrastive_loss_param {{ margin: {margin} legacy_version: {str(legacy).lower()} }}'
+    text = (f'type: "ContrastiveLoss" contrastive_loss_param {{ margin: {margin} '
+            f'legacy_version: {str(legacy).lower()} }}')
     layer = make_layer(text, n_bottoms=3)
     assert [layer.allow_force_backward(i) for i in range(3)] == [True, True, False]
     h = Harness(layer, [a, b, sim])

@@ -66,7 +66,8 @@ def im2col_reference(x, kernel, stride, pad, dilation):
 
 @pytest.mark.parametrize("shape,conv,kernel,stride,pad,dilation", [
     ((2, 3, 5, 6), "kernel_size: 3 stride: 2 pad: 1", (3, 3), (2, 2), (1, 1), (1, 1)),
-    ((1, 2, 6, 5), "kernel_h: 2 kernel_w: 3 pad_h: 1 stride_h: 1 stride_w: 2 dilation: 2", (2, 3), (1, 2), (1, 0), (2, 2)),
+    ((1, 2, 6, 5), "kernel_h: 2 kernel_w: 3 pad_h: 1 stride_h: 1 stride_w: 2 dilation: 2",
+     (2, 3), (1, 2), (1, 0), (2, 2)),
     ((2, 2, 7), "kernel_size: 3 stride: 2", (3,), (2,), (0,), (1,)),
     ((1, 2, 3, 4, 4), "kernel_size: 2 kernel_size: 1 kernel_size: 3 pad: 1 stride: 2", (2, 1, 3), (2, 2, 2),
      (1, 1, 1), (1, 1, 1)),

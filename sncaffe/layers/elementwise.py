@@ -27,6 +27,7 @@ def _log_base(layer, base):
 
 class _Cheap(NeuronLayer):
     cheap = True                # memory runtime: recompute rather than keep (mem/recompute.py)
+    flops_per_output = 4        # forward FLOPs per element (mem/planner.layer_flops): a few each
 
 
 @register

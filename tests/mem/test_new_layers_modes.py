@@ -115,3 +115,15 @@ def test_new_layers_recomputed(mode, reference, monkeypatch):
     assert [peak for peak, _ in steps] == [plan.peak] * len(steps), "pool peak != planned peak"
     for (_, state), (_, ref) in zip(steps, reference[1]):
         assert not [k for k in ref if state[k].tobytes() != ref[k].tobytes()]
+
+
+def test_layer_classes_carry_their_knowledge():
+    """What the memory runtime asks of a layer lives on its class: cheap to recompute, FLOPs."""
+    from sncaffe.graph import build_graph
+    from sncaffe.mem.planner import layer_flops
+    from sncaffe.mem.recompute import is_cheap
+    graph = build_graph(parse_text(NET, pb.NetParameter()), pb.TRAIN)
+    mvn, bnll, spp = graph.layer("mvn"), graph.layer("bnll"), graph.layer("spp")
+    assert layer_flops(mvn) == 6 * int(np.prod(mvn.tops[0].shape))
+    assert layer_flops(bnll) == 4 * int(np.prod(bnll.tops[0].shape))
+    assert is_cheap(bnll) and is_cheap(graph.layer("crop")) and not is_cheap(spp)

@@ -220,10 +220,11 @@ class Net:
     def _run_op(self, op, recompute=False, workspace=None, chunk=None):
         node = op.node
         layer = node.layer
-        if self.shapes.active and not chunk:        # Caffe's Reshape before each Forward (Filter)
+        if self.shapes.active:                      # Caffe's Reshape before each Forward (Filter)
             if op.kind == "forward":
                 self.shapes.before_forward(node)
-            workspace = self.shapes.workspace(layer, op.kind, workspace or {})
+            if not chunk:                           # a chunk's workspace does not grow with the batch
+                workspace = self.shapes.workspace(layer, op.kind, workspace or {})
         layer.workspace = workspace or {}
         if chunk:
             saved, layer.chunk = layer.chunk, chunk

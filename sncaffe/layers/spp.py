@@ -25,7 +25,8 @@ def level_param(name, level, h, w, method) -> "pb.LayerParameter":
 class SPP(Layer):
     """Pooling at levels 0 .. pyramid_height - 1 (level l: 2^l x 2^l bins, Caffe's Pooling rules:
     MAX skips padded cells, the AVE divisor counts them), each flattened per item as
-    (C, bin_h, bin_w) and concatenated: top (N, C * sum 4^l)."""
+    (C, bin_h, bin_w) and concatenated: top (N, C * sum 4^l). With one level the top is that
+    pooling's own (N, C, 1, 1), as in Caffe."""
     type = "SPP"
     exact_bottoms = exact_tops = 1
     backward_needs = ()
@@ -54,6 +55,8 @@ class SPP(Layer):
                 getattr(self, kind).update({f"{level}/{k}": v for k, v in getattr(pool, kind).items()})
             self.workspace_specs[f"{level}/top"] = (top, None)
         self.workspace_specs["dx"] = (shape, None)
+        if len(self.sizes) == 1:        # Caffe: the Pooling layer alone, its 4-D top unflattened
+            return [self.sizes[0]]
         return [(N, sum(C * h * w for _, _, h, w in self.sizes))]
 
     def _bind(self, level, pool):
@@ -65,6 +68,7 @@ class SPP(Layer):
     def _pieces(self, a):
         """Views of the top (N, total) per level, as (N, C, bins, bins)."""
         out, start = [], 0
+        a = a.reshape(a.shape[0], -1)
         for s in self.sizes:
             n = s[1] * s[2] * s[3]
             out.append(a[:, start:start + n].reshape(s[0], s[1], s[2], s[3]))

@@ -85,8 +85,10 @@ class Harness:
 
 
 def check_gradient(layer, bottoms, *, seed=0, eps=1e-6, rtol=1e-5, atol=1e-7,
-                   check_bottoms=None, check_params=True, max_probes=400, params=None):
-    """Assert that backward matches finite differences. Returns the Harness."""
+                   check_bottoms=None, check_params=True, max_probes=400, params=None,
+                   propagate_down=None):
+    """Assert that backward matches finite differences. Returns the Harness.
+    ``propagate_down``: per bottom (default: where the layer allows force_backward)."""
     h = Harness(layer, bottoms, np.float64, seed, params)
     rng = np.random.default_rng(seed + 7)
     tops = h.forward()
@@ -98,7 +100,7 @@ def check_gradient(layer, bottoms, *, seed=0, eps=1e-6, rtol=1e-5, atol=1e-7,
     if check_bottoms is None:
         check_bottoms = [i for i in range(len(bottoms)) if layer.allow_force_backward(i)]
     h.forward()
-    bottom_diffs, param_diffs = h.backward(grads)
+    bottom_diffs, param_diffs = h.backward(grads, propagate_down)
     targets = [(f"bottom[{i}]", h.inputs[i], bottom_diffs[i]) for i in check_bottoms]
     if check_params and layer.learnable:
         targets += [(f"param[{i}]", p.data, d) for i, (p, d) in enumerate(zip(layer.blobs, param_diffs))]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from . import blobproto
+from .dynamic import DynamicShapes
 from .graph import build_graph
 from .layers.base import Blob
 from .layers.structure import transfer
@@ -83,27 +84,28 @@ class Net:
         """id(root) -> setters that point every view of that root at its block (or None)."""
         binders = {}
 
-        def on(tensor, setter):
+        def on(tensor, setter, key=None, part="data"):
             if tensor is not None:
-                shape = tensor.shape
+                shape = tensor.shape        # planned; this forward's where shapes are dynamic
                 binders.setdefault(id(tensor.root), []).append(
-                    lambda a: setter(None if a is None else a.reshape(shape)))
+                    lambda a: setter(None if a is None else self.shapes.fit(key, part, a, shape)))
         for name, b in self.graph.blobs.items():
             blob = self.blobs[name]
-            on(b.data, lambda a, blob=blob: setattr(blob, "data", a))
-            on(b.diff, lambda a, blob=blob: setattr(blob, "diff", a))
+            on(b.data, lambda a, blob=blob: setattr(blob, "data", a), name)
+            on(b.diff, lambda a, blob=blob: setattr(blob, "diff", a), name, "diff")
         for node in self.graph.layers:
             layer = node.layer
             for (d, g), blob in zip(node.params, layer.blobs):
                 on(d, lambda a, blob=blob: setattr(blob, "data", a))
                 on(g, lambda a, blob=blob: setattr(blob, "diff", a))
             for k, t in node.scratch.items():
-                on(t, lambda a, layer=layer, k=k: layer.scratch.__setitem__(k, a))
+                on(t, lambda a, layer=layer, k=k: layer.scratch.__setitem__(k, a), ("scratch", node.name, k))
         return binders
 
     def _bind(self):
         """Blobs for every tensor; the plan's persistent tensors allocated (zeroed) now."""
         from .mem.executor import Executor
+        self.shapes = DynamicShapes(self.graph, self.device)
         self.blobs = OrderedDict((name, Blob(name)) for name in self.graph.blobs)
         self.params = OrderedDict()
         for node in self.graph.layers:
@@ -218,6 +220,11 @@ class Net:
     def _run_op(self, op, recompute=False, workspace=None, chunk=None):
         node = op.node
         layer = node.layer
+        if self.shapes.active:                      # Caffe's Reshape before each Forward (Filter)
+            if op.kind == "forward":
+                self.shapes.before_forward(node)
+            if not chunk:                           # a chunk's workspace does not grow with the batch
+                workspace = self.shapes.workspace(layer, op.kind, workspace or {})
         layer.workspace = workspace or {}
         if chunk:
             saved, layer.chunk = layer.chunk, chunk

@@ -122,7 +122,8 @@ def layer_flops(node) -> int:
         if node.type == "Deconvolution":
             return 2 * int(np.prod(node.bottoms[0].shape, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
         return 2 * out * per_out
-    return out * {"LRN": 10, "BatchNorm": 6, "Pooling": 9}.get(node.type, 2)
+    per = getattr(node.layer, "flops_per_output", None)     # the layer class's own estimate
+    return out * (per or {"LRN": 10, "BatchNorm": 6, "Pooling": 9}.get(node.type, 2))
 
 
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,

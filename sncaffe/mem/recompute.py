@@ -23,7 +23,7 @@ CHEAP = {"ReLU", "PReLU", "ELU", "Sigmoid", "TanH", "AbsVal", "Power", "Pooling"
 
 
 def is_cheap(node) -> bool:
-    if node.type not in CHEAP:
+    if node.type not in CHEAP and not getattr(node.layer, "cheap", False):   # or the class says so
         return False
     if node.type == "Pooling" and node.layer.param.pooling_param.pool == 2:   # STOCHASTIC draws anew
         return False

@@ -76,3 +76,45 @@ def run_golden_layer(case, *, check_param_data=False, attrs=None):
                 np.testing.assert_allclose(blob.data, stored[str(i)]["data"][()], **TOL,
                                            err_msg=f"{case} param {i} data")
     return h
+
+
+def run_golden_net(d, rtol=1e-5, atol=1e-6, net=None):
+    """Run the case folder ``d`` (net.prototxt, weights.caffemodel, input.h5, expected.h5) through
+    ``sncaffe.Net`` in TRAIN: inputs in, forward, top diffs in, backward; assert the loss, every
+    blob's data and diff (0 where sncaffe keeps none) and every parameter's data and diff match
+    Caffe's dump. Returns the Net."""
+    import h5py
+    from sncaffe import Net
+
+    def names(value):
+        return (value.decode() if isinstance(value, bytes) else str(value)).split("\n")
+
+    net = net or Net(d / "net.prototxt", "TRAIN", weights=d / "weights.caffemodel")
+    with h5py.File(d / "input.h5") as inp, h5py.File(d / "expected.h5") as exp:
+        assert list(net.blobs) == names(exp.attrs["blob_names"])
+        assert net.layer_names == names(exp.attrs["layer_names"])
+        for name, arr in inp["inputs"].items():
+            net.blobs[name.replace("|", "/")].data[...] = arr[()]
+        loss = net.forward()
+        np.testing.assert_allclose(loss, exp.attrs["loss"][0], rtol=rtol, atol=atol, err_msg=f"{d.name}: loss")
+        for name, arr in inp.get("top_diffs", {}).items():
+            net.blobs[name.replace("|", "/")].diff[...] = arr[()]
+        net.clear_param_diffs()
+        net.backward()
+        for name, blob in net.blobs.items():
+            g = exp["blobs"][name.replace("/", "|")]
+            np.testing.assert_allclose(blob.data, g["data"][()], rtol=rtol, atol=atol,
+                                       err_msg=f"{d.name}: data of {name}")
+            diff = blob.diff if blob.diff is not None else np.zeros(blob.data.shape)
+            np.testing.assert_allclose(diff, g["diff"][()], rtol=rtol, atol=atol,
+                                       err_msg=f"{d.name}: diff of {name}")
+        assert sorted(net.params) == sorted(k.replace("|", "/") for k in exp.get("params", {}))
+        for layer, blobs in net.params.items():
+            stored = exp["params"][layer.replace("/", "|")]
+            assert len(blobs) == len(stored), f"{d.name}: number of params of {layer}"
+            for i, blob in enumerate(blobs):
+                g = stored[str(i)]
+                for what, mine in (("data", blob.data), ("diff", blob.diff)):
+                    np.testing.assert_allclose(mine, g[what][()].reshape(mine.shape), rtol=rtol, atol=atol,
+                                               err_msg=f"{d.name}: param {layer}[{i}] {what}")
+    return net

@@ -1,0 +1,1 @@
+"""WindowData (in progress)."""

@@ -236,3 +236,23 @@ def test_crop_size_is_needed(tmp_path):
     src = window_file(tmp_path, [(gradient_image(), [FG, BG])])
     with pytest.raises(GraphError, match='"data".*crop_size must be set'):
         net(tmp_path, src, crop=0)
+
+
+def test_data_parallel_shards_read_one_big_batch(tmp_path):
+    """Ranks r of 2 at batch 4 get rows 4r..4r+3 of one process at batch 8: the same windows, the
+    same mirrors, the same background/foreground split."""
+    windows = [FG, BG, (1, 0.7, 0, 0, 30, 30), (0, 0.2, 1, 2, 40, 40), (2, 0.95, 5, 5, 25, 35)]
+    src = window_file(tmp_path, [(gradient_image(), windows)])
+    whole = batches(net(tmp_path, src, batch=8, window="fg_fraction: 0.5", transform="mirror: true"), 2)
+    for rank in range(2):
+        n = net(tmp_path, src, batch=4, window="fg_fraction: 0.5", transform="mirror: true")
+        n.layers[0].shard = (rank, 2)
+        for (data, label), (big, big_label) in zip(batches(n, 2), whole):
+            np.testing.assert_array_equal(data, big[4 * rank:4 * rank + 4])
+            np.testing.assert_array_equal(label, big_label[4 * rank:4 * rank + 4])
+
+
+def test_set_batch_reaches_window_data(tmp_path):
+    from sncaffe.prototxt import set_batch
+    text = 'layer { name: "d" type: "WindowData" top: "data" top: "label" window_data_param { batch_size: 5 } }'
+    assert set_batch(parse_text(text, pb.NetParameter()), 3).layer[0].window_data_param.batch_size == 3

@@ -23,15 +23,33 @@ device pool like a data layer's prefetch buffers. With ``expose_hidden`` the
 state comes from the bottoms and goes to the tops, but no gradient crosses
 them: Caffe shares only their data with the unrolled net, so it ignores the
 diffs of h_T/c_T and writes none to h_0/c_0 (sncaffe writes zeros there).
-There is no backward into ``cont`` (Caffe exempts it from force_backward).
+There is no backward into ``cont`` (Caffe exempts it from force_backward, and
+refuses a net that needs it). ``debug_info`` logs, as Caffe's unrolled net
+does, the mean absolute value of the hidden state after forward and of each
+parameter diff after backward (logger ``sncaffe``, level INFO).
 """
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
 from ..backend.blas import gemm
 from ..fillers import fill
 from .base import Layer, array_module, count, register
+
+
+log = logging.getLogger("sncaffe")
+
+
+def _asum_mean(a) -> float:
+    return float(abs(a).mean()) if a.size else 0.0
+
+
+def _no_cont_backward(layer, propagate_down, index):
+    if propagate_down[index]:
+        raise layer.error(f"cannot backpropagate to the sequence indicators (bottom[{index}], cont), as in "
+                          "Caffe: cont must not need a gradient (no propagate_down: true, no learnable layer below)")
 
 
 def _sigmoid(xp, x):
@@ -99,6 +117,17 @@ class _Recurrent(Layer):
         ends = self._forward(bottom, top, self._used)
         if not self.expose:
             self._carry = ends          # a new list: self._used still holds this forward's start
+        if self.param.recurrent_param.debug_info:
+            for key, a in self.scratch.items():
+                log.info("    [Forward] Layer %s, %s data: %.6g", self.name, key, _asum_mean(a[1:] if key != "gates" else a))
+
+    def _debug_backward(self, bottom):
+        if self.param.recurrent_param.debug_info:
+            if bottom[0].diff is not None:
+                log.info("    [Backward] Layer %s, bottom blob %s diff: %.6g", self.name, bottom[0].name,
+                         _asum_mean(bottom[0].diff))
+            for i, b in enumerate(self.blobs):
+                log.info("    [Backward] Layer %s, param blob %d diff: %.6g", self.name, i, _asum_mean(b.diff))
 
     def recompute(self, bottom, top):
         self._forward(bottom, top, self._used)     # the same start, the carry not advanced
@@ -174,6 +203,7 @@ class RNN(_Recurrent):
         return [h[self.T].copy()]
 
     def backward(self, top, propagate_down, bottom):
+        _no_cont_backward(self, propagate_down, 1)
         w = [b.data for b in self.blobs]
         h, cont = self.scratch["h"], bottom[1].data
         TN = self.T * self.N
@@ -195,6 +225,7 @@ class RNN(_Recurrent):
             gemm(dz[t].T, cont[t][:, None] * h[t], self.blobs[self.i_hh].diff, beta=1.0)
             carry = cont[t][:, None] * (dz[t] @ w_hh)
         self._x_backward(bottom, propagate_down, dz, w[0], w[2] if self.static else None, 0, 1, 2)
+        self._debug_backward(bottom)
 
 
 @register
@@ -241,6 +272,7 @@ class LSTM(_Recurrent):
         return [h[self.T].copy(), c[self.T].copy()]
 
     def backward(self, top, propagate_down, bottom):
+        _no_cont_backward(self, propagate_down, 1)
         xp = array_module(bottom[0].data)
         w = [b.data for b in self.blobs]
         h, c, gates = self.scratch["h"], self.scratch["c"], self.scratch["gates"]
@@ -255,6 +287,7 @@ class LSTM(_Recurrent):
             gemm(dgates[t].T, cont[t][:, None] * h[t], self.blobs[self.i_hc].diff, beta=1.0)
             dh_next = cont[t][:, None] * (dgates[t] @ w_hc)
         self._x_backward(bottom, propagate_down, dgates, w[0], w[2] if self.static else None, 0, 1, 2)
+        self._debug_backward(bottom)
 
 
 def lstm_unit_forward(xp, c_prev, x, cont, c, h):
@@ -318,6 +351,7 @@ class LSTMUnit(Layer):
                           top[0].data.reshape(self.N, self.H), top[1].data.reshape(self.N, self.H))
 
     def backward(self, top, propagate_down, bottom):
+        _no_cont_backward(self, propagate_down, 2)
         if not (propagate_down[0] or propagate_down[1]):
             return
         xp = array_module(bottom[0].data)

@@ -185,3 +185,51 @@ def test_bottom_counts():
 @pytest.mark.parametrize("case", ["lstm", "lstm_unit", "rnn", "rnn_static"])
 def test_golden(case):
     run_golden_layer(case, folder="coverage")
+
+
+NET = """
+name: "seq" force_backward: true
+layer { name: "input" type: "Input" top: "x" top: "cont"
+  input_param { shape { dim: 4 dim: 3 dim: 2 } shape { dim: 4 dim: 3 } } }
+layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h" %s
+  recurrent_param { num_output: 3 %s weight_filler { type: "uniform" min: -0.5 max: 0.5 } } }
+"""
+
+
+def seq_net(layer_extra="", param_extra=""):
+    from sncaffe import Net
+    from sncaffe.proto import sncaffe_pb2 as pb
+    from sncaffe.prototxt import parse_text
+    net = Net(parse_text(NET % (layer_extra, param_extra), pb.NetParameter()), "TRAIN")
+    net.blobs["x"].data[...] = np.random.default_rng(0).standard_normal((4, 3, 2))
+    net.blobs["cont"].data[...] = CONT
+    return net
+
+
+def test_no_backward_into_cont():
+    """force_backward leaves cont without a diff; asking for one is refused, as Caffe's CHECK does."""
+    net = seq_net()
+    net.forward()
+    net.blobs["h"].diff[...] = 1
+    net.backward()
+    assert net.blobs["cont"].diff is None and net.blobs["x"].diff.any()
+    net = seq_net("loss_weight: 1 propagate_down: true propagate_down: true")
+    net.forward()
+    with pytest.raises(LayerError, match='"lstm" \\(LSTM\\): cannot backpropagate to the sequence indicators'):
+        net.backward()
+
+
+def test_debug_info_logs_the_unrolled_state(caplog):
+    net = seq_net(param_extra="debug_info: true")
+    with caplog.at_level("INFO", logger="sncaffe"):
+        net.forward()
+        net.blobs["h"].diff[...] = 1
+        net.backward()
+    text = caplog.text
+    for what in ("[Forward] Layer lstm, h data", "[Forward] Layer lstm, c data",
+                 "[Backward] Layer lstm, bottom blob x diff", "[Backward] Layer lstm, param blob 2 diff"):
+        assert what in text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sncaffe"):
+        seq_net().forward()
+    assert "Layer lstm" not in caplog.text

@@ -59,7 +59,6 @@ def _sigmoid(xp, x):
 class _Recurrent(Layer):
     """What RNN and LSTM share: bottom/top layout, parameters around the recurrence, the carry."""
     n_state = 1                 # hidden state blobs: h (RNN) or h, c (LSTM)
-    gate_mult = 1               # width of the recurrent pre-activation, in units of H
 
     def __init__(self, param, phase):
         super().__init__(param, phase)
@@ -85,7 +84,6 @@ class _Recurrent(Layer):
         self.expose = p.expose_hidden
         self.static = len(bottom_shapes) > 2 + self.n_state * self.expose
         self.D, self.Ds = count(x, 2), 0
-        G = self.gate_mult * self.H
         state = (1, self.N, self.H)
         if self.static:
             xs = tuple(bottom_shapes[2])
@@ -96,8 +94,13 @@ class _Recurrent(Layer):
         for i, s in enumerate(bottom_shapes[first:], first):
             if tuple(s) != state:
                 raise self.error(f"bottom[{i}] shape must match hidden state input shape {state}, got {tuple(s)}")
-        self.param_shapes = self.shapes(G)
+        self.param_shapes = self._param_shapes()
         return [(self.T, self.N, self.H)] + [state] * (self.n_state * self.expose)
+
+    def init_params(self, rng):
+        p = self.param.recurrent_param
+        for blob in self.blobs:         # every 1-D blob is a bias
+            fill(p.bias_filler if blob.data.ndim == 1 else p.weight_filler, blob.data, rng)
 
     def reset(self):
         """Zero the hidden state carried between forwards (Caffe's RecurrentLayer::Reset)."""
@@ -119,7 +122,8 @@ class _Recurrent(Layer):
             self._carry = ends          # a new list: self._used still holds this forward's start
         if self.param.recurrent_param.debug_info:
             for key, a in self.scratch.items():
-                log.info("    [Forward] Layer %s, %s data: %.6g", self.name, key, _asum_mean(a[1:] if key != "gates" else a))
+                a = a if key == "gates" else a[1:]          # h_1.. and c_1.., as the unrolled net's blobs
+                log.info("    [Forward] Layer %s, %s data: %.6g", self.name, key, _asum_mean(a))
 
     def _debug_backward(self, bottom):
         if self.param.recurrent_param.debug_info:
@@ -132,29 +136,32 @@ class _Recurrent(Layer):
     def recompute(self, bottom, top):
         self._forward(bottom, top, self._used)     # the same start, the carry not advanced
 
-    def _x_terms(self, bottom, pre, w_x, b, w_static):
-        """pre (T, N, G) = W x_t + b [+ W_static x_static], every step at once."""
+    # Parameters 0, 1 and (with x_static) 2 are W_x, b and W_static in both layers.
+    def _x_terms(self, bottom, pre):
+        """pre (T, N, G) = W_x x_t + b [+ W_static x_static], every step at once."""
+        w = self.blobs
         x = bottom[0].data.reshape(self.T * self.N, self.D)
-        gemm(x, w_x.T, pre.reshape(self.T * self.N, -1))
-        pre += b
+        gemm(x, w[0].data.T, pre.reshape(self.T * self.N, -1))
+        pre += w[1].data
         if self.static:
             xs = bottom[2].data.reshape(self.N, self.Ds)
-            pre += (xs @ w_static.T)[None]
+            pre += (xs @ w[2].data.T)[None]
 
-    def _x_backward(self, bottom, propagate_down, dpre, w_x, w_static, i_x, i_b, i_static):
+    def _x_backward(self, bottom, propagate_down, dpre):
         """Gradients of the x terms from dpre (T, N, G): into x, x_static and their parameters."""
+        w = self.blobs
         x = bottom[0].data.reshape(self.T * self.N, self.D)
         d2 = dpre.reshape(self.T * self.N, -1)
-        gemm(d2.T, x, self.blobs[i_x].diff, beta=1.0)
-        self.blobs[i_b].diff += d2.sum(axis=0)
+        gemm(d2.T, x, w[0].diff, beta=1.0)
+        w[1].diff += d2.sum(axis=0)
         if propagate_down[0]:
-            gemm(d2, w_x, bottom[0].diff.reshape(self.T * self.N, self.D))
+            gemm(d2, w[0].data, bottom[0].diff.reshape(self.T * self.N, self.D))
         if self.static:
             ds = dpre.sum(axis=0)
             xs = bottom[2].data.reshape(self.N, self.Ds)
-            gemm(ds.T, xs, self.blobs[i_static].diff, beta=1.0)
+            gemm(ds.T, xs, w[2].diff, beta=1.0)
             if propagate_down[2]:
-                gemm(ds, w_static, bottom[2].diff.reshape(self.N, self.Ds))
+                gemm(ds, w[2].data, bottom[2].diff.reshape(self.N, self.Ds))
         first = 2 + self.static
         for j in range(first, len(bottom)):
             if propagate_down[j]:
@@ -166,7 +173,7 @@ class RNN(_Recurrent):
     type = "RNN"
     backward_needs = ("bottom", "top")
 
-    def shapes(self, G):
+    def _param_shapes(self):
         H = self.H
         return [(H, self.D), (H,)] + [(H, self.Ds)] * self.static + [(H, H), (H, H), (H,)]
 
@@ -178,17 +185,12 @@ class RNN(_Recurrent):
         self.i_hh, self.i_ho, self.i_bo = k, k + 1, k + 2
         return tops
 
-    def init_params(self, rng):
-        p = self.param.recurrent_param
-        for i, blob in enumerate(self.blobs):
-            fill(p.bias_filler if blob.data.ndim == 1 else p.weight_filler, blob.data, rng)
-
     def _forward(self, bottom, top, start):
         xp = array_module(bottom[0].data)
         w = [b.data for b in self.blobs]
         h = self.scratch["h"]
         h[0] = start[0]
-        self._x_terms(bottom, h[1:], w[0], w[1], w[2] if self.static else None)
+        self._x_terms(bottom, h[1:])
         cont = bottom[1].data
         w_hh = w[self.i_hh]
         for t in range(self.T):
@@ -224,7 +226,7 @@ class RNN(_Recurrent):
             dz[t] *= 1 - h[t + 1] * h[t + 1]                                # through h's tanh
             gemm(dz[t].T, cont[t][:, None] * h[t], self.blobs[self.i_hh].diff, beta=1.0)
             carry = cont[t][:, None] * (dz[t] @ w_hh)
-        self._x_backward(bottom, propagate_down, dz, w[0], w[2] if self.static else None, 0, 1, 2)
+        self._x_backward(bottom, propagate_down, dz)
         self._debug_backward(bottom)
 
 
@@ -232,10 +234,10 @@ class RNN(_Recurrent):
 class LSTM(_Recurrent):
     type = "LSTM"
     n_state = 2
-    gate_mult = 4
     backward_needs = ("bottom",)        # every state it reads back is in its scratch
 
-    def shapes(self, G):
+    def _param_shapes(self):
+        G = 4 * self.H
         return [(G, self.D), (G,)] + [(G, self.Ds)] * self.static + [(G, self.H)]
 
     def setup(self, bottom_shapes):
@@ -248,17 +250,12 @@ class LSTM(_Recurrent):
         self.i_hc = 2 + self.static
         return tops
 
-    def init_params(self, rng):
-        p = self.param.recurrent_param
-        for blob in self.blobs:
-            fill(p.bias_filler if blob.data.ndim == 1 else p.weight_filler, blob.data, rng)
-
     def _forward(self, bottom, top, start):
         xp = array_module(bottom[0].data)
         w = [b.data for b in self.blobs]
         h, c, gates = self.scratch["h"], self.scratch["c"], self.scratch["gates"]
         h[0], c[0] = start
-        self._x_terms(bottom, gates, w[0], w[1], w[2] if self.static else None)
+        self._x_terms(bottom, gates)
         cont = bottom[1].data
         w_hc = w[self.i_hc]
         for t in range(self.T):
@@ -286,7 +283,7 @@ class LSTM(_Recurrent):
             dc_next = lstm_unit_backward(xp, c[t], gates[t], c[t + 1], dc, dh, dgates[t])
             gemm(dgates[t].T, cont[t][:, None] * h[t], self.blobs[self.i_hc].diff, beta=1.0)
             dh_next = cont[t][:, None] * (dgates[t] @ w_hc)
-        self._x_backward(bottom, propagate_down, dgates, w[0], w[2] if self.static else None, 0, 1, 2)
+        self._x_backward(bottom, propagate_down, dgates)
         self._debug_backward(bottom)
 
 

@@ -138,9 +138,9 @@ class WindowData(_Prefetching):
             raise self.error(f"window file {p.source} is empty")
         images, fg, bg = [], [], []
         while pos < len(tokens):
-            n = tokens[pos][0]
+            n, tok = tokens[pos]
             if take(str, '"#"') != "#":
-                raise self.error(f'window file {p.source} line {n}: expected "# image_index", got {tokens[pos - 1][1]!r}')
+                raise self.error(f'window file {p.source} line {n}: expected "# image_index", got {tok!r}')
             index = take(int, "the image index")
             if index != len(images):
                 raise self.error(f"window file {p.source} line {n}: image index {index}, expected {len(images)} "

@@ -233,3 +233,21 @@ def test_debug_info_logs_the_unrolled_state(caplog):
     with caplog.at_level("INFO", logger="sncaffe"):
         seq_net().forward()
     assert "Layer lstm" not in caplog.text
+
+
+def test_lstm_unit_non_binary_cont_keeps_caffes_f_derivative():
+    """For cont outside {0, 1} Caffe's f' is f (1 - f) of f = cont * sigmoid(x_f), not the true
+    cont * s (1 - s); sncaffe keeps Caffe's arithmetic (exact for the 0/1 cont of real nets)."""
+    rng = np.random.default_rng(10)
+    c_prev, x = rng.standard_normal((1, 2, H)), rng.standard_normal((1, 2, 4 * H))
+    cont = np.array([[0.5, 2.0]])
+    h = Harness(lstm_unit(), [c_prev, x, cont])
+    c, hh = h.forward()
+    dc, dh = rng.standard_normal(c.shape), rng.standard_normal(hh.shape)
+    dx = h.backward([dc, dh])[0][1]
+    s = lambda v: 1 / (1 + np.exp(-v))       # noqa: E731
+    i, o, g = s(x[0, :, :H]), s(x[0, :, 2 * H:3 * H]), np.tanh(x[0, :, 3 * H:])
+    f = cont[0][:, None] * s(x[0, :, H:2 * H])
+    c_term = dc[0] + dh[0] * o * (1 - np.tanh(c[0]) ** 2)
+    np.testing.assert_allclose(dx[0, :, H:2 * H], c_term * c_prev[0] * f * (1 - f), rtol=1e-12)
+    np.testing.assert_allclose(c[0], f * c_prev[0] + i * g, rtol=1e-12)

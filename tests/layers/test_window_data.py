@@ -256,3 +256,38 @@ def test_set_batch_reaches_window_data(tmp_path):
     from sncaffe.prototxt import set_batch
     text = 'layer { name: "d" type: "WindowData" top: "data" top: "label" window_data_param { batch_size: 5 } }'
     assert set_batch(parse_text(text, pb.NetParameter()), 3).layer[0].window_data_param.batch_size == 3
+
+
+@pytest.mark.parametrize("mode", ["liveness", "offload", "recompute", "all"])
+def test_trains_alike_in_every_memory_mode(tmp_path, mode):
+    """WindowData -> Convolution -> ReLU -> InnerProduct -> SoftmaxWithLoss: the same bits as mode
+    none, and the pool peak the plan says."""
+    src = window_file(tmp_path, [(gradient_image(), [FG, BG, (2, 0.8, 3, 3, 40, 30)])])
+    text = f"""
+    layer {{ name: "data" type: "WindowData" top: "data" top: "label"
+      window_data_param {{ source: "{src}" root_folder: "{tmp_path}/" batch_size: 4 context_pad: 2 }}
+      transform_param {{ crop_size: 12 mirror: true mean_value: 100 }} }}
+    layer {{ name: "conv" type: "Convolution" bottom: "data" top: "conv"
+      convolution_param {{ num_output: 4 kernel_size: 3 stride: 2 weight_filler {{ type: "xavier" }} }} }}
+    layer {{ name: "relu" type: "ReLU" bottom: "conv" top: "conv" }}
+    layer {{ name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+      inner_product_param {{ num_output: 4 weight_filler {{ type: "xavier" }} }} }}
+    layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}"""
+
+    def run(memory):
+        device = CPUDevice("64MiB")
+        n = Net(parse_text(text, pb.NetParameter()), "TRAIN", device=device, memory=memory, seed=3)
+        out = []
+        for _ in range(2):
+            device.pool.reset_peak()
+            loss = n.forward()
+            n.clear_param_diffs()
+            n.backward()
+            assert device.pool.peak == n.plan.peak
+            out.append([np.float64(loss)] + [b.diff.copy() for bs in n.params.values() for b in bs])
+            for bs in n.params.values():
+                for b in bs:
+                    b.data -= np.float32(0.1) * b.diff
+        return out
+    for got, want in zip(run(mode), run("none")):
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))

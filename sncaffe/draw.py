@@ -34,7 +34,7 @@ COPY_FILL = "#FFFFFF"
 # One colour per location, in order of first appearance (ColorBrewer Dark2).
 LOCATION_COLORS = ("#1B9E77", "#D95F02", "#7570B3", "#E7298A", "#66A61E", "#E6AB02", "#A6761D", "#666666")
 BATCHED = {"Data": "data_param", "ImageData": "image_data_param", "HDF5Data": "hdf5_data_param",
-           "MemoryData": "memory_data_param"}
+           "MemoryData": "memory_data_param", "WindowData": "window_data_param"}
 POOL_NAMES = {v: k for k, v in pb.PoolingParameter.PoolMethod.items()}
 
 

@@ -333,7 +333,8 @@ def set_batch(param, n: int):
             for i in range(len(layer.dummy_data_param.num)):
                 layer.dummy_data_param.num[i] = n
         else:
-            for field in ("data_param", "image_data_param", "hdf5_data_param", "memory_data_param"):
+            for field in ("data_param", "image_data_param", "hdf5_data_param", "memory_data_param",
+                          "window_data_param"):
                 if layer.HasField(field):
                     getattr(layer, field).batch_size = n
     return out

@@ -17,13 +17,13 @@ from sncaffe.proto import sncaffe_pb2 as pb
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-def golden_dir(case):
-    return SHARED / "golden" / "layers" / case
+def golden_dir(case, folder="layers"):
+    return SHARED / "golden" / folder / case
 
 
-def golden_case(case):
+def golden_case(case, folder="layers"):
     """The case's one non-Input LayerParameter and its stored blobs (float32; [] when it has none)."""
-    d = golden_dir(case)
+    d = golden_dir(case, folder)
     net = text_format.Parse((d / "net.prototxt").read_text(), pb.NetParameter())
     lp = next(l for l in net.layer if l.type != "Input")
     weights = pb.NetParameter.FromString((d / "weights.caffemodel").read_bytes())
@@ -31,7 +31,7 @@ def golden_case(case):
     return lp, [np.array(b.data, np.float32).reshape(tuple(b.shape.dim)) for b in blobs]
 
 
-def run_golden_layer(case, *, check_param_data=False, attrs=None):
+def run_golden_layer(case, *, check_param_data=False, attrs=None, folder="layers"):
     """Run the case's layer in float32 (TRAIN phase) and assert it matches Caffe's dump. Returns the Harness.
 
     Compared: every top's data; then, unless the case is forward-only (no top_diffs and not a loss),
@@ -39,10 +39,10 @@ def run_golden_layer(case, *, check_param_data=False, attrs=None):
     the parameter diffs and their values. A loss top gets its loss_weight as diff; a top without a
     stored diff (Pooling's mask) gets zeros. ``check_param_data``: also compare the parameter data
     after the pass (BatchNorm's running statistics). ``attrs``: set on the layer before its setup
-    (a convolution's ``plan_options``).
+    (a convolution's ``plan_options``). ``folder``: ``layers`` or ``coverage``.
     """
-    d = golden_dir(case)
-    lp, params = golden_case(case)
+    d = golden_dir(case, folder)
+    lp, params = golden_case(case, folder)
     layer = create_layer(lp, TRAIN)
     for k, v in (attrs or {}).items():
         setattr(layer, k, v)

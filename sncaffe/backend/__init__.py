@@ -2,6 +2,12 @@
 from .cpu import CPUDevice
 
 
+def is_gpu(target) -> bool:
+    """Whether a graph built for ``target`` (a device, a planning target, or None: the CPU)
+    runs on a GPU: its layers declare GPU workspaces in setup."""
+    return getattr(target, "kind", "cpu") == "cuda"
+
+
 def default_device(capacity=None):
     return make_device("cpu", capacity)
 

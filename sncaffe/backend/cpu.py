@@ -18,7 +18,7 @@ def default_capacity() -> int:
 
 
 class CPUDevice:
-    name = "cpu"
+    name = kind = "cpu"
     xp = np
 
     def __init__(self, capacity=None, host_capacity=None):

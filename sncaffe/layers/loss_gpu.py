@@ -151,53 +151,6 @@ extern "C" __global__ void softmax_rows_bwd(const T* y, const T* dy, T* dx, long
   }
 }
 
-// Per position: log(max(prob of the label, FLT_MIN)), and 1 valid / 0 ignored / -1 label out of range
-extern "C" __global__ void softmax_loss_fwd(const T* prob, const T* label, T* logp, T* valid, long long n,
-    int C, long long inner, int has_ignore, int ignore) {
-  GRID_LOOP(i, n) {
-    long long o = i / inner, k = i - o * inner;
-    int l = (int)label[i];                  // static_cast<int>
-    if (has_ignore && l == ignore) { logp[i] = 0; valid[i] = 0; continue; }
-    if (l < 0 || l >= C) { logp[i] = 0; valid[i] = -1; continue; }
-    T p = prob[(o * C + l) * inner + k];
-    logp[i] = sn_log(p > (T)SN_FLT_MIN ? p : (T)SN_FLT_MIN);
-    valid[i] = 1;
-  }
-}
-
-// dx holds the softmax: dx = (dx - [c == label]) * scale[0], 0 where the label is ignored
-extern "C" __global__ void softmax_loss_bwd(T* dx, const T* label, const T* scale, long long n, int C,
-    long long inner, int has_ignore, int ignore) {
-  GRID_LOOP(i, n) {
-    long long k = i % inner, r = i / inner;
-    int c = (int)(r % C);
-    long long o = r / C;
-    int l = (int)label[o * inner + k];
-    if (has_ignore && l == ignore) { dx[i] = 0; continue; }
-    dx[i] = (dx[i] - (c == l ? (T)1 : (T)0)) * scale[0];
-  }
-}
-
-// Caffe's stable sigmoid cross-entropy, per element, and 1 valid / 0 ignored
-extern "C" __global__ void sigmoid_ce_fwd(const T* x, const T* t, T* loss, T* valid, long long n,
-    int has_ignore, int ignore) {
-  GRID_LOOP(i, n) {
-    T v = x[i], pos = v >= 0 ? (T)1 : (T)0;
-    if (has_ignore && (int)t[i] == ignore) { loss[i] = 0; valid[i] = 0; continue; }
-    loss[i] = sn_log((T)1 + sn_exp(v - (T)2 * v * pos)) - v * (t[i] - pos);
-    valid[i] = 1;
-  }
-}
-
-extern "C" __global__ void sigmoid_ce_bwd(const T* x, const T* t, T* dx, const T* scale, long long n,
-    int has_ignore, int ignore) {
-  GRID_LOOP(i, n) {
-    if (has_ignore && (int)t[i] == ignore) { dx[i] = 0; continue; }
-    T s = sn_tanh(x[i] * (T)0.5) * (T)0.5 + (T)0.5;
-    dx[i] = (s - t[i]) * scale[0];
-  }
-}
-
 """)
 
 

@@ -28,7 +28,7 @@ from sncaffe.backend.cuda import unusable_reason as cuda_unusable_reason
 from sncaffe import Net, blobproto
 from sncaffe.backend import CPUDevice, cudnn, cudnn_conv, kernels
 from sncaffe.gradcheck import Harness, make_layer
-from sncaffe.layers import conv, conv_gpu
+from sncaffe.layers import conv, conv_gpu, loss_gpu
 from sncaffe.layers.base import TEST, TRAIN, Blob, array_module
 from sncaffe.mem.planner import MODES, MemoryExhausted
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -267,7 +267,8 @@ def backend(request, tmp_path_factory):
 def close(dev, cpu, what, rtol=1e-4):
     """Relative 1e-4 of the tensor's own scale, element by element."""
     cpu = np.asarray(cpu, np.float64)
-    scale = float(np.abs(cpu).max()) if cpu.size else 1.0
+    finite = np.abs(cpu[np.isfinite(cpu)])
+    scale = float(finite.max()) if finite.size else 1.0
     np.testing.assert_allclose(np.asarray(dev, np.float64), cpu, rtol=rtol, atol=rtol * (scale or 1.0),
                                err_msg=what)
 
@@ -581,6 +582,90 @@ def test_softmax_loss_label_out_of_range(backend):
     layer, bottom, top = on_device(backend, 'type: "SoftmaxWithLoss"', [normal(23, (2, 3)), [0.0, 3.0]], [])
     with pytest.raises(LayerError, match=r"label out of range \[0, 3\)"):
         layer.forward(bottom, top)
+        loss_gpu.check_labels(layer, None, 3, wait=True)     # on a GPU: read once computed
+
+
+def test_label_check_reads_the_flag_only_once_the_gpu_is_past_it(monkeypatch):
+    """No device-to-host sync per iteration for the label check: the flag of an iteration is read
+    when its event is done (a later forward), and then raises."""
+    from sncaffe.layers import LayerError
+    events, reads = [], []
+
+    class Event:
+        def __init__(self, disable_timing=True):
+            self.done = False
+            events.append(self)
+
+        def record(self, stream=None):
+            pass
+
+    class DeviceBool:                       # a CuPy bool array: reading it would sync
+        __module__ = "cupy._fake"
+
+        def __init__(self, value):
+            self.value = value
+
+        def any(self):
+            return self
+
+        def __bool__(self):
+            reads.append(self.value)
+            return self.value
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event)))
+    layer = make_layer('type: "SoftmaxWithLoss"', n_bottoms=2)
+    loss_gpu.check_labels(layer, DeviceBool(True), 3)
+    loss_gpu.check_labels(layer, DeviceBool(False), 3)
+    assert reads == [] and len(events) == 2                 # nothing read while the GPU is behind
+    events[0].done = True
+    with pytest.raises(LayerError, match=r"label out of range \[0, 3\)"):
+        loss_gpu.check_labels(layer, DeviceBool(False), 3)
+    assert reads == [True]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+@pytest.mark.parametrize("shape", [(3, 37), (2, 300), (5, 3)])
+def test_softmax_rows(backend, shape, inplace):
+    """inner = 1 (classifier outputs): one block per row, C spanning several strides of a block."""
+    parity(backend, 'type: "Softmax"', [normal(41, shape, 3)], inplace=inplace)
+    lab = labels(42, shape[:1], shape[1])
+    parity(backend, 'type: "SoftmaxWithLoss"', [normal(43, shape, 3), lab])
+
+
+NAN_NEURONS = ["relu", "relu_leaky", "relu_negslope", "elu", "elu_half", "elu_negalpha", "absval", "sigmoid", "tanh"]
+
+
+@pytest.mark.parametrize("case", NAN_NEURONS + ["prelu", "prelu_shared"])
+def test_nan_passes_through_as_on_the_cpu(backend, case):
+    """A diverging run: NaN in, NaN out where the CPU (and Caffe) gives NaN, in forward, backward
+    and PReLU's slope gradient, so the NaN stop fires on the GPU too."""
+    x = away_from_zero(44, (2, 3, 2, 2))
+    x.reshape(-1)[[0, 5, 13]] = np.nan
+    if case.startswith("prelu"):
+        text = f'type: "PReLU" prelu_param {{ channel_shared: {str(case.endswith("shared")).lower()} }}'
+    else:
+        text = NEURONS[case]
+    cpu = make_layer(text)
+    cpu.setup([x.shape])
+    y = Harness(cpu, [x], np.float32, 0, None).forward()[0]
+    if case not in ("absval",):                            # |NaN| is NaN anyway; its backward is the point
+        assert np.isnan(y).sum() == 3
+    parity(backend, text, [x])
+
+
+def test_batch_norm_variance_is_two_pass(backend):
+    """|mean| >> std in a float64 net: E[x^2] - E[x]^2 cancels, the centered squares do not."""
+    x = 1e8 + np.random.default_rng(45).standard_normal((4, 3, 5))
+    layer = make_layer('type: "BatchNorm"')
+    layer.setup([x.shape])
+    put = backend.put
+    layer.blobs = [Blob(f"b{i}", put(np.zeros(s)), put(np.zeros(s))) for i, s in enumerate(layer.param_shapes)]
+    layer.scratch = {k: put(np.zeros(s, d or np.float64)) for k, (s, d) in layer.scratch_specs.items()}
+    bottom = [Blob("x", put(x), put(np.zeros_like(x)))]
+    top = [Blob("y", put(np.zeros_like(x)), put(np.zeros_like(x)))]
+    layer.forward(bottom, top)
+    var = x.transpose(1, 0, 2).reshape(3, -1).var(axis=1)
+    np.testing.assert_allclose(backend.get(layer.scratch["std"]), np.sqrt(var + layer.eps), rtol=1e-6)
+    np.testing.assert_allclose(backend.get(top[0].data).std(axis=(0, 2)), np.sqrt(var / (var + layer.eps)), rtol=1e-5)
 
 
 @pytest.mark.parametrize("shapes", [((2, 3, 2, 2), (2, 3, 2, 2)), ((3, 8), (3, 2, 4))])

@@ -5,7 +5,7 @@ Stages (``--stages``, in this order):
 - ``resnet50``   ResNet-50 training (forward, backward, SGD step), batch 64, 224x224, images/s:
                  PyTorch eager with cuDNN (a ResNet-50 of Caffe's layout: stride in the first 1x1
                  of a block) and sncaffe (prototxt/resnet50.prototxt), side by side, in fp32 (TF32
-                 off in both) and with TF32 convolutions (PyTorch's default; cuda_ops.MATH).
+                 off in both) and with TF32 convolutions (PyTorch's default; cudnn_conv.MATH).
 - ``modes``      sncaffe's memory modes none and all on the same net: images/s and pool peak
                  (target: all at most 15% slower than none).
 - ``resnet2500`` ResNet-2500 (batch 16) planned and run for one forward and backward within
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sncaffe import Net  # noqa: E402
-from sncaffe.backend import cuda_ops  # noqa: E402
+from sncaffe.backend import cudnn_conv  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import read_text, set_batch  # noqa: E402
 
@@ -69,8 +69,7 @@ def resnet_param(name, batch):
 # -- sncaffe ---------------------------------------------------------------------------------
 
 def sncaffe_net(device, param, memory="none", **kw):
-    with cuda_ops.building_for(device):
-        return Net(param, "TRAIN", device=device, memory=memory, seed=1, **kw)
+    return Net(param, "TRAIN", device=device, memory=memory, seed=1, **kw)
 
 
 def feed(net, rng):
@@ -182,7 +181,7 @@ def stage_resnet50(args, ctx):
             print(f"  torch {label}: {rate:.1f} images/s", flush=True)
     device = ctx.device(args.device_memory)
     for label, math in (("fp32", "fma"), ("tf32 (torch's default)", "default")):
-        cuda_ops.MATH = math
+        cudnn_conv.MATH = math
         t0 = time.perf_counter()
         net = sncaffe_net(device, resnet_param("resnet50", args.batch))
         built = time.perf_counter() - t0
@@ -197,7 +196,7 @@ def stage_resnet50(args, ctx):
         rows.append(("sncaffe (cuda, memory none)", label, f"{rate:.1f}"))
         print(f"  sncaffe {label}: {rate:.1f} images/s (net built and algorithms measured in {built:.1f} s, "
               f"pool peak {peak / GiB:.2f} GiB)", flush=True)
-    cuda_ops.MATH = "fma"
+    cudnn_conv.MATH = "fma"
     print()
     table(rows, ("ResNet-50 training, batch %d, 224x224" % args.batch, "math", "images/s"))
     for label in ("fp32", "tf32 (torch's default)"):
@@ -233,9 +232,9 @@ def stage_resnet2500(args, ctx):
     ctx.close()
     device = ctx.device(args.device_memory_2500, host=args.host_memory_2500)
     param = resnet_param("resnet2500", 16)
-    limit = cuda_ops.WORKSPACE_LIMIT
+    limit = cudnn_conv.WORKSPACE_LIMIT
     for workspace in (limit, 16 << 20):
-        cuda_ops.WORKSPACE_LIMIT = workspace
+        cudnn_conv.WORKSPACE_LIMIT = workspace
         t0 = time.perf_counter()
         try:
             net = sncaffe_net(device, param, memory="all", reserve=lambda g: history_bytes(g, 1))
@@ -243,7 +242,7 @@ def stage_resnet2500(args, ctx):
         except MemoryExhausted as e:
             print(f"  convolution workspace limit {workspace >> 20} MiB: does not fit ({e}); trying less")
         finally:
-            cuda_ops.WORKSPACE_LIMIT = limit
+            cudnn_conv.WORKSPACE_LIMIT = limit
     else:
         raise RuntimeError("ResNet-2500 does not fit")
     built = time.perf_counter() - t0

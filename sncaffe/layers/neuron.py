@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend.upload import upload
 from . import neuron_gpu
 from .base import TRAIN, Layer, array_module, register
 
@@ -281,7 +282,11 @@ class Dropout(NeuronLayer):
         if self.train:
             mask = self.scratch["mask"]
             if redraw:   # drawn on the host from self.rng, so CPU and GPU runs share masks
-                mask[...] = xp.asarray(self.rng.random(mask.shape, dtype=np.float32) < 1 - self.ratio)
+                host = self.rng.random(mask.shape, dtype=np.float32) < 1 - self.ratio
+                if xp is np:
+                    mask[...] = host
+                else:
+                    upload(mask, host)      # pinned and asynchronous
             xp.multiply(x, mask, out=y)
         elif y is not x:
             y[...] = x

@@ -285,3 +285,13 @@ def test_copy_events_have_start_and_end_for_the_trace():
     ex.traced("offload x", "d2h", event)
     ex.traced("prefetch y", "h2d", untimed)
     assert ex.trace_events() == [("d2h", "offload x", event.start, event.end)]
+
+
+@needs_gpu
+def test_close_releases_the_pinned_arena():
+    dev = CUDADevice(capacity="16MiB", host_capacity="8MiB")
+    off, _ = dev.host_alloc(1024)
+    assert dev._host_arena is not None
+    dev.host_free(off)
+    dev.close()
+    assert dev._host_arena is None

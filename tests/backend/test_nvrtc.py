@@ -5,6 +5,7 @@ Skipped, with the reason, where the wheel is not installed (pip install 'sncaffe
 import ctypes
 import glob
 import os
+import re
 import sys
 
 import numpy as np
@@ -58,9 +59,13 @@ def compile_cuda(code, options, name="k.cu"):
         log = ctypes.create_string_buffer(size.value)
         NVRTC.nvrtcGetProgramLog(prog, log)
         ptx_size = ctypes.c_size_t()
+        ptx = ""
         if status == 0:
             NVRTC.nvrtcGetPTXSize(prog, ctypes.byref(ptx_size))
-        return status, log.value.decode(errors="replace"), ptx_size.value
+            buf = ctypes.create_string_buffer(ptx_size.value)
+            NVRTC.nvrtcGetPTX(prog, buf)
+            ptx = buf.value.decode(errors="replace")
+        return status, log.value.decode(errors="replace"), ptx
     finally:
         NVRTC.nvrtcDestroyProgram(ctypes.byref(prog))
 
@@ -83,7 +88,18 @@ def test_a_broken_kernel_fails_with_its_message():
 
 def test_the_probe_kernel_compiles():
     status, log, ptx = compile_cuda(PROBE, ["-arch=" + ARCH, *kernels.OPTIONS])
-    assert status == 0 and ptx > 0, log
+    assert status == 0 and ptx, log
+
+
+def test_denormals_are_kept_as_on_the_cpu():
+    """No flush-to-zero: float32 arithmetic keeps denormals (the CPU does); -ftz=true would not."""
+    code = kernels.source("neuron", np.float32)
+    def flushing(ptx):      # instructions that flush denormals; expf's own ex2.approx.ftz is exact enough
+        return {m for m in re.findall(r"([a-z]+(?:\.[a-z0-9]+)*)\.ftz", ptx) if not m.endswith("approx")}
+    status, log, ptx = compile_cuda(code, ["-arch=" + ARCH, *kernels.OPTIONS])
+    assert status == 0 and ".f32" in ptx and not flushing(ptx), (log, flushing(ptx))
+    status, _, flushed = compile_cuda(code, ["-arch=" + ARCH, "-ftz=true"])
+    assert status == 0 and {"add", "mul"} <= flushing(flushed)
 
 
 @pytest.mark.parametrize("family", sorted(kernels.SOURCES))
@@ -93,5 +109,5 @@ def test_every_kernel_compiles(family, dtype):
         code = kernels.source(family, dtype, index)
         status, log, ptx = compile_cuda(code, ["-arch=" + ARCH, "-Werror", "all-warnings", *kernels.OPTIONS],
                                         f"{family}.cu")
-        assert status == 0 and ptx > 0, f"{family} ({np.dtype(dtype).name}, index {index}):\n{log}"
+        assert status == 0 and ptx, f"{family} ({np.dtype(dtype).name}, index {index}):\n{log}"
         assert "warning" not in log.lower(), log

@@ -369,7 +369,11 @@ class CUDADevice:
     def active(self):
         """This GPU and its compute stream current inside the block; the previous ones after."""
         cp = self.xp
-        device, stream = cp.cuda.Device(), cp.cuda.get_current_stream()
+        stream = cp.cuda.get_current_stream()
+        if stream.ptr == self.compute.ptr:      # already current (a stream belongs to one GPU)
+            yield self
+            return
+        device = cp.cuda.Device()
         self.activate()
         try:
             yield self

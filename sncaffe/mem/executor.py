@@ -39,10 +39,12 @@ class Executor:
 
     # -- memory -----------------------------------------------------------------
     def alloc(self, t, fill=None, persistent=False):
-        off, arr = self.devices[t.location].alloc(t.shape, t.dtype, t.name)
+        device = self.devices[t.location]
+        off, arr = device.alloc(t.shape, t.dtype, t.name)
         self.offsets[id(t)], self.arrays[id(t)] = off, arr
         if fill is not None:
-            arr[...] = fill
+            with device.active():       # on its own GPU's compute stream
+                arr[...] = fill
         for bind in self.binders.get(id(t), ()):
             bind(arr)
         if not persistent:
@@ -164,10 +166,14 @@ class Executor:
 
     def _snapshot(self, ins):
         self._stream_wait(ins.tensor.location, self.h2d.pop(id(ins.tensor), None))
-        self.devices[ins.tensor.location].xp.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
+        device = self.devices[ins.tensor.location]
+        with device.active():
+            device.xp.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
 
     def _restore(self, ins):
-        self.devices[ins.tensor.location].xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
+        device = self.devices[ins.tensor.location]
+        with device.active():
+            device.xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
 
     def trace_events(self) -> list:
         """The recorded (stream, name, start, end) spans, copies included once they have finished."""

@@ -156,6 +156,7 @@ def test_offload_then_prefetch_with_events(device):
     back.wait()
     out.wait()
     assert out.query() and back.query()
+    assert out.start <= out.end <= back.start <= back.end     # --trace's spans: the prefetch after the offload
     assert (host.view(np.float32) == 3).all()
     device.host_free(hoff)
     device.free(off_a)

@@ -510,7 +510,9 @@ def cmd_plan(args) -> int:
     from .solvers.update import RULES
     t0 = time.perf_counter()
     param = _net_param(args)
-    graph = build_graph(prepare_net(param, args.phase), 0 if args.phase == "TRAIN" else 1)
+    from .backend import plan_target
+    target = plan_target(args.device)
+    graph = build_graph(prepare_net(param, args.phase), 0 if args.phase == "TRAIN" else 1, target=target)
     capacity = parse_bytes(args.device_memory) if args.device_memory else None
     rule = RULES.get(args.solver_type)
     if rule is None:
@@ -522,6 +524,9 @@ def cmd_plan(args) -> int:
     print(f"sncaffe plan: {args.net} ({graph.param.name or 'net'}), phase {args.phase}, batch {batch}, "
           f"{len(graph.layers)} layers, {learnable / 1e6:.1f} M learnable parameters"
           + (f", {args.solver_type} history {fmt_bytes(reserve)}" if train else ""))
+    if target is not None:
+        how = "measured by cuDNN on " + target.name if target.cudnn else "estimated (no GPU here; see cudnn_conv.py)"
+        print(f"planned for {args.device}: convolution workspaces {how}")
     plans = [make_plan(graph, mode, None, reserve) for mode in MODES]
     lb = plans[0].lower_bound
     copies = [n for n in graph.layers if n.type == "Copy"]
@@ -648,6 +653,8 @@ def _parser():
                                     "without computing")
     q.add_argument("net", help="net prototxt")
     q.add_argument("--device-memory", help="device capacity to plan for, e.g. 12GiB")
+    q.add_argument("--device", default="cpu", help="plan for cpu or cuda (default: %(default)s): a GPU's "
+                   "convolutions take cuDNN's workspaces, measured where a GPU is here, else estimated")
     q.add_argument("--place", metavar="LAYER=LOC,...", help="model parallelism, as for train")
     q.add_argument("--batch", type=int, help="override the batch size")
     q.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])

@@ -163,7 +163,9 @@ def _describe(bottom: BlobNode) -> str:
     return f'"{bottom.name}" {tuple(bottom.shape)} from layer "{p.name}" ({p.type})'
 
 
-def build_graph(param, phase, dtype=np.float32) -> Graph:
+def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
+    """The graph of ``param`` for ``target``: the device it will run on (or a planning target;
+    None: the CPU), which each layer's setup sizes its workspaces for."""
     dtype = np.dtype(dtype)
     blobs: dict[str, BlobNode] = {}
     nodes: list[LayerNode] = []
@@ -178,6 +180,7 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
             raise GraphError(f'layer "{lp.name}" ({lp.type}): unknown bottom blob "{missing[0]}"')
         bottoms = [blobs[b] for b in lp.bottom]
         layer.inplace = any(t in lp.bottom for t in lp.top)
+        layer.target, layer.dtype = target, dtype
         try:
             layer.check_counts(len(bottoms), len(lp.top))
             top_shapes = [tuple(int(d) for d in s) for s in layer.setup([b.shape for b in bottoms])]

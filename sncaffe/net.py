@@ -43,9 +43,7 @@ class Net:
             device = default_device()
         self.device = device
         self.phase = phase
-        from .backend import cuda_ops
-        with cuda_ops.building_for(device):      # a GPU's layers size cuDNN's workspaces in setup
-            self.graph = build_graph(param, phase, dtype)
+        self.graph = build_graph(param, phase, dtype, device)   # a GPU's layers size cuDNN's workspaces
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
         from .backend import make_device
@@ -55,8 +53,7 @@ class Net:
         self.host_params = host_params
         if host_params:
             reserve = 0                 # the solver's history lives on the host too
-        with cuda_ops.building_for(device):
-            self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
+        self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
         self.host_params = bool(self.plan.host_params)      # auto may have chosen them
         self._bind()
         self.init_params(seed)

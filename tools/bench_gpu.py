@@ -5,13 +5,15 @@ Stages (``--stages``, in this order):
 - ``resnet50``   ResNet-50 training (forward, backward, SGD step), batch 64, 224x224, images/s:
                  PyTorch eager with cuDNN (a ResNet-50 of Caffe's layout: stride in the first 1x1
                  of a block) and sncaffe (prototxt/resnet50.prototxt), side by side, in fp32 (TF32
-                 off in both) and with TF32 convolutions (PyTorch's default; cuda_ops.MATH).
+                 off in both) and with TF32 convolutions (PyTorch's default; cudnn_conv.MATH).
 - ``modes``      sncaffe's memory modes none and all on the same net: images/s and pool peak
                  (target: all at most 15% slower than none).
 - ``resnet2500`` ResNet-2500 (batch 16) planned and run for one forward and backward within
                  ``--device-memory-2500`` (12GiB), SGD history reserved beside it.
 - ``overlap``    a device-to-host copy of pinned memory during compute on the other stream:
                  how much of the shorter one the longer hides (the executor's offload needs it).
+- ``trace``      ResNet-50 in memory mode offload, one iteration traced (``--trace``'s spans,
+                 each operator waited for): how much of the copies' time overlaps compute.
 
     PYTHONPATH=. python tools/bench_gpu.py [--stages resnet50,modes,resnet2500,overlap]
         [--batch 64] [--iterations 10] [--device-memory 80GiB] [--quick]
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sncaffe import Net  # noqa: E402
-from sncaffe.backend import cuda_ops  # noqa: E402
+from sncaffe.backend import cudnn_conv  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import read_text, set_batch  # noqa: E402
 
@@ -50,6 +52,7 @@ def parse_args(argv=None):
     ap.add_argument("--device-memory-2500", default="12GiB")
     ap.add_argument("--host-memory-2500", default="52GiB", help="pinned host memory for ResNet-2500's offload")
     ap.add_argument("--quick", action="store_true", help="batch 16, 3 iterations, no ResNet-2500")
+    ap.add_argument("--fp32-only", action="store_true", help="resnet50: fp32 rows only (no TF32)")
     return ap.parse_args(argv)
 
 
@@ -69,8 +72,7 @@ def resnet_param(name, batch):
 # -- sncaffe ---------------------------------------------------------------------------------
 
 def sncaffe_net(device, param, memory="none", **kw):
-    with cuda_ops.building_for(device):
-        return Net(param, "TRAIN", device=device, memory=memory, seed=1, **kw)
+    return Net(param, "TRAIN", device=device, memory=memory, seed=1, **kw)
 
 
 def feed(net, rng):
@@ -174,15 +176,17 @@ def stage_resnet50(args, ctx):
         torch = None
         print("torch is not installed: sncaffe only")
     if torch is not None:
-        for label, tf32, bench in (("fp32", False, False), ("fp32, cudnn.benchmark", False, True),
-                                   ("tf32 (torch's default)", True, False)):
+        configs = (("fp32", False, False), ("fp32, cudnn.benchmark", False, True),
+                   ("tf32 (torch's default)", True, False))
+        for label, tf32, bench in configs[:2] if args.fp32_only else configs:
             rate = time_torch(torch, args.batch, args.iterations, tf32, bench)
             rates["torch", label] = rate
             rows.append((f"PyTorch eager {torch.__version__}", label, f"{rate:.1f}"))
             print(f"  torch {label}: {rate:.1f} images/s", flush=True)
     device = ctx.device(args.device_memory)
-    for label, math in (("fp32", "fma"), ("tf32 (torch's default)", "default")):
-        cuda_ops.MATH = math
+    maths = (("fp32", "fma"), ("tf32 (torch's default)", "default"))
+    for label, math in maths[:1] if args.fp32_only else maths:
+        cudnn_conv.MATH = math
         t0 = time.perf_counter()
         net = sncaffe_net(device, resnet_param("resnet50", args.batch))
         built = time.perf_counter() - t0
@@ -197,11 +201,11 @@ def stage_resnet50(args, ctx):
         rows.append(("sncaffe (cuda, memory none)", label, f"{rate:.1f}"))
         print(f"  sncaffe {label}: {rate:.1f} images/s (net built and algorithms measured in {built:.1f} s, "
               f"pool peak {peak / GiB:.2f} GiB)", flush=True)
-    cuda_ops.MATH = "fma"
+    cudnn_conv.MATH = "fma"
     print()
     table(rows, ("ResNet-50 training, batch %d, 224x224" % args.batch, "math", "images/s"))
     for label in ("fp32", "tf32 (torch's default)"):
-        if ("torch", label) in rates:
+        if ("torch", label) in rates and ("sncaffe", label) in rates:
             best = max(v for (who, lab), v in rates.items() if who == "torch" and lab.startswith(label[:4]))
             print(f"sncaffe / best torch, {label}: {rates['sncaffe', label] / best:.2f} (target >= 1)")
 
@@ -233,9 +237,9 @@ def stage_resnet2500(args, ctx):
     ctx.close()
     device = ctx.device(args.device_memory_2500, host=args.host_memory_2500)
     param = resnet_param("resnet2500", 16)
-    limit = cuda_ops.WORKSPACE_LIMIT
+    limit = cudnn_conv.WORKSPACE_LIMIT
     for workspace in (limit, 16 << 20):
-        cuda_ops.WORKSPACE_LIMIT = workspace
+        cudnn_conv.WORKSPACE_LIMIT = workspace
         t0 = time.perf_counter()
         try:
             net = sncaffe_net(device, param, memory="all", reserve=lambda g: history_bytes(g, 1))
@@ -243,7 +247,7 @@ def stage_resnet2500(args, ctx):
         except MemoryExhausted as e:
             print(f"  convolution workspace limit {workspace >> 20} MiB: does not fit ({e}); trying less")
         finally:
-            cuda_ops.WORKSPACE_LIMIT = limit
+            cudnn_conv.WORKSPACE_LIMIT = limit
     else:
         raise RuntimeError("ResNet-2500 does not fit")
     built = time.perf_counter() - t0
@@ -315,6 +319,51 @@ def stage_overlap(args, ctx):
         raise AssertionError(f"the copy does not overlap the compute (overlap {hidden:.2f})")
 
 
+def union_overlap(copy, spans):
+    """Seconds of the interval ``copy`` covered by the union of ``spans`` (sorted (start, end))."""
+    start, end = copy
+    covered, reach = 0.0, start
+    for s, e in spans:
+        s, e = max(s, reach), min(e, end)
+        if e > s:
+            covered += e - s
+            reach = e
+    return covered
+
+
+def stage_trace(args, ctx):
+    device = ctx.device(args.device_memory)
+    net = sncaffe_net(device, resnet_param("resnet50", args.batch), memory="offload")
+    try:
+        feed(net, np.random.default_rng(0))
+        net.forward()
+        net.backward()                  # warm-up: algorithms, kernels, pinned host pool
+        device.synchronize()
+        net.executor.trace = []
+        t0 = time.perf_counter()
+        net.forward()
+        net.backward()
+        device.synchronize()
+        wall = time.perf_counter() - t0
+        spans = net.executor.trace_events()
+        net.executor.trace = None
+    finally:
+        net.release()
+        del net
+        gc.collect()
+    compute = sorted((s, e) for stream, _, s, e in spans if stream == "compute")
+    rows = []
+    for stream in ("d2h", "h2d"):
+        copies = [(s, e) for st, _, s, e in spans if st == stream]
+        busy = sum(e - s for s, e in copies)
+        hidden = sum(union_overlap(c, compute) for c in copies)
+        rows.append((stream, len(copies), f"{1e3 * busy:.1f}", f"{hidden / busy:.2f}" if busy else "-"))
+    table(rows, (f"ResNet-50 batch {args.batch}, offload, traced ({1e3 * wall:.0f} ms)", "copies", "copy ms",
+                 "overlapped with compute"))
+    if not any(r[1] for r in rows):
+        raise AssertionError("the traced iteration recorded no copies")
+
+
 class Context:
     """One CUDADevice at a time (its arena is most of the GPU): made on demand, closed between stages
     that need another size."""
@@ -351,7 +400,8 @@ def environment():
           f"({cudnn.library_path()})")
 
 
-STAGES = {"resnet50": stage_resnet50, "modes": stage_modes, "resnet2500": stage_resnet2500, "overlap": stage_overlap}
+STAGES = {"resnet50": stage_resnet50, "modes": stage_modes, "resnet2500": stage_resnet2500, "overlap": stage_overlap,
+          "trace": stage_trace}
 
 
 def main(argv=None):

@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (issue 5): environment, the GPU tests, the benchmark, a summary.
+# The one prepared GPU check (issues 5 and 16): environment, the static kernel/binding checks,
+# the GPU tests, the golden cases, memory modes on ResNet-50, the benchmark, a summary.
 #
-# Run from the repository root on a machine with a GPU, CuPy and cuDNN 9 installed and no
-# network:   bash tools/gpu_check.sh        (about 7 minutes; GPU_CHECK_SECONDS caps it, default 560)
+# Run from the repository root on a machine with a GPU, CuPy (14, CUDA 13) and cuDNN 9 and no
+# network:   bash tools/gpu_check.sh        (at most 6 minutes: GPU_CHECK_SECONDS, default 355)
 #
-# Uses `python` on PATH (else python3; $PYTHON overrides) with PYTHONPATH=. (no install step).
-# Where sncaffe's own dependencies are missing there (lmdb, a new enough protobuf), wheels
-# carried in ./.whl are installed offline into a temporary folder first. Golden and zoo tests need the shared data: ../shared,
-# ./shared or $SNCAFFE_SHARED. Every stage prints a header and its result; a failing stage does
-# not stop the next. Exit status: 0 when every stage passed.
+# The report goes to $OUT/gpu_check.log (and the summary to $OUT/gpu_check_summary.txt) where
+# $OUT is set (the device tool's output folder), else to stdout only.
+# Uses python3 on PATH ($PYTHON overrides) with PYTHONPATH=. (no install step); `import sncaffe`
+# needs numpy, protobuf >= 4.21 and sortedcontainers only. Where something the tests need is
+# missing there (pytest and its pluggy/iniconfig/packaging/pygments), wheels carried in ./.whl
+# (tools/gpu_wheels.sh fetches them; .whl is git-ignored: name it in the device tool's carry)
+# are installed offline into a temporary folder first.
+# Golden tests need the shared data: ../shared, ./shared or $SNCAFFE_SHARED. Every stage
+# prints a header and its result; a failing stage does not stop the next. Exit status: 0 when
+# every stage passed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-8}
-PY=${PYTHON:-$(command -v python || command -v python3)}
-DEADLINE=$(( $(date +%s) + ${GPU_CHECK_SECONDS:-560} ))
+PY=${PYTHON:-$(command -v python3 || command -v python)}
+DEADLINE=$(( $(date +%s) + ${GPU_CHECK_SECONDS:-355} ))
+if [[ -n "${OUT:-}" ]]; then
+    mkdir -p "$OUT"
+    exec > >(tee "$OUT/gpu_check.log") 2>&1
+fi
 RESULTS=()
 FAILED=0
 
@@ -46,7 +56,7 @@ stage() {
 }
 
 if [[ -d .whl ]] && ls .whl/*.whl >/dev/null 2>&1; then
-    echo "installing the carried wheels offline: $(ls .whl)"
+    echo "installing the carried wheels offline: $(ls .whl | tr '\n' ' ')"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sncaffe-site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/sncaffe-site"
 fi
@@ -60,8 +70,9 @@ print("python", sys.version.split()[0], platform.machine())
 import numpy; print("numpy", numpy.__version__)
 import cupy
 props = cupy.cuda.runtime.getDeviceProperties(0)
+name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
 print("cupy", cupy.__version__, "| CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(), "| driver",
-      cupy.cuda.runtime.driverGetVersion(), "|", props["name"], "cc %d.%d" % (props["major"], props["minor"]))
+      cupy.cuda.runtime.driverGetVersion(), "|", name, "cc %d.%d" % (props["major"], props["minor"]))
 from sncaffe.backend import cudnn
 print("cuDNN", ".".join(map(str, cudnn.version())), "at", cudnn.library_path())
 try:
@@ -71,27 +82,32 @@ except ImportError:
     print("torch: not installed (the benchmark runs sncaffe only)")
 import google.protobuf; print("protobuf", google.protobuf.__version__)
 import sncaffe; print("sncaffe", sncaffe.__version__, "imports")
-from sncaffe.backend.cuda import CUDADevice
+from sncaffe.backend.cuda import CUDADevice, unusable_reason
+print("cuda device:", unusable_reason() or "usable (a probe kernel compiled and ran)")
 d = CUDADevice("256MiB", host_capacity="64MiB")
 print(d, "| streams", [d.stream(n).ptr for n in ("compute", "d2h", "h2d")])
 d.close()
 '
-PYTEST=("$PY" -m pytest -x -q -rs -p no:cacheprovider)
+PYTEST=("$PY" -m pytest --maxfail=10 -q -rs -p no:cacheprovider)
 if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST+=(--timeout=240); fi
 PARITY=tests/backend/test_gpu_parity.py
 
-stage "nvidia-smi" 30 nvidia-smi
-stage "environment" 60 "$PY" -c "$ENVIRONMENT"
-stage "cuDNN and the cuda device" 120 "${PYTEST[@]}" tests/backend/test_cudnn.py tests/backend/test_cuda_device.py
-stage "layer parity" 150 "${PYTEST[@]}" "$PARITY" -k "not golden and not zoo and not memory and not out_of_memory"
-stage "golden cases on cuda" 90 "${PYTEST[@]}" "$PARITY" -k "golden"
-stage "benchmark" 300 "$PY" tools/bench_gpu.py
-stage "memory runtime on cuda" 150 "${PYTEST[@]}" "$PARITY" -k "memory or out_of_memory"
-stage "zoo nets, cuda vs cpu" 150 "${PYTEST[@]}" "$PARITY" -k "zoo"
+# seconds per stage: 10 + 25 + 30 + 30 + 60 + 30 + 50 + 120 = 355 at most
+stage "nvidia-smi" 10 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+stage "environment" 25 "$PY" -c "$ENVIRONMENT"
+stage "NVRTC kernels, cuDNN headers" 30 "${PYTEST[@]}" tests/backend/test_nvrtc.py tests/backend/test_cudnn_headers.py
+stage "cuDNN and the cuda device" 30 "${PYTEST[@]}" tests/backend/test_cudnn.py tests/backend/test_cuda_device.py \
+    tests/backend/test_device_order.py
+stage "layer parity" 60 "${PYTEST[@]}" "$PARITY" -k "cuda and not golden and not zoo and not memory"
+stage "golden cases on cuda" 30 "${PYTEST[@]}" "$PARITY" -k "cuda and golden"
+stage "memory modes, ResNet-50" 50 "${PYTEST[@]}" "$PARITY" -k "cuda and (memory_modes and resnet50 or out_of_memory)"
+# ResNet-50 batch 64 against PyTorch eager (fp32), overlap from the trace, ResNet-2500 in 12 GiB
+stage "benchmark" 120 "$PY" tools/bench_gpu.py --stages resnet50,trace,resnet2500 --fp32-only --iterations 5
 
 echo
 echo "=================== summary ==================="
 printf '%s\n' "${RESULTS[@]}"
+[[ -n "${OUT:-}" ]] && printf '%s\n' "${RESULTS[@]}" > "$OUT/gpu_check_summary.txt"
 if [[ -z "${SNCAFFE_SHARED:-}" && ! -d ../shared/golden ]]; then
     echo "note: no shared data (../shared, ./shared or \$SNCAFFE_SHARED): golden and zoo tests were skipped"
 fi

@@ -172,8 +172,8 @@ def gemm(a, b, c, beta=0.0, blas=None):
             fn(_ROW_MAJOR, la[0], lb[0], m, b.shape[1], k, 1.0, a.ctypes.data, la[1],
                b.ctypes.data, lb[1], beta, c.ctypes.data, lc[1])
             return
-    from ..layers.base import array_module       # numpy or cupy
-    xp = array_module(c)
+    import sys                                    # a CuPy array: cupy is imported (backend/ imports no layers)
+    xp = sys.modules["cupy"] if type(c).__module__.startswith("cupy") else np
     if beta == 0:
         xp.matmul(a, b, out=c)
         return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -18,7 +19,7 @@ def default_capacity() -> int:
 
 
 class CPUDevice:
-    name = "cpu"
+    name = kind = "cpu"
     xp = np
 
     def __init__(self, capacity=None, host_capacity=None):
@@ -68,6 +69,17 @@ class CPUDevice:
     def synchronize(self) -> None:
         for stream in self._streams.values():
             stream.synchronize()
+
+    def synchronize_compute(self) -> None:
+        """Compute runs on the calling thread: done when the call returns."""
+
+    def wait_event(self, event, stream="compute") -> None:
+        """Order later compute after ``event``: compute is the host here, so the host waits."""
+        event.wait()
+
+    def active(self):
+        """The device current inside the block (nothing to switch on the CPU)."""
+        return nullcontext(self)
 
     def __repr__(self):
         return f"CPUDevice(capacity={self.pool.capacity})"

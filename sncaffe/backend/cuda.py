@@ -17,10 +17,17 @@ of ``CPUDevice`` (sncaffe/backend/cpu.py), so the executor runs unchanged:
   (what produced, or last used, its device block) and after ``after``.
 - ``CUDAEvent.query()`` / ``.wait()``: as sncaffe.mem.streams.Event; ``wait``
   blocks the host. ``device.wait_event(event)`` instead makes the compute
-  stream wait without blocking the host; ``device.record()`` marks the
-  compute stream.
+  stream wait without blocking the host (what the executor does for every
+  copy a kernel depends on); ``device.record()`` marks the compute stream.
+  A copy's event also has ``start``/``end``: when the GPU ran it, in
+  ``time.perf_counter`` seconds (timing events, mapped through the device's
+  clock), None until it is done, for ``--trace``.
 - ``stream(name)``: the CuPy streams ``compute``, ``d2h``, ``h2d``;
-  ``synchronize()`` waits for all three.
+  ``synchronize()`` waits for all three, ``synchronize_compute()`` for the
+  compute stream (a trace span then measures execution, not the launch).
+- ``with device.active():`` makes this GPU and its compute stream current
+  and restores the previous ones after: the executor runs each layer under
+  its own device (model parallelism over several GPUs).
 
 Layers use ``xp = cupy`` (``array_module``) and ``device.cudnn``, a
 ``cudnn.Handle`` on the compute stream; see sncaffe/backend/cudnn.py. The
@@ -40,6 +47,9 @@ CUDA context live in the margin left outside the arena (capacity defaults
 to the free memory less max(1 GiB, 5% of the GPU)).
 """
 from __future__ import annotations
+
+import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -72,12 +82,39 @@ def gpu_count(cp) -> int:
     return n
 
 
-def unusable_reason():
-    """Why ``--device cuda`` cannot work here (CuPy, a GPU or cuDNN 9 missing), or None."""
+PROBE = r'''extern "C" __global__ void sn_probe(float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = expf(0.0f) + (float)i;
+}'''
+
+
+def kernel_reason(cp):
+    """Why CuPy cannot compile and run a kernel here (NVRTC or the CUDA headers missing: a CuPy
+    installed without its CUDA toolkit pieces), or None."""
     try:
-        gpu_count(import_cupy())
+        x = cp.zeros(64, dtype=np.float32)
+        cp.RawKernel(PROBE, "sn_probe")((1,), (64,), (x, np.int32(64)))
+        got = cp.asnumpy(x)
+    except Exception as e:                 # CompileException, RuntimeError (headers), CUDA errors
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"CuPy cannot compile or run a CUDA kernel here ({first}): it needs the CUDA runtime "
+                f"headers and NVRTC; {INSTALL_HINT} brings them")
+    if not np.array_equal(got, np.arange(64, dtype=np.float32) + 1):
+        return "a test kernel ran on the GPU but computed wrong values"
+    return None
+
+
+def unusable_reason():
+    """Why ``--device cuda`` cannot work here (CuPy, a GPU, a working kernel compiler or cuDNN 9
+    missing), or None: a trivial kernel is compiled and run before saying yes."""
+    try:
+        cp = import_cupy()
+        gpu_count(cp)
     except RuntimeError as e:
         return str(e)
+    reason = kernel_reason(cp)
+    if reason:
+        return reason
     from . import cudnn
     return None if cudnn.available() else "cuDNN 9 is not installed"
 
@@ -92,13 +129,32 @@ def default_margin(total: int) -> int:
     return max(1 << 30, total // 20)
 
 
-class CUDAEvent:
-    """A CUDA event recorded on a stream, with the interface of sncaffe.mem.streams.Event."""
-    __slots__ = ("event", "error")
+class Clock:
+    """Maps CUDA timing events to time.perf_counter seconds: a reference event taken with the
+    host's clock when the GPU was idle at it."""
 
-    def __init__(self, cp, stream):
-        self.event = cp.cuda.Event(disable_timing=True)
+    def __init__(self, cp):
+        self._cp = cp
+        self.ref = cp.cuda.Event()
+        self.ref.record()
+        self.ref.synchronize()
+        self.t0 = time.perf_counter()
+
+    def at(self, event) -> float:
+        return self.t0 + self._cp.cuda.get_elapsed_time(self.ref, event) / 1e3
+
+
+class CUDAEvent:
+    """A CUDA event recorded on a stream, with the interface of sncaffe.mem.streams.Event.
+    With ``begin`` (a timing event recorded before the work) and a ``clock``, ``start`` and
+    ``end`` say when the GPU ran it (perf_counter seconds), once it is done."""
+    __slots__ = ("event", "begin", "clock", "error")
+
+    def __init__(self, cp, stream, begin=None, clock=None):
+        timed = begin is not None and clock is not None
+        self.event = cp.cuda.Event(disable_timing=not timed)
         self.event.record(stream)
+        self.begin, self.clock = (begin, clock) if timed else (None, None)
         self.error = None
 
     def query(self) -> bool:
@@ -107,6 +163,14 @@ class CUDAEvent:
     def wait(self) -> None:
         """Block the host until the work before the event is done."""
         self.event.synchronize()
+
+    @property
+    def start(self):
+        return None if self.clock is None or not self.event.done else self.clock.at(self.begin)
+
+    @property
+    def end(self):
+        return None if self.clock is None or not self.event.done else self.clock.at(self.event)
 
 
 class StrayAllocator:
@@ -182,6 +246,8 @@ class _Arena:
 
 
 class CUDADevice:
+    kind = "cuda"
+
     def __init__(self, capacity=None, host_capacity=None, index=0):
         cp = self.xp = import_cupy()
         n = gpu_count(cp)
@@ -216,6 +282,7 @@ class CUDADevice:
         host = default_capacity() // 2 if host_capacity is None else parse_bytes(host_capacity)
         self.host_pool = Pool(host)
         self._host_arena = None
+        self.clock = Clock(cp)
 
     # -- device memory ------------------------------------------------------------
     def alloc(self, shape, dtype=np.float32, name=None, zero=False):
@@ -223,9 +290,10 @@ class CUDADevice:
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         off = self.pool.alloc(nbytes, name)
-        arr = self.xp.ndarray(shape, dtype, self.xp.cuda.MemoryPointer(self._memory, off))
-        if zero and nbytes:
-            self.xp.cuda.runtime.memsetAsync(self.base + off, 0, nbytes, self.compute.ptr)
+        with self.gpu:
+            arr = self.xp.ndarray(shape, dtype, self.xp.cuda.MemoryPointer(self._memory, off))
+            if zero and nbytes:
+                self.xp.cuda.runtime.memsetAsync(self.base + off, 0, nbytes, self.compute.ptr)
         return off, arr
 
     def free(self, offset: int) -> None:
@@ -267,19 +335,24 @@ class CUDADevice:
             raise ValueError(f"copy between {host.nbytes} host and {array.nbytes} device bytes, "
                              f"both must be equal and contiguous")
         stream = self._streams[stream_name]
-        stream.wait_event(self.record().event)      # the block's producer (or last reader) on compute
-        if after is not None:
-            stream.wait_event(after.event)
-        self.xp.cuda.runtime.memcpyAsync(dst, src, array.nbytes, kind, stream.ptr)
-        return CUDAEvent(self.xp, stream)
+        with self.gpu:
+            stream.wait_event(self.record().event)      # the block's producer (or last reader) on compute
+            if after is not None:
+                stream.wait_event(after.event)
+            begin = self.xp.cuda.Event()
+            begin.record(stream)
+            self.xp.cuda.runtime.memcpyAsync(dst, src, array.nbytes, kind, stream.ptr)
+            return CUDAEvent(self.xp, stream, begin, self.clock)
 
     def record(self, stream="compute") -> CUDAEvent:
         """An event marking the work issued so far to a stream."""
-        return CUDAEvent(self.xp, self._streams[stream])
+        with self.gpu:
+            return CUDAEvent(self.xp, self._streams[stream])
 
     def wait_event(self, event: CUDAEvent, stream="compute") -> None:
         """Order later work on ``stream`` after ``event`` without blocking the host."""
-        self._streams[stream].wait_event(event.event)
+        with self.gpu:
+            self._streams[stream].wait_event(event.event)
 
     def stream(self, name: str):
         """The CuPy stream ``compute``, ``d2h`` or ``h2d``."""
@@ -292,9 +365,29 @@ class CUDADevice:
         self.gpu.use()
         self.compute.use()
 
+    @contextmanager
+    def active(self):
+        """This GPU and its compute stream current inside the block; the previous ones after."""
+        cp = self.xp
+        stream = cp.cuda.get_current_stream()
+        if stream.ptr == self.compute.ptr:      # already current (a stream belongs to one GPU)
+            yield self
+            return
+        device = cp.cuda.Device()
+        self.activate()
+        try:
+            yield self
+        finally:
+            device.use()
+            stream.use()
+
     def synchronize(self) -> None:
         for stream in self._streams.values():
             stream.synchronize()
+
+    def synchronize_compute(self) -> None:
+        """Wait for the kernels issued so far (a trace span then measures their execution)."""
+        self.compute.synchronize()
 
     def close(self) -> None:
         """Wait for all work, release the cuDNN handle and give CuPy its allocator back.
@@ -303,6 +396,7 @@ class CUDADevice:
         self.cudnn.close()
         if getattr(self.xp.cuda, "get_allocator", lambda: None)() is self.stray:
             self.xp.cuda.set_allocator(self._previous_allocator)
+        self._host_arena = None         # unpinned once the last view of it dies
 
     def __repr__(self):
         return f"CUDADevice({self.name}, capacity={self.pool.capacity})"

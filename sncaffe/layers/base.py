@@ -75,6 +75,11 @@ class Layer:
     learnable = True            # False: stored blobs never get gradients (BatchNorm)
     # Which tensors backward reads; the memory runtime frees what is not listed.
     backward_needs = ("bottom", "top")
+    # What the graph is built for, set by build_graph before setup: the target device (or a
+    # planning target; None: the CPU) and the blobs' dtype. A GPU layer sizes its workspaces
+    # for it (backend.is_gpu(self.target)).
+    target = None
+    dtype = np.dtype(np.float32)
 
     def __init__(self, param, phase=TRAIN):
         self.param = param      # the LayerParameter

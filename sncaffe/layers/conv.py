@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import cuda_ops
+from ..backend import is_gpu
 from ..fillers import fill
+from . import conv_gpu
 from .base import Layer, array_module, register
 from .im2col import ConvPlan
 
@@ -86,14 +87,14 @@ class _ConvolutionBase(Layer):
         self.bias_term = p.bias_term
         self.param_shapes += [(M,)] * self.bias_term
         self.workspace_specs = {k: ((n,), None) for k, n in self.plan.workspace(self.chunk or N).items()}
-        if cuda_ops.gpu_target() is not None:       # cuDNN's workspace, not the CPU kernels'
-            self.workspace_specs, self.backward_workspace_specs = cuda_ops.conv_workspace_specs(self, shape, self.chunk)
+        if is_gpu(self.target):                     # cuDNN's workspace, not the CPU kernels'
+            self.workspace_specs, self.backward_workspace_specs = conv_gpu.workspace_specs(self, shape, self.chunk)
         return [(N, M) + tuple(out)] * len(bottom_shapes)
 
     def workspace_for_chunk(self, chunk):
         """The memory runtime's choice when the full workspace does not fit: ``chunk`` images a pass."""
-        if cuda_ops.gpu_target() is not None:
-            return cuda_ops.conv_workspace_for_chunk(self, chunk)
+        if is_gpu(self.target):
+            return conv_gpu.workspace_for_chunk(self, chunk)
         return {k: ((n,), None) for k, n in self.plan.workspace(chunk).items()}
 
     def init_params(self, rng):
@@ -101,6 +102,12 @@ class _ConvolutionBase(Layer):
         fill(p.weight_filler, self.blobs[0].data, rng)
         if self.bias_term:
             fill(p.bias_filler, self.blobs[1].data, rng)
+
+    def settings(self):
+        """(kernel, stride, pad, dilation, group), (h, w) each except group: for the GPU code."""
+        p = self.param.convolution_param
+        return (_spatial(self, p, "kernel_size", 0), _spatial(self, p, "stride", 1), _spatial(self, p, "pad", 0),
+                _spatial(self, p, "dilation", 1), int(p.group))
 
     def _learns(self, i):
         """Caffe skips the gradient of a blob with lr_mult 0."""
@@ -112,14 +119,14 @@ class _ConvolutionBase(Layer):
 
     def forward(self, bottom, top):
         if array_module(bottom[0].data) is not np:
-            return cuda_ops.conv_forward(self, bottom, top)
+            return conv_gpu.forward(self, bottom, top)
         for b, t in zip(bottom, top):
             for c in self._chunks(b.data.shape[0]):
                 self._forward_chunk(b.data[c], t.data[c])
 
     def backward(self, top, propagate_down, bottom):
         if array_module(top[0].diff) is not np:
-            return cuda_ops.conv_backward(self, top, propagate_down, bottom)
+            return conv_gpu.backward(self, top, propagate_down, bottom)
         for i, (t, b) in enumerate(zip(top, bottom)):
             for c in self._chunks(t.diff.shape[0]):
                 if self.bias_term and self._learns(1):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend.upload import upload
 from ..data import datum as datums
 from ..data import image
 from ..data.prefetch import Prefetcher
@@ -37,8 +38,8 @@ def _copy_to_top(top, host_arrays):
     for blob, a in zip(top, host_arrays):
         if array_module(blob.data) is np:
             blob.data[...] = a
-        else:                                   # CuPy: one host-to-device copy into the block
-            blob.data.set(np.ascontiguousarray(a, blob.data.dtype))
+        else:                                   # CuPy: one pinned, asynchronous copy into the block
+            upload(blob.data, a)
 
 
 class _Prefetching(_Source):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import cuda_ops
+from . import loss_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
 FLT_MIN = float(np.finfo(np.float32).tiny)   # Caffe clamps log(prob) with FLT_MIN for every Dtype
@@ -54,7 +54,9 @@ def _labels(layer, xp, label, outer, inner, channels, ignore_label):
     if valid is not None:
         bad &= valid
         lab = xp.where(valid, lab, 0)
-    if bool(bad.any()):
+    if xp is not np:                # no device-to-host sync per iteration
+        loss_gpu.check_labels(layer, bad, channels)
+    elif bool(bad.any()):
         raise layer.error(f"label out of range [0, {channels})")
     return lab, valid
 
@@ -121,7 +123,7 @@ class Softmax(Layer):
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
         if xp is not np:
-            return cuda_ops.softmax_forward(bottom[0].data, top[0].data, self.dims)
+            return loss_gpu.softmax_forward(bottom[0].data, top[0].data, self.dims)
         _softmax(xp, bottom[0].data.reshape(self.dims), top[0].data.reshape(self.dims))
 
     def backward(self, top, propagate_down, bottom):
@@ -129,7 +131,7 @@ class Softmax(Layer):
             return
         xp = array_module(top[0].data)
         if xp is not np:
-            return cuda_ops.softmax_backward(top[0].data, top[0].diff, bottom[0].diff, self.dims)
+            return loss_gpu.softmax_backward(top[0].data, top[0].diff, bottom[0].diff, self.dims)
         y, dy = top[0].data.reshape(self.dims), top[0].diff.reshape(self.dims)
         dot = xp.einsum("ocn,ocn->on", dy, y)[:, None, :]   # before dx: dx may alias dy in place
         dx = bottom[0].diff.reshape(self.dims)
@@ -165,7 +167,7 @@ class SoftmaxWithLoss(_Loss):
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
         if xp is not np:
-            return cuda_ops.softmax_loss_forward(self, bottom, top)
+            return loss_gpu.softmax_loss_forward(self, bottom, top)
         prob = (top[1].data if len(top) > 1 else self.workspace["prob"]).reshape(self.dims)
         _softmax(xp, bottom[0].data.reshape(self.dims), prob)
         lab, valid = self.read_labels(xp, bottom[1].data)
@@ -176,7 +178,7 @@ class SoftmaxWithLoss(_Loss):
 
     def backward(self, top, propagate_down, bottom):
         if array_module(bottom[0].data) is not np:
-            return cuda_ops.softmax_loss_backward(self, top, propagate_down, bottom)
+            return loss_gpu.softmax_loss_backward(self, top, propagate_down, bottom)
         self.check_label_backward(propagate_down)
         if not propagate_down[0]:
             return
@@ -246,7 +248,7 @@ class SigmoidCrossEntropyLoss(_Loss):
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
         if xp is not np:
-            return cuda_ops.sigmoid_ce_forward(self, bottom, top)
+            return loss_gpu.sigmoid_ce_forward(self, bottom, top)
         x = bottom[0].data
         t = bottom[1].data.reshape(x.shape)
         pos = (x >= 0).astype(x.dtype)
@@ -259,7 +261,7 @@ class SigmoidCrossEntropyLoss(_Loss):
 
     def backward(self, top, propagate_down, bottom):
         if array_module(bottom[0].data) is not np:
-            return cuda_ops.sigmoid_ce_backward(self, top, propagate_down, bottom)
+            return loss_gpu.sigmoid_ce_backward(self, top, propagate_down, bottom)
         self.check_label_backward(propagate_down)
         if not propagate_down[0]:
             return

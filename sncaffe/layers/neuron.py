@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import cuda_ops
+from ..backend.upload import upload
+from . import neuron_gpu
 from .base import TRAIN, Layer, array_module, register
 
 
 class NeuronLayer(Layer):
     exact_bottoms = exact_tops = 1
     needs_x = needs_y = False   # what backward reads; set by read_param where it depends on it
+    forward_gpu = backward_gpu = None   # the GPU kernels (neuron_gpu), else the array code on CuPy
 
     def read_param(self, shape):
         """Read the layer's parameters (hook)."""
@@ -35,13 +37,13 @@ class NeuronLayer(Layer):
         x = bottom[0].data
         if self.keeps_x:
             self.scratch["bottom"][...] = x
-        if array_module(x) is np or not cuda_ops.neuron_forward(self, x, top[0].data):
+        if array_module(x) is np or self.forward_gpu is None or self.forward_gpu(x, top[0].data) is False:
             self.forward_array(x, top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         x = self.scratch["bottom"] if self.keeps_x else bottom[0].data
         args = (x, top[0].data, top[0].diff, bottom[0].diff, propagate_down[0])
-        if array_module(top[0].diff) is np or not cuda_ops.neuron_backward(self, *args):
+        if array_module(top[0].diff) is np or self.backward_gpu is None or self.backward_gpu(*args) is False:
             self.backward_array(*args)
 
     def forward_array(self, x, y):
@@ -69,6 +71,7 @@ def _leaky(xp, x, slope, y):
 @register
 class ReLU(NeuronLayer):
     type = "ReLU"
+    forward_gpu, backward_gpu = neuron_gpu.relu_forward, neuron_gpu.relu_backward
 
     def read_param(self, shape):
         self.slope = self.param.relu_param.negative_slope
@@ -92,6 +95,7 @@ class ReLU(NeuronLayer):
 class PReLU(NeuronLayer):
     """ReLU with a learned negative slope per channel (axis 1), or one shared."""
     type = "PReLU"
+    forward_gpu, backward_gpu = neuron_gpu.prelu_forward, neuron_gpu.prelu_backward
     needs_x = True
 
     def read_param(self, shape):
@@ -126,6 +130,7 @@ class PReLU(NeuronLayer):
 @register
 class ELU(NeuronLayer):
     type = "ELU"
+    forward_gpu, backward_gpu = neuron_gpu.elu_forward, neuron_gpu.elu_backward
     needs_y = True
 
     def read_param(self, shape):
@@ -148,6 +153,7 @@ class ELU(NeuronLayer):
 @register
 class Sigmoid(NeuronLayer):
     type = "Sigmoid"
+    forward_gpu, backward_gpu = neuron_gpu.sigmoid_forward, neuron_gpu.sigmoid_backward
     needs_y = True
 
     def forward_array(self, x, y):
@@ -166,6 +172,7 @@ class Sigmoid(NeuronLayer):
 @register
 class TanH(NeuronLayer):
     type = "TanH"
+    forward_gpu, backward_gpu = neuron_gpu.tanh_forward, neuron_gpu.tanh_backward
     needs_y = True
 
     def forward_array(self, x, y):
@@ -181,6 +188,7 @@ class TanH(NeuronLayer):
 class AbsVal(NeuronLayer):
     """|x|. Caffe refuses it in place; here in place keeps a copy of x."""
     type = "AbsVal"
+    forward_gpu, backward_gpu = neuron_gpu.abs_forward, neuron_gpu.abs_backward
     needs_x = True
 
     def forward_array(self, x, y):
@@ -194,6 +202,7 @@ class AbsVal(NeuronLayer):
 class Power(NeuronLayer):
     """y = (shift + scale x)^power, with the branches of Caffe's power_layer.cpp."""
     type = "Power"
+    forward_gpu, backward_gpu = neuron_gpu.power_forward, neuron_gpu.power_backward
 
     def read_param(self, shape):
         p = self.param.power_param
@@ -273,7 +282,11 @@ class Dropout(NeuronLayer):
         if self.train:
             mask = self.scratch["mask"]
             if redraw:   # drawn on the host from self.rng, so CPU and GPU runs share masks
-                mask[...] = xp.asarray(self.rng.random(mask.shape, dtype=np.float32) < 1 - self.ratio)
+                host = self.rng.random(mask.shape, dtype=np.float32) < 1 - self.ratio
+                if xp is np:
+                    mask[...] = host
+                else:
+                    upload(mask, host)      # pinned and asynchronous
             xp.multiply(x, mask, out=y)
         elif y is not x:
             y[...] = x

@@ -5,7 +5,8 @@ import itertools
 
 import numpy as np
 
-from ..backend import cuda_ops
+from ..backend import is_gpu
+from . import normalization_gpu
 from .base import TEST, Layer, array_module, count, register
 from .pooling import padded_view
 
@@ -60,7 +61,7 @@ class LRN(Layer):
         padded = tuple(d + 2 * pre if a in self.axes else d for a, d in enumerate(shape))
         self.scratch_specs = {"scale": (shape, None)}
         # The GPU's ACROSS_CHANNELS kernels sum their windows in place: no workspace.
-        if not (self.axes == (1,) and cuda_ops.gpu_target()):
+        if not (self.axes == (1,) and is_gpu(self.target)):
             self.workspace_specs = {"padded": (padded, None)}
         return [shape]
 
@@ -68,7 +69,7 @@ class LRN(Layer):
         x, y, scale = bottom[0].data, top[0].data, self.scratch["scale"]
         xp = array_module(x)
         if xp is not np and self.axes == (1,):
-            return cuda_ops.lrn_forward(self, x, y, scale)
+            return normalization_gpu.lrn_forward(self, x, y, scale)
         ws = self.workspace["padded"]
         xp.multiply(x, x, out=padded_view(ws, x.shape, self.offsets, 0))
         window_sum(ws, scale, self.size, self.axes)
@@ -85,7 +86,7 @@ class LRN(Layer):
         scale = self.scratch["scale"]
         xp = array_module(x)
         if xp is not np and self.axes == (1,):
-            return cuda_ops.lrn_backward(self, x, y, dy, dx, scale)
+            return normalization_gpu.lrn_backward(self, x, y, dy, dx, scale)
         ws = self.workspace["padded"]
         inner = padded_view(ws, x.shape, self.offsets, 0)
         xp.multiply(dy, y, out=inner)
@@ -139,7 +140,7 @@ class BatchNorm(Layer):
         if not self.use_global_stats:
             self.scratch_specs["x_norm"] = (shape, None)
             self.scratch_specs["mean"] = ((C,), None)    # kept, with std, so a replay is one pass
-            if cuda_ops.gpu_target() is None:           # the GPU kernels need no temp
+            if not is_gpu(self.target):           # the GPU kernels need no temp
                 self.workspace_specs = {"temp": (shape, None)}
         return [shape]
 
@@ -161,7 +162,7 @@ class BatchNorm(Layer):
         x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
         xp = array_module(x)
         if xp is not np:
-            return cuda_ops.batch_norm_forward(self, x, y, update_stats)
+            return normalization_gpu.batch_norm_forward(self, x, y, update_stats)
         std = self.scratch["std"]
         if self.use_global_stats:
             factor = self.blobs[2].data
@@ -203,7 +204,7 @@ class BatchNorm(Layer):
         dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         xp = array_module(dy)
         if xp is not np:
-            return cuda_ops.batch_norm_backward(self, dy, dx)
+            return normalization_gpu.batch_norm_backward(self, dy, dx)
         std = self.scratch["std"][:, None]
         if self.use_global_stats:
             xp.divide(dy, std, out=dx)

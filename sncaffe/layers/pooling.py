@@ -14,7 +14,8 @@ import itertools
 
 import numpy as np
 
-from ..backend import cuda_ops
+from ..backend import is_gpu
+from . import pooling_gpu
 from .base import TEST, Layer, array_module, register
 
 MAX, AVE, STOCHASTIC = 0, 1, 2          # PoolingParameter.PoolMethod
@@ -99,7 +100,7 @@ class Pooling(Layer):
         if self.method != AVE:
             self.scratch_specs["argmax"] = (top_shape, np.uint8 if kh * kw <= 256 else np.int32)
         # The GPU's MAX and AVE kernels read the input in place: no workspace.
-        if not self.is_global and (self.method == STOCHASTIC or cuda_ops.gpu_target() is None):
+        if not self.is_global and (self.method == STOCHASTIC or not is_gpu(self.target)):
             # Enough rows/cols for the padding and for the last window of ceil rounding.
             Lh, Lw = max(H + ph, (PH - 1) * sh + kh), max(W + pw, (PW - 1) * sw + kw)
             # Windows that tile the input exactly (kernel = stride, no padding, nothing left
@@ -173,7 +174,7 @@ class Pooling(Layer):
         xp = array_module(x)
         idx = self.scratch.get("argmax")
         if xp is not np and self.method != STOCHASTIC:      # GPU: Caffe's kernels
-            return cuda_ops.pool_forward(self, x, y, idx, top[1].data if len(top) > 1 else None)
+            return pooling_gpu.pool_forward(self, x, y, idx, top[1].data if len(top) > 1 else None)
         if self.is_global:
             N, C, H, W = x.shape
             x3, y2 = x.reshape(N, C, H * W), y.reshape(N, C)
@@ -253,7 +254,7 @@ class Pooling(Layer):
         if self.method == STOCHASTIC and self.phase == TEST:
             raise self.error("STOCHASTIC pooling has no backward in TEST phase: its TEST forward picks no cell")
         if xp is not np and self.method != STOCHASTIC:
-            return cuda_ops.pool_backward(self, dy, dx, idx)
+            return pooling_gpu.pool_backward(self, dy, dx, idx)
         if self.is_global:
             N, C, H, W = dx.shape
             if self.method == MAX:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import cuda_ops
+from . import scale_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
 
@@ -91,8 +91,8 @@ class Scale(_BroadcastLayer):
         if self.inplace and "bottom" not in self.shared_scratch:
             self.scratch["bottom"][...] = x
         if array_module(x) is not np:
-            return cuda_ops.scale_forward(self, x, self.scale_blob(bottom).data,
-                                          self.blobs[-1].data if self.bias_term else None, top[0].data)
+            return scale_gpu.scale_forward(self, x, self.scale_blob(bottom).data,
+                                           self.blobs[-1].data if self.bias_term else None, top[0].data)
         y3 = self.as3(top[0].data)
         array_module(x).multiply(self.as3(x), self.operand3(self.scale_blob(bottom).data), out=y3)
         if self.bias_term:
@@ -101,7 +101,7 @@ class Scale(_BroadcastLayer):
     def backward(self, top, propagate_down, bottom):
         xp = array_module(top[0].diff)
         if xp is not np:
-            return cuda_ops.scale_backward(self, top, propagate_down, bottom)
+            return scale_gpu.scale_backward(self, top, propagate_down, bottom)
         dy3 = self.as3(top[0].diff)
         scale = self.scale_blob(bottom)
         if self.bias_term:
@@ -138,7 +138,7 @@ class Bias(_BroadcastLayer):
         if self.bias_is_param or propagate_down[1]:
             target = self.blobs[0].diff if self.bias_is_param else bottom[1].diff
             if array_module(dy) is not np:
-                cuda_ops.bias_backward(self, dy, target, self.bias_is_param)
+                scale_gpu.bias_backward(self, dy, target, self.bias_is_param)
             else:
                 self.sum_into(np.einsum("ijk->j", self.as3(dy)), target, self.bias_is_param)
         if propagate_down[0] and bottom[0].diff is not dy:

@@ -12,7 +12,8 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..backend import cuda_ops
+from ..backend import is_gpu
+from . import structure_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
 
@@ -87,7 +88,7 @@ class Eltwise(Layer):
                                  f'bottom "{bottom_name(self, 0)}" shape {shape}')
         if self.op == "MAX":
             self.scratch_specs = {"argmax": (shape, np.int32)}     # which bottom won, per element
-            if cuda_ops.gpu_target() is None:                    # the GPU kernels need no mask
+            if not is_gpu(self.target):                    # the GPU kernels need no mask
                 self.workspace_specs = {"mask": (shape, np.bool_)}
         elif self.op == "SUM" and any(c != 1 for c in self.coeffs):
             self.workspace_specs = {"scaled": (shape, None)}
@@ -112,7 +113,7 @@ class Eltwise(Layer):
                 else:
                     y += xp.multiply(xi, c, out=self.workspace["scaled"])
         elif xp is not np:
-            cuda_ops.eltwise_max_forward(x, y, self.scratch["argmax"])
+            structure_gpu.eltwise_max_forward(x, y, self.scratch["argmax"])
         else:
             # Caffe's order: ties between bottoms 0 and 1 go to 1, later ties keep the earlier
             argmax, mask = self.scratch["argmax"], self.workspace["mask"]
@@ -145,7 +146,7 @@ class Eltwise(Layer):
             elif self.op == "SUM":
                 xp.multiply(dy, self.coeffs[i], out=dx)
             elif xp is not np:
-                cuda_ops.eltwise_max_backward(dy, self.scratch["argmax"], dx, i)
+                structure_gpu.eltwise_max_backward(dy, self.scratch["argmax"], dx, i)
             else:
                 mask = self.workspace["mask"]
                 xp.equal(self.scratch["argmax"], i, out=mask)

@@ -1,9 +1,14 @@
 """The executor: replays a schedule on a device, instruction by instruction.
 
-Compute runs in order on the calling thread (the compute stream); copies go
-to the device's d2h and h2d streams and return events. An operator waits only
-for the copies it depends on: prefetches of what it touches, offloads of what
-it overwrites. A block is freed only after the copies that use it are done.
+Compute runs in order on the calling thread (the compute stream), each
+operator under its own device (``with device.active()``: model parallelism
+over GPUs); copies go to the device's d2h and h2d streams and return events.
+An operator waits only for the copies it depends on: prefetches of what it
+touches, offloads of what it overwrites, and it waits on the device
+(``device.wait_event``: the compute stream waits, the host goes on queueing
+kernels). So does a block's release: the next user of the block is ordered
+after the wait on the compute stream. The host itself waits only where it
+reuses memory the copies touch: a host block dropped or released.
 Because allocations and frees happen exactly in the planned order, the pool's
 measured peak equals the planned one.
 """
@@ -34,10 +39,12 @@ class Executor:
 
     # -- memory -----------------------------------------------------------------
     def alloc(self, t, fill=None, persistent=False):
-        off, arr = self.devices[t.location].alloc(t.shape, t.dtype, t.name)
+        device = self.devices[t.location]
+        off, arr = device.alloc(t.shape, t.dtype, t.name)
         self.offsets[id(t)], self.arrays[id(t)] = off, arr
         if fill is not None:
-            arr[...] = fill
+            with device.active():       # on its own GPU's compute stream
+                arr[...] = fill
         for bind in self.binders.get(id(t), ()):
             bind(arr)
         if not persistent:
@@ -46,8 +53,8 @@ class Executor:
 
     def free(self, t):
         key = id(t)
-        self._wait(self.d2h.pop(key, None))
-        self._wait(self.h2d.pop(key, None))
+        self._stream_wait(t.location, self.d2h.pop(key, None))
+        self._stream_wait(t.location, self.h2d.pop(key, None))
         self.devices[t.location].free(self.offsets.pop(key))
         del self.arrays[key]
         self.transient.pop(key, None)
@@ -67,10 +74,18 @@ class Executor:
         return home
 
     def _wait(self, event):
+        """The host waits (it is about to reuse memory the copy touches)."""
         if event is not None:
             if not event.query():
                 self.stats["waits"] += 1
             event.wait()
+
+    def _stream_wait(self, location, event):
+        """Later compute on the device at ``location`` waits for ``event``; the host does not."""
+        if event is not None:
+            if not event.query():
+                self.stats["waits"] += 1
+            self.devices[location].wait_event(event)
 
     # -- instructions -----------------------------------------------------------
     def execute(self, instrs):
@@ -93,22 +108,26 @@ class Executor:
 
     def _run(self, ins):
         op = ins.op
-        for r, write in op_tensors(op):
-            self._wait(self.h2d.pop(id(r), None))
-            if write:
-                self._wait(self.d2h.pop(id(r), None))   # an offload still reading what we overwrite
         node = op.node
+        layer = getattr(node, "layer", None)
+        location = layer.param.location if layer is not None else ""      # the op's device
+        for r, write in op_tensors(op):
+            self._stream_wait(location, self.h2d.pop(id(r), None))
+            if write:
+                self._stream_wait(location, self.d2h.pop(id(r), None))   # an offload still reading it
         if ins.workspace is not None:
             names = ins.workspace
         else:
             names = node.workspace if op.kind == "forward" else node.backward_workspace
         ws = {k: self.arrays[id(t)] for k, t in names.items()}
-        if self.trace is None:
+        device = self.devices[location]
+        with device.active():           # the layer's own GPU, its stream and cuDNN handle
+            if self.trace is None:
+                self.run_op(op, ins.recompute, ws, ins.chunk)
+                return
+            t0 = time.perf_counter()
             self.run_op(op, ins.recompute, ws, ins.chunk)
-            return
-        t0 = time.perf_counter()
-        self.run_op(op, ins.recompute, ws, ins.chunk)
-        self.device.synchronize_compute() if hasattr(self.device, "synchronize_compute") else None
+            device.synchronize_compute()
         self.trace.append(("compute", op.name + (" (recompute)" if ins.recompute else ""), t0, time.perf_counter()))
 
     def traced(self, name, stream, event):
@@ -146,11 +165,15 @@ class Executor:
         self.devices[self.host_loc.pop(key, "")].host_free(self.host.pop(key)[0])
 
     def _snapshot(self, ins):
-        self._wait(self.h2d.pop(id(ins.tensor), None))
-        self.devices[ins.tensor.location].xp.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
+        self._stream_wait(ins.tensor.location, self.h2d.pop(id(ins.tensor), None))
+        device = self.devices[ins.tensor.location]
+        with device.active():
+            device.xp.copyto(self.arrays[id(ins.source)], self.arrays[id(ins.tensor)])
 
     def _restore(self, ins):
-        self.devices[ins.tensor.location].xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
+        device = self.devices[ins.tensor.location]
+        with device.active():
+            device.xp.copyto(self.arrays[id(ins.tensor)], self.arrays[id(ins.source)])
 
     def trace_events(self) -> list:
         """The recorded (stream, name, start, end) spans, copies included once they have finished."""

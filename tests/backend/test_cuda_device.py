@@ -1,6 +1,7 @@
 """The cuda device: clear errors where CuPy or a GPU is missing (tested everywhere), and the
 device itself (one arena through the pool, pinned host pool, streams, events) where a GPU is."""
 import gc
+import time
 import sys
 import types
 
@@ -155,6 +156,7 @@ def test_offload_then_prefetch_with_events(device):
     back.wait()
     out.wait()
     assert out.query() and back.query()
+    assert out.start <= out.end <= back.start <= back.end     # --trace's spans: the prefetch after the offload
     assert (host.view(np.float32) == 3).all()
     device.host_free(hoff)
     device.free(off_a)
@@ -217,3 +219,80 @@ def test_make_device_and_default_capacity():
     del dev
     gc.collect()
     assert cuda.cuda_usable()
+
+
+# -- without a GPU: the probe kernel, the trace's copy events ------------------------------------
+
+def _cupy_that_cannot_compile(monkeypatch, error):
+    def kernel(code, name):
+        raise error
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 1)),
+        zeros=np.zeros, asnumpy=np.asarray, RawKernel=kernel)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("Failed to find CUDA headers"),
+                                   OSError("failed to load libnvrtc.so.12")])
+def test_a_cupy_that_cannot_compile_is_not_usable(monkeypatch, error):
+    """CuPy installed without its CUDA toolkit pieces sees the GPU but compiles nothing: the
+    device is unusable (tests skip, the CLI says which extra brings them), not usable."""
+    _cupy_that_cannot_compile(monkeypatch, error)
+    reason = cuda.unusable_reason()
+    assert reason is not None and "cannot compile" in reason and str(error) in reason
+    assert "sncaffe[cuda13]" in reason
+
+
+def test_a_probe_that_computes_wrong_values_is_not_usable(monkeypatch):
+    def kernel(code, name):
+        return lambda grid, block, args: None             # "runs", writes nothing
+    fake = types.SimpleNamespace(zeros=np.zeros, asnumpy=np.asarray, RawKernel=kernel)
+    assert "wrong values" in cuda.kernel_reason(fake)
+
+
+class _FakeEvent:
+    """A cupy.cuda.Event stand-in: recorded at the host's clock, done at once."""
+    def __init__(self, disable_timing=False):
+        self.timing, self.t = not disable_timing, None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    done = True
+
+    def synchronize(self):
+        pass
+
+
+def _elapsed_ms(a, b):
+    assert a.timing and b.timing, "elapsed time between events without timing"
+    return (b.t - a.t) * 1e3
+
+
+def test_copy_events_have_start_and_end_for_the_trace():
+    """--trace records copies as (stream, name, start, end): a CUDAEvent has them once done."""
+    from sncaffe.mem.executor import Executor
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_FakeEvent, get_elapsed_time=_elapsed_ms))
+    clock = cuda.Clock(cp)
+    begin = _FakeEvent()
+    begin.record()
+    time.sleep(0.002)
+    event = CUDAEvent(cp, None, begin, clock)
+    assert clock.t0 <= event.start < event.end <= time.perf_counter()
+    untimed = CUDAEvent(cp, None)
+    assert untimed.start is None and untimed.end is None and not untimed.event.timing
+    ex = Executor(CPUDevice("1MiB", host_capacity="1MiB"), {}, lambda *a: None)
+    ex.trace = []
+    ex.traced("offload x", "d2h", event)
+    ex.traced("prefetch y", "h2d", untimed)
+    assert ex.trace_events() == [("d2h", "offload x", event.start, event.end)]
+
+
+@needs_gpu
+def test_close_releases_the_pinned_arena():
+    dev = CUDADevice(capacity="16MiB", host_capacity="8MiB")
+    off, _ = dev.host_alloc(1024)
+    assert dev._host_arena is not None
+    dev.host_free(off)
+    dev.close()
+    assert dev._host_arena is None

@@ -6,7 +6,7 @@ Two backends run the same tests:
 - ``cuda``: a CUDADevice (CuPy, cuDNN 9): skipped, with the reason, where no GPU is usable.
 - ``emulated``: where no GPU is, the GPU code paths still run on the CPU: arrays are NumPy
   arrays that sncaffe takes for CuPy ones (a ``cupy`` module standing in), and the CUDA C of
-  sncaffe/backend/cuda_ops.py is compiled by g++ and launched block by block (threads of a
+  sncaffe/layers/*_gpu.py is compiled by g++ and launched block by block (threads of a
   block as real threads, for __syncthreads). Only cuDNN cannot be emulated: there a
   Convolution runs its CPU code, and the cuDNN tests are cuda-only.
 """
@@ -26,9 +26,9 @@ import pytest
 from sncaffe.backend.cuda import unusable_reason as cuda_unusable_reason
 
 from sncaffe import Net, blobproto
-from sncaffe.backend import CPUDevice, cuda_ops, cudnn
+from sncaffe.backend import CPUDevice, cudnn, cudnn_conv, kernels
 from sncaffe.gradcheck import Harness, make_layer
-from sncaffe.layers import conv
+from sncaffe.layers import conv, conv_gpu, loss_gpu
 from sncaffe.layers.base import TEST, TRAIN, Blob, array_module
 from sncaffe.mem.planner import MODES, MemoryExhausted
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -180,6 +180,7 @@ FAKE_CUPY.__getattr__ = _fake_cupy
 class EmulatedDevice(CPUDevice):
     """The CPU device, its arrays passing for CuPy's: the executor and Net run unchanged."""
     name = "cuda (emulated)"
+    kind = "cuda"
     xp = FAKE_CUPY
 
     def alloc(self, shape, dtype=np.float32, name=None, zero=False):
@@ -204,8 +205,7 @@ class Backend:
         dst.set(np.ascontiguousarray(np.broadcast_to(host, dst.shape), dtype=dst.dtype))
 
     def net(self, source, phase="TRAIN", device=None, **kw):
-        with cuda_ops.building_for(device or self.device):
-            return Net(source, phase, device=device or self.device, **kw)
+        return Net(source, phase, device=device or self.device, **kw)
 
 
 def _plain(method):
@@ -221,6 +221,16 @@ def _plain(method):
         finally:
             self.blobs, self.workspace = blobs, workspace
     return run
+
+
+def emulate(mp, workdir):
+    """Launch the registered kernels compiled by g++ (small blocks, few of them: every grid-stride
+    loop turns)."""
+    mp.setattr(kernels, "_module", functools.lru_cache(maxsize=None)(
+        lambda family, dtype, index: EmulatedModule(kernels.source(family, dtype, index), workdir)))
+    mp.setattr(kernels, "_kernels", {})
+    mp.setattr(kernels, "BLOCK", 4)
+    mp.setattr(kernels, "MAX_BLOCKS", 8)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -241,15 +251,11 @@ def backend(request, tmp_path_factory):
             return
         workdir = tmp_path_factory.mktemp("kernels")
         mp.setitem(sys.modules, "cupy", FAKE_CUPY)
-        mp.setattr(cuda_ops, "_module", functools.lru_cache(maxsize=None)(
-            lambda family, dtype, index: EmulatedModule(cuda_ops.source(family, dtype, index), workdir)))
-        mp.setattr(cuda_ops, "_kernels", {})
-        mp.setattr(cuda_ops, "BLOCK", 4)            # small blocks, few of them: every grid-stride loop turns
-        mp.setattr(cuda_ops, "MAX_BLOCKS", 8)
+        emulate(mp, workdir)
         for cls in (conv.Convolution, conv.Deconvolution):     # CPU code on plain views of the arrays
             for name in ("forward", "backward"):
                 mp.setattr(cls, name, _plain(getattr(cls, name)))
-        mp.setattr(cuda_ops, "conv_workspace_specs",
+        mp.setattr(conv_gpu, "workspace_specs",
                    lambda layer, shape, chunk=None: (layer.workspace_specs, layer.backward_workspace_specs))
         yield Backend("emulated", EmulatedDevice("2GiB", host_capacity="1GiB"),
                       lambda capacity="1GiB": EmulatedDevice(capacity, host_capacity="1GiB"),
@@ -261,7 +267,8 @@ def backend(request, tmp_path_factory):
 def close(dev, cpu, what, rtol=1e-4):
     """Relative 1e-4 of the tensor's own scale, element by element."""
     cpu = np.asarray(cpu, np.float64)
-    scale = float(np.abs(cpu).max()) if cpu.size else 1.0
+    finite = np.abs(cpu[np.isfinite(cpu)])
+    scale = float(finite.max()) if finite.size else 1.0
     np.testing.assert_allclose(np.asarray(dev, np.float64), cpu, rtol=rtol, atol=rtol * (scale or 1.0),
                                err_msg=what)
 
@@ -280,8 +287,8 @@ def on_device(backend, text, bottoms, params, *, phase=TRAIN, inplace=False, n_t
     bottoms (float32) and tops in device arrays: (layer, bottom blobs, top blobs)."""
     layer = make_layer(text, phase, inplace, len(bottoms), n_tops)
     put = backend.put
-    with cuda_ops.building_for(backend.device if target else None):
-        shapes = layer.setup([np.shape(b) for b in bottoms])
+    layer.target = backend.device if target else None
+    shapes = layer.setup([np.shape(b) for b in bottoms])
     layer.blobs = [Blob(f"{layer.name}[{i}]", put(v), put(np.zeros_like(v))) for i, v in enumerate(params)]
     layer.scratch = {k: put(np.zeros(s, d or np.float32)) for k, (s, d) in layer.scratch_specs.items()}
     specs = {**layer.workspace_specs, **(layer.backward_workspace_specs or {})}
@@ -575,6 +582,90 @@ def test_softmax_loss_label_out_of_range(backend):
     layer, bottom, top = on_device(backend, 'type: "SoftmaxWithLoss"', [normal(23, (2, 3)), [0.0, 3.0]], [])
     with pytest.raises(LayerError, match=r"label out of range \[0, 3\)"):
         layer.forward(bottom, top)
+        loss_gpu.check_labels(layer, None, 3, wait=True)     # on a GPU: read once computed
+
+
+def test_label_check_reads_the_flag_only_once_the_gpu_is_past_it(monkeypatch):
+    """No device-to-host sync per iteration for the label check: the flag of an iteration is read
+    when its event is done (a later forward), and then raises."""
+    from sncaffe.layers import LayerError
+    events, reads = [], []
+
+    class Event:
+        def __init__(self, disable_timing=True):
+            self.done = False
+            events.append(self)
+
+        def record(self, stream=None):
+            pass
+
+    class DeviceBool:                       # a CuPy bool array: reading it would sync
+        __module__ = "cupy._fake"
+
+        def __init__(self, value):
+            self.value = value
+
+        def any(self):
+            return self
+
+        def __bool__(self):
+            reads.append(self.value)
+            return self.value
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event)))
+    layer = make_layer('type: "SoftmaxWithLoss"', n_bottoms=2)
+    loss_gpu.check_labels(layer, DeviceBool(True), 3)
+    loss_gpu.check_labels(layer, DeviceBool(False), 3)
+    assert reads == [] and len(events) == 2                 # nothing read while the GPU is behind
+    events[0].done = True
+    with pytest.raises(LayerError, match=r"label out of range \[0, 3\)"):
+        loss_gpu.check_labels(layer, DeviceBool(False), 3)
+    assert reads == [True]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+@pytest.mark.parametrize("shape", [(3, 37), (2, 300), (5, 3)])
+def test_softmax_rows(backend, shape, inplace):
+    """inner = 1 (classifier outputs): one block per row, C spanning several strides of a block."""
+    parity(backend, 'type: "Softmax"', [normal(41, shape, 3)], inplace=inplace)
+    lab = labels(42, shape[:1], shape[1])
+    parity(backend, 'type: "SoftmaxWithLoss"', [normal(43, shape, 3), lab])
+
+
+NAN_NEURONS = ["relu", "relu_leaky", "relu_negslope", "elu", "elu_half", "elu_negalpha", "absval", "sigmoid", "tanh"]
+
+
+@pytest.mark.parametrize("case", NAN_NEURONS + ["prelu", "prelu_shared"])
+def test_nan_passes_through_as_on_the_cpu(backend, case):
+    """A diverging run: NaN in, NaN out where the CPU (and Caffe) gives NaN, in forward, backward
+    and PReLU's slope gradient, so the NaN stop fires on the GPU too."""
+    x = away_from_zero(44, (2, 3, 2, 2))
+    x.reshape(-1)[[0, 5, 13]] = np.nan
+    if case.startswith("prelu"):
+        text = f'type: "PReLU" prelu_param {{ channel_shared: {str(case.endswith("shared")).lower()} }}'
+    else:
+        text = NEURONS[case]
+    cpu = make_layer(text)
+    cpu.setup([x.shape])
+    y = Harness(cpu, [x], np.float32, 0, None).forward()[0]
+    if case not in ("absval",):                            # |NaN| is NaN anyway; its backward is the point
+        assert np.isnan(y).sum() == 3
+    parity(backend, text, [x])
+
+
+def test_batch_norm_variance_is_two_pass(backend):
+    """|mean| >> std in a float64 net: E[x^2] - E[x]^2 cancels, the centered squares do not."""
+    x = 1e8 + np.random.default_rng(45).standard_normal((4, 3, 5))
+    layer = make_layer('type: "BatchNorm"')
+    layer.setup([x.shape])
+    put = backend.put
+    layer.blobs = [Blob(f"b{i}", put(np.zeros(s)), put(np.zeros(s))) for i, s in enumerate(layer.param_shapes)]
+    layer.scratch = {k: put(np.zeros(s, d or np.float64)) for k, (s, d) in layer.scratch_specs.items()}
+    bottom = [Blob("x", put(x), put(np.zeros_like(x)))]
+    top = [Blob("y", put(np.zeros_like(x)), put(np.zeros_like(x)))]
+    layer.forward(bottom, top)
+    var = x.transpose(1, 0, 2).reshape(3, -1).var(axis=1)
+    np.testing.assert_allclose(backend.get(layer.scratch["std"]), np.sqrt(var + layer.eps), rtol=1e-6)
+    np.testing.assert_allclose(backend.get(top[0].data).std(axis=(0, 2)), np.sqrt(var / (var + layer.eps)), rtol=1e-5)
 
 
 @pytest.mark.parametrize("shapes", [((2, 3, 2, 2), (2, 3, 2, 2)), ((3, 8), (3, 2, 4))])
@@ -643,8 +734,7 @@ def test_conv_view_matches_the_layer(kind, shape, M, fields):
     """cuDNN sees Caffe's conv view: a Convolution's top (a Deconvolution's bottom) is the grid."""
     layer = make_layer(f'type: "{kind}" convolution_param {{ num_output: {M} {fields} }}')
     (top,) = layer.setup([shape])
-    cuda_ops._set_conv_view(layer, shape)
-    image, grid, weight, _ = layer._conv_view
+    image, grid, weight, _ = conv_gpu.conv_view(layer, shape)
     assert (image, grid) == ((top, shape) if kind == "Deconvolution" else (shape, top))
     assert weight == layer.param_shapes[0]
 
@@ -653,7 +743,7 @@ def test_algorithm_choice():
     """The fastest algorithm within the workspace, deterministic ones first; measured again when
     a larger workspace might admit algorithms that failed for lack of it."""
     A = cudnn.Algorithm
-    shape = object.__new__(cuda_ops.ConvShape)
+    shape = object.__new__(cudnn_conv.ConvShape)
     shape.image, shape.weight = (1, 1, 1, 1), (1, 1, 1, 1)
     shape.measured = {"forward": (1 << 20, [A(0, "a", 0, 3.0, 0, True, "fma"), A(1, "b", 0, 1.0, 1 << 20, False, "fma"),
                                             A(2, "c", 0, 2.0, 1 << 10, True, "fma"), A(3, "d", 7, -1, 1 << 30, True, "fma")])}
@@ -662,7 +752,7 @@ def test_algorithm_choice():
     assert shape.algorithm("forward", 100).algo == 0
     assert shape.algorithm("forward", 2 << 20) is None            # "d" failed within 1 MiB: measure again
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cuda_ops, "DETERMINISTIC", False)
+        mp.setattr(cudnn_conv, "DETERMINISTIC", False)
         assert shape.algorithm("forward", 1 << 20).algo == 1
     shape.measured["forward"] = (1 << 20, [A(1, "b", 0, 1.0, 1 << 20, False, "fma")])
     assert shape.algorithm("forward", 1 << 20).algo == 1           # no deterministic one: the fastest
@@ -677,12 +767,12 @@ def test_convolution_picks_within_the_limit_and_remembers(backend):
     for limit in (0, 64 << 20):
         layer = make_layer(text)
         layer.workspace_limit = limit
-        with cuda_ops.building_for(backend.device):
-            layer.setup([(4, 8, 16, 16)])
+        layer.target = backend.device
+        layer.setup([(4, 8, 16, 16)])
         sizes.append(layer.workspace_specs["cudnn"][0][0])
     assert sizes[0] == 1 and sizes[1] >= 1          # no workspace: the algorithms that need none
-    shapes = [s for s in cuda_ops._shapes.values() if s.image == (4, 8, 16, 16)]
-    assert len(shapes) == 1 and set(shapes[0].measured) == set(cuda_ops.DIRECTIONS)
+    shapes = [s for s in cudnn_conv._shapes.values() if s.image == (4, 8, 16, 16)]
+    assert len(shapes) == 1 and set(shapes[0].measured) == set(cudnn_conv.DIRECTIONS)
 
 
 # -- whole nets: the golden cases, the zoo, the memory runtime --------------------------------------
@@ -949,9 +1039,10 @@ def test_cudnn_out_of_memory_is_memory_exhausted(backend, monkeypatch):
 
 # -- without CuPy or a GPU -----------------------------------------------------------------------------
 
-def test_cuda_ops_imports_without_cupy(monkeypatch):
+def test_gpu_code_imports_without_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
-    code = "import sncaffe.backend.cuda_ops as m; import sys; assert 'cupy' not in sys.modules; print(m.BLOCK)"
+    code = ("import sncaffe.layers, sncaffe.net; from sncaffe.backend import kernels; import sys; "
+            "assert 'cupy' not in sys.modules; assert kernels.SOURCES; print(kernels.BLOCK)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
 
@@ -961,37 +1052,34 @@ def test_setup_for_a_cpu_device_declares_the_cpu_workspaces():
     specs = []
     for target in (None, CPUDevice("1MiB")):
         layer = make_layer(text)
-        with cuda_ops.building_for(target):
-            assert cuda_ops.gpu_target() is None
-            layer.setup([(1, 2, 8, 8)])
+        layer.target = target
+        layer.setup([(1, 2, 8, 8)])
         specs.append(layer.workspace_specs)
     assert specs[0] == specs[1] and "padded" in specs[0]
 
 
 def test_setup_for_a_gpu_drops_what_only_the_cpu_needs():
-    gpu = types.SimpleNamespace(xp=types.ModuleType("cupy"))
+    gpu = types.SimpleNamespace(kind="cuda")
     cases = [('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 }', (1, 2, 8, 8)),
              ('type: "LRN" lrn_param { local_size: 3 }', (1, 4, 3, 3)),
              ('type: "BatchNorm"', (2, 3, 4)), ('type: "Eltwise" eltwise_param { operation: MAX }', (2, 3))]
     for text, shape in cases:
         layer = make_layer(text, n_bottoms=2 if "Eltwise" in text else 1)
-        with cuda_ops.building_for(gpu):
-            assert cuda_ops.gpu_target() is gpu
-            layer.setup([shape] * (2 if "Eltwise" in text else 1))
+        layer.target = gpu
+        layer.setup([shape] * (2 if "Eltwise" in text else 1))
         assert layer.workspace_specs == {}, text
-    assert cuda_ops.gpu_target() is None
 
 
-@pytest.mark.parametrize("family", sorted(cuda_ops.SOURCES))
+@pytest.mark.parametrize("family", sorted(kernels.SOURCES))
 def test_kernel_sources_compile_with_nvcc(family, tmp_path):
     """Where nvcc is (no GPU needed): the CUDA C compiles for Hopper, warnings as errors (float32;
     the emulated tests compile float64 too)."""
     if not shutil.which("nvcc"):
         pytest.skip("nvcc is not installed")
     for dtype in (np.float32,):
-        for index in ((np.uint8, np.int32) if family == "pool" else (np.uint8,)):
+        for index in kernels.INDEX_TYPES[family]:
             src = tmp_path / f"{family}.cu"
-            src.write_text(cuda_ops.source(family, dtype, index))
+            src.write_text(kernels.source(family, dtype, index))
             out = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-Werror", "all-warnings", str(src), "-o",
                                   str(tmp_path / "k.ptx")], capture_output=True, text=True)
             assert out.returncode == 0, out.stderr

@@ -65,9 +65,7 @@ class DynamicShapes:
             if shapes == self.setup_shapes[node.name]:
                 return
             params = [tuple(s) for s in layer.param_shapes]
-            from .backend import cuda_ops
-            with cuda_ops.building_for(self.device):
-                tops = layer.setup(shapes)
+            tops = layer.setup(shapes)         # layer.target was set when the graph was built
             if [tuple(s) for s in layer.param_shapes] != params:
                 raise layer.error(f"bottom shapes {shapes} change its parameter shapes {params}")
             self.setup_shapes[node.name] = shapes

@@ -48,13 +48,30 @@ def sncaffe_cmd():
     return [str(exe)] if exe.is_file() else [sys.executable, "-m", "sncaffe.cli"]
 
 
-def run(cmd, timeout=3600) -> str:
+def run(cmd, timeout=3600, env=None) -> str:
     """stdout + stderr of ``cmd`` (glog writes to stderr), one thread; an error names the command."""
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, **ONE_THREAD, "GLOG_logtostderr": "1"})
+                       env={**os.environ, **ONE_THREAD, "GLOG_logtostderr": "1", **(env or {})})
     if r.returncode:
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{(r.stdout + r.stderr)[-2000:]}")
     return r.stdout + r.stderr
+
+
+def caffe_blas(exe) -> str:
+    """The BLAS library the `caffe` binary (or its libcaffe) links, from ldd; '?' where unknown."""
+    try:
+        out = subprocess.run(["ldd", str(exe)], capture_output=True, text=True, timeout=60).stdout
+        libs = {line.split()[0] for line in out.splitlines() if line.strip()}
+        caffe_libs = [line.split("=>")[1].split()[0] for line in out.splitlines() if "libcaffe" in line and "=>" in line]
+        for lib in caffe_libs:
+            libs |= {line.split()[0] for line in subprocess.run(["ldd", lib], capture_output=True, text=True,
+                                                                 timeout=60).stdout.splitlines() if line.strip()}
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    for name in ("openblas", "mkl", "atlas", "blis", "libblas"):
+        if any(name in lib for lib in libs):
+            return name
+    return "?"
 
 
 def forward_backward_ms(log: str) -> float:
@@ -127,6 +144,9 @@ def compare(param, exe=None, iterations=10, workdir=None) -> dict:
         train.write_text(text_format.MessageToString(param))
         caffe_ms = forward_backward_ms(run([exe, "time", "-model", train, "-iterations", iterations]))
         sncaffe_ms = forward_backward_ms(run([*sncaffe_cmd(), "time", train, "-n", iterations]))
+        # Caffe's CPU build runs on the system's OpenBLAS: sncaffe on OpenBLAS too, beside its default
+        openblas_ms = forward_backward_ms(run([*sncaffe_cmd(), "time", train, "-n", iterations],
+                                              env={"SNCAFFE_BLAS": "openblas"}))
         net = write_inputs(param, d / "inputs.h5")
         (d / "inputs.txt").write_text(str(d / "inputs.h5") + "\n")
         net.save(d / "weights.caffemodel")
@@ -135,8 +155,11 @@ def compare(param, exe=None, iterations=10, workdir=None) -> dict:
         caffe_out = test_outputs(run([exe, "test", "-model", test, "-weights", d / "weights.caffemodel",
                                       "-iterations", 1]))
         ours = test_outputs(run([*sncaffe_cmd(), "test", test, "--weights", d / "weights.caffemodel", "-n", 1]))
+    from sncaffe.backend import blas
     return {"caffe_ms": caffe_ms, "sncaffe_ms": sncaffe_ms, "images_per_s": batch * 1e3 / caffe_ms,
-            "sncaffe_images_per_s": batch * 1e3 / sncaffe_ms, "caffe_outputs": caffe_out,
+            "sncaffe_images_per_s": batch * 1e3 / sncaffe_ms, "sncaffe_blas": blas.BLAS.describe(),
+            "sncaffe_openblas_ms": openblas_ms, "sncaffe_openblas_images_per_s": batch * 1e3 / openblas_ms,
+            "caffe_blas": caffe_blas(exe), "caffe_outputs": caffe_out,
             "sncaffe_outputs": ours, "outputs": outputs_verdict(caffe_out, ours)}
 
 
@@ -177,7 +200,9 @@ def main(argv=None) -> int:
     r = compare(param, exe, args.iterations)
     print(f"{exe}: {r['caffe_ms']:.1f} ms per forward-backward ({r['images_per_s']:.1f} images/s); "
           f"sncaffe {r['sncaffe_ms']:.1f} ms ({r['sncaffe_images_per_s']:.1f} images/s); "
-          f"sncaffe / caffe throughput {r['caffe_ms'] / r['sncaffe_ms']:.2f}")
+          f"sncaffe / caffe throughput {r['caffe_ms'] / r['sncaffe_ms']:.2f} (Caffe on {r['caffe_blas']}, "
+          f"sncaffe on {r['sncaffe_blas']}); both on OpenBLAS: sncaffe {r['sncaffe_openblas_ms']:.1f} ms, "
+          f"ratio {r['caffe_ms'] / r['sncaffe_openblas_ms']:.2f}")
     print(f"outputs given the same .caffemodel: {r['outputs']}: caffe {r['caffe_outputs']}, "
           f"sncaffe {r['sncaffe_outputs']}")
     return 0 if r["outputs"] == "agree" else 1

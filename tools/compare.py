@@ -935,9 +935,12 @@ def report(results) -> str:
     c = results.get("caffe")
     if c and c.get("runs"):
         parts.append("### Real Caffe (`caffe time` / `sncaffe time`: forward + backward)\n\n" + table(
-            ["net", "batch", "caffe img/s", "sncaffe img/s", "outputs, same .caffemodel"],
-            [[r["net"], r["batch"], f"{r['images_per_s']:.1f}", f"{r['sncaffe_images_per_s']:.1f}", r["outputs"]]
-             for r in c["runs"]]))
+            ["net", "batch", "caffe img/s (BLAS)", "sncaffe img/s (BLAS)", "sncaffe img/s on OpenBLAS",
+             "outputs, same .caffemodel"],
+            [[r["net"], r["batch"], f"{r['images_per_s']:.1f} ({r.get('caffe_blas', '?')})",
+              f"{r['sncaffe_images_per_s']:.1f} ({r.get('sncaffe_blas', '?')})",
+              f"{r['sncaffe_openblas_images_per_s']:.1f}" if "sncaffe_openblas_images_per_s" in r else "-",
+              r["outputs"]] for r in c["runs"]]))
     elif c:
         parts.append(f"Real Caffe: {c.get('skipped')}.")
     rs = ratios(results)

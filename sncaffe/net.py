@@ -16,7 +16,7 @@ import numpy as np
 
 from . import blobproto
 from .graph import build_graph
-from .layers.base import Blob
+from .layers.base import Blob, array_module
 from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
@@ -148,8 +148,9 @@ class Net:
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed=0):
         """Fill parameters from the fillers; each layer's random stream depends on the seed and
-        its name only, so inserted Split or Copy layers do not change any other layer's values."""
-        for node in self.graph.layers:
+        its name only, so inserted Split or Copy layers do not change any other layer's values.
+        Last layer first: a shared parameter keeps its owner's (the first layer's) values, as in Caffe."""
+        for node in reversed(self.graph.layers):
             layer = node.layer
             child = np.random.SeedSequence([seed, zlib.crc32(node.name.encode())])
             rng = np.random.default_rng(child)
@@ -226,9 +227,18 @@ class Net:
             if op.kind == "forward":
                 (layer.recompute if recompute else layer.forward)(node.bottom_blobs, node.top_blobs)
             else:
-                layer.backward(node.top_blobs, node.propagate_down, node.bottom_blobs)
-                for blob, need in zip(layer.blobs, node.param_need_backward):
-                    if not need:
+                shared = [(layer.blobs[i], layer.blobs[i].diff) for i in node.frozen_diffs]
+                for (blob, diff), key in zip(shared, node.frozen_diffs.values()):
+                    ws = layer.workspace.get(key)    # dropped after: a sharer learns this parameter
+                    # (a chunked backward's workspace, chosen by the planner, lacks it: a transient array)
+                    blob.diff = ws.reshape(diff.shape) if ws is not None else array_module(diff).zeros_like(diff)
+                try:
+                    layer.backward(node.top_blobs, node.propagate_down, node.bottom_blobs)
+                finally:
+                    for blob, diff in shared:
+                        blob.diff = diff
+                for i, (blob, need) in enumerate(zip(layer.blobs, node.param_need_backward)):
+                    if not need and i not in node.frozen_diffs:
                         blob.diff[...] = 0      # frozen parameters keep a zero gradient, as in Caffe
         finally:
             layer.workspace = {}

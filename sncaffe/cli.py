@@ -573,6 +573,22 @@ def cmd_draw(args) -> int:
     return 0
 
 
+def cmd_upgrade(args) -> int:
+    """Caffe's upgrade_net_proto_text/binary: a V0/V1 net or caffemodel in the current format."""
+    from google.protobuf import text_format
+
+    from .upgrade import upgrade_file, write_upgraded
+    param, binary = upgrade_file(args.net)
+    if args.out:
+        write_upgraded(param, args.out, binary)
+        print(f"Wrote upgraded {'NetParameter binary proto' if binary else 'NetParameter text'} to {args.out}")
+    elif binary:
+        raise ValueError(f"{args.net} is a binary caffemodel: give OUT, the file to write")
+    else:
+        print(text_format.MessageToString(param), end="")
+    return 0
+
+
 # -- the command ----------------------------------------------------------------
 
 def _parser():
@@ -667,6 +683,12 @@ def _parser():
     d.add_argument("--place", metavar="LAYER=LOC,...", help="model parallelism, as for train: draws the locations "
                                                            "and the Copy layers between them")
     d.set_defaults(func=cmd_draw)
+
+    u = sub.add_parser("upgrade", help="write a V0/V1 net prototxt or .caffemodel in the current format "
+                                       "(like Caffe's upgrade_net_proto_text/binary)")
+    u.add_argument("net", help="net prototxt or .caffemodel")
+    u.add_argument("out", nargs="?", help="where to write it (default: print a prototxt's text)")
+    u.set_defaults(func=cmd_upgrade)
     return p
 
 

@@ -160,7 +160,8 @@ class Net:
 
     def copy_from(self, weights):
         """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
-        src = weights if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
+        from .upgrade import upgrade_net     # V0/V1 caffemodels, as Caffe
+        src = upgrade_net(weights) if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
         where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "
         layers = {n.name: n for n in self.graph.layers}
         for lp in list(src.layer) or []:
@@ -180,8 +181,6 @@ class Net:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
                 transfer(blob.data, arr)        # into a NumPy or a device (CuPy) array
-        if src.layers:
-            raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
 
     def to_proto(self, write_diff=False) -> "pb.NetParameter":
         """The net with its parameters, as Caffe's Net::ToProto."""

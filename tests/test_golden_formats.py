@@ -74,3 +74,35 @@ def test_siamese_shared():
     for name in ("conv1", "ip1", "feat"):
         for x, y in zip(net.params[name], net.params[name + "_p"]):
             assert np.shares_memory(x.data, y.data) and np.shares_memory(x.diff, y.diff)
+
+
+# -- old formats upgraded on load -------------------------------------------------------------
+
+def state(net):
+    out = {f"{n}.{w}": getattr(b, w).tobytes() for n, b in net.blobs.items() for w in ("data", "diff")
+           if getattr(b, w) is not None}
+    out.update({f"{n}[{i}].{w}": getattr(b, w).tobytes() for n, bl in net.params.items()
+                for i, b in enumerate(bl) for w in ("data", "diff")})
+    return out
+
+
+@needs_shared
+@pytest.mark.parametrize("case", ["lenet_v1", "lenet_v0"])
+def test_old_format_loads_unchanged_and_upgrades_to_the_same_bits(case, tmp_path, capsys):
+    from sncaffe.cli import main
+    from sncaffe.proto import sncaffe_pb2 as pb
+    d = case_dir("coverage-nets/" + case)
+    assert b"layers {" in (d / "net.prototxt").read_bytes()
+    assert pb.NetParameter.FromString((d / "weights.caffemodel").read_bytes()).layers   # really V1/V0 inside
+    old = run_net_case(d)
+    assert main(["upgrade", str(d / "net.prototxt"), str(tmp_path / "net.prototxt")]) == 0
+    assert main(["upgrade", str(d / "weights.caffemodel"), str(tmp_path / "weights.caffemodel")]) == 0
+    text = (tmp_path / "net.prototxt").read_text()
+    assert "layers {" not in text and 'type: "Input"' in text and "input_dim" not in text
+    model = pb.NetParameter.FromString((tmp_path / "weights.caffemodel").read_bytes())
+    assert not model.layers and [lp.name for lp in model.layer if lp.blobs] == ["conv1", "conv2", "ip1", "ip2"]
+    for name in ("net.prototxt", "input.h5", "expected.h5"):
+        if name != "net.prototxt":
+            (tmp_path / name).symlink_to(d / name)
+    new = run_net_case(tmp_path)
+    assert state(new) == state(old)

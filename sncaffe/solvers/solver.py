@@ -536,8 +536,6 @@ class Solver:
 
     def _check_model(self, model, path) -> None:
         """The snapshot's layers with parameters must be exactly the net's: name, count and shapes."""
-        if model.layers:
-            raise SnapshotError(f"{path}: V1 `layers` caffemodels are not supported")
         in_file = OrderedDict((lp.name, lp) for lp in model.layer if lp.blobs)
         in_net = OrderedDict((node.name, node) for node in self.net.graph.layers if node.layer.blobs)
         for name, node in in_net.items():

@@ -106,3 +106,17 @@ def test_old_format_loads_unchanged_and_upgrades_to_the_same_bits(case, tmp_path
             (tmp_path / name).symlink_to(d / name)
     new = run_net_case(tmp_path)
     assert state(new) == state(old)
+
+
+# -- N-d convolution --------------------------------------------------------------------------
+
+@needs_shared
+def test_conv3d_layer():
+    from layers.golden import run_golden_layer
+    h = run_golden_layer("../coverage/conv3d")
+    assert h.layer.nd and h.layer.blobs[0].data.shape == (3, 2, 3, 3, 3)
+
+
+@needs_shared
+def test_conv3d_net():
+    run_net_case(case_dir("coverage/conv3d"))

@@ -182,6 +182,8 @@ def _placement(spec, param) -> dict:
 
 def _placed(param, spec):
     from .prototxt import place
+    from .upgrade import upgrade_net
+    param = upgrade_net(param)          # a V0/V1 net: --place and draw see its layers
     return place(param, _placement(spec, param)) if spec else param
 
 
@@ -517,7 +519,7 @@ def cmd_plan(args) -> int:
         raise ValueError(f"unknown solver type {args.solver_type!r} ({', '.join(RULES)})")
     train = args.phase == "TRAIN"
     reserve = history_bytes(graph, rule.n_history) if train else 0
-    learnable = sum(int(np.prod(d.shape)) for n in graph.layers for d, _ in n.params if n.layer.learnable)
+    learnable = sum(int(np.prod(q.data.shape)) for q in graph.learnable if graph.layer(q.layer).layer.learnable)
     batch = next((t.shape[0] for n in graph.layers if not n.bottoms for t in n.tops if t.shape), 0)
     print(f"sncaffe plan: {args.net} ({graph.param.name or 'net'}), phase {args.phase}, batch {batch}, "
           f"{len(graph.layers)} layers, {learnable / 1e6:.1f} M learnable parameters"

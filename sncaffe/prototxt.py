@@ -319,8 +319,9 @@ def replace_data_layers(param, shapes: dict):
 
 def set_batch(param, n: int):
     """A copy of ``param`` with batch size ``n`` in every Input, DummyData and data layer."""
+    from .upgrade import upgrade_net
     out = pb.NetParameter()
-    out.CopyFrom(upgrade_inputs(param))
+    out.CopyFrom(upgrade_inputs(upgrade_net(param)))
     for layer in out.layer:
         if layer.type == "Input":
             for s in layer.input_param.shape:

@@ -9,10 +9,13 @@ PERMISSIVE.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
 from .proto import sncaffe_pb2 as pb
+
+log = logging.getLogger("sncaffe")
 
 
 @dataclass(eq=False)
@@ -51,6 +54,8 @@ def append_params(node, dtype, learnable: list, owners: dict, make_tensor, error
                 owners[spec.name] = q
             node.param_owner.append(None)
         else:
+            log.info("Sharing parameters '%s' owned by layer '%s', param index %d", spec.name, owner.layer,
+                     owner.index)
             _check_shape(lp, spec, shape, owner, error)
             _merge_mult(lp, spec, owner, "lr_mult", "has_lr", error)
             _merge_mult(lp, spec, owner, "decay_mult", "has_decay", error)

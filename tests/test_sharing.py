@@ -156,3 +156,36 @@ def test_solver_leaves_a_weight_frozen_by_its_sharer(tmp_path):
     s.step(1)
     np.testing.assert_array_equal(s.net.params["ip_a"][0].data, before)
     assert np.abs(s.net.params["ip_a"][1].data - bias).max() > 0
+
+
+def test_data_parallel_buckets_send_a_shared_gradient_once_after_its_last_sharer():
+    from sncaffe.parallel import make_buckets
+    net = Net(param('param { name: "w" }', 'param { name: "w" }'), device=CPUDevice(8 << 20))
+    slots = [(s.layer, s.index) for b in make_buckets(net, bucket_bytes=1) for s in b.slots]
+    # backward runs ip_b, then ip_a: the shared weight is complete only after ip_a's
+    assert sorted(slots) == [("ip_a", 0), ("ip_a", 1), ("ip_b", 1)]
+    assert slots.index(("ip_a", 0)) > slots.index(("ip_b", 1))
+
+
+def test_sharing_is_logged_as_caffe(caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="sncaffe"):
+        Net(param('param { name: "w" }', 'param { name: "w" }'), device=CPUDevice(8 << 20))
+    assert "Sharing parameters 'w' owned by layer 'ip_a', param index 0" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["liveness", "offload", "recompute", "all"])
+def test_every_memory_mode_same_bits_and_planned_peak(mode):
+    """Shared weights (one frozen side: its gradient goes to a planned workspace) in every mode."""
+    text = param('param { name: "w" lr_mult: 0 }', 'param { name: "w" }')
+
+    def go(m):
+        device = CPUDevice(8 << 20)
+        net = Net(text, device=device, memory=m, seed=2)
+        device.pool.reset_peak()
+        run(net)
+        return net, device.pool.peak, [b.diff.tobytes() for bl in net.params.values() for b in bl]
+    _, _, ref = go("none")
+    net, peak, got = go(mode)
+    assert peak == net.plan.peak and got == ref
+    assert any("frozen_param0_diff" in k for k in net.graph.layer("ip_a").backward_workspace)

@@ -117,3 +117,5 @@ def test_cli_upgrade_prints_v2_text(tmp_path, capsys):
         ["Input", "Convolution", "Pooling", "InnerProduct", "Dropout"]
     assert main(["upgrade", str(tmp_path / "missing.prototxt")]) == 1
     assert "missing.prototxt: cannot read" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "v0.prototxt"), "--batch", "3", "--png", str(tmp_path / "p.png")]) == 0
+    assert "batch 3, 5 layers" in capsys.readouterr().out           # other commands read V0 nets too

@@ -120,3 +120,21 @@ def test_conv3d_layer():
 @needs_shared
 def test_conv3d_net():
     run_net_case(case_dir("coverage/conv3d"))
+
+
+def test_caffes_refusals_name_the_layer():
+    """REFUSED-coverage.md: mismatched lr_mult on a shared weight; Pooling on a 5-axis blob."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.graph import GraphError
+    from sncaffe.proto import sncaffe_pb2 as pb
+    from sncaffe.prototxt import parse_text
+    ip = ('layer {{ name: "{0}" type: "InnerProduct" bottom: "x" top: "{0}" param {{ name: "w" lr_mult: {1} }} '
+          'inner_product_param {{ num_output: 4 }} }}')
+    text = ('layer { name: "input" type: "Input" top: "x" input_param { shape { dim: 3 dim: 5 } } }'
+            + ip.format("ip_a", 1) + ip.format("ip_b", 2))
+    with pytest.raises(GraphError, match=r"layer \"ip_b\": shared param 'w' has mismatched lr_mult \(2 vs. 1"):
+        Net(parse_text(text, pb.NetParameter()), device=CPUDevice(1 << 20))
+    text = ('layer { name: "input" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 dim: 4 dim: 4 dim: 4 } } }'
+            'layer { name: "pool" type: "Pooling" bottom: "x" top: "y" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }')
+    with pytest.raises(GraphError, match=r'layer "pool" \(Pooling\): input must have 4 axes'):
+        Net(parse_text(text, pb.NetParameter()), device=CPUDevice(1 << 20))

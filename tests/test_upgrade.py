@@ -1,9 +1,11 @@
 """Old formats upgraded on load (upgrade.py), as Caffe's upgrade_proto.cpp; fork fields read as BVLC's."""
 import logging
 
+import numpy as np
 import pytest
 
 from sncaffe import Net
+from sncaffe.gradcheck import Harness, make_layer
 from sncaffe.backend.cpu import CPUDevice
 from sncaffe.cli import main
 from sncaffe.prototxt import load_net, parse_text, read_solver
@@ -96,6 +98,8 @@ def test_fork_ceil_mode_is_round_mode(ceil, mode):
     assert pp.round_mode == mode and not pp.HasField("ceil_mode")
     net = Net(parse(text), device=CPUDevice(1 << 20))
     assert net.blobs["y"].shape == (1, 1) + ((3, 3) if ceil == "true" else (2, 2))
+    bare = make_layer(f'type: "Pooling" pooling_param {{ pool: MAX kernel_size: 3 stride: 2 ceil_mode: {ceil} }}')
+    assert Harness(bare, [np.zeros((1, 1, 6, 6))]).top_shapes == [net.blobs["y"].shape]
 
 
 def test_fork_ceil_mode_disagreeing_with_round_mode_is_an_error():

@@ -183,3 +183,16 @@ def test_siamese_example_trains_from_leveldb(tmp_path):
     assert len(s.history) == 6          # SGD: one history blob per shared parameter, not per layer
     for net in [s.net] + s.test_nets:
         net.layers[0].close()
+
+
+def test_compute_image_mean_reads_leveldb(tmp_path):
+    level = convert(tmp_path / "level", "--count", 30, "--backend", "leveldb")
+    lmdb = convert(tmp_path / "lmdb", "--count", 30)
+    for db, extra in ((level, ["--backend", "leveldb"]), (lmdb, [])):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "compute_image_mean.py"), str(db),
+                            str(db) + ".binaryproto", *extra], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "level.binaryproto").read_bytes() == (tmp_path / "lmdb.binaryproto").read_bytes()
+    x, _ = mnist(30)
+    mean = np.array(pb.BlobProto.FromString((tmp_path / "level.binaryproto").read_bytes()).data)
+    np.testing.assert_allclose(mean, x.astype(np.float64).mean(0).ravel(), rtol=1e-5)

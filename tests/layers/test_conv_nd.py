@@ -111,3 +111,29 @@ def test_convolution_depthwise_is_a_convolution_with_group_channels():
                        'layer { name: "dw" type: "ConvolutionDepthwise" bottom: "x" top: "y" '
                        'convolution_param { num_output: 4 kernel_size: 3 } }', pb.NetParameter()),
             device=CPUDevice(1 << 20))
+
+
+TWIN = """force_backward: true
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 2 dim: 4 dim: 5 dim: 6 } shape { dim: 2 } } }
+layer { name: "c3" type: "Convolution" bottom: "data" top: "c3"
+        convolution_param { num_output: 4 kernel_size: 3 kernel_size: 2 kernel_size: 3 stride: 1 stride: 2 stride: 2
+                            pad: 1 dilation: 1 dilation: 1 dilation: 2 group: 2 } }
+layer { name: "d3" type: "Deconvolution" bottom: "c3" top: "d3"
+        convolution_param { num_output: 3 kernel_size: 2 stride: 2 pad: 1 } }
+layer { name: "r" type: "Reshape" bottom: "d3" top: "r" reshape_param { shape { dim: 0 dim: 3 dim: -1 dim: 4 } } }
+layer { name: "dw" type: "ConvolutionDepthwise" bottom: "r" top: "dw"
+        convolution_param { num_output: 6 kernel_size: 3 pad: 1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "dw" top: "ip" inner_product_param { num_output: 5 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_pytorch_twin_of_nd_and_depthwise_layers():
+    pytest.importorskip("torch")
+    from test_torch_net import build, feed, randomize, run_both
+    rng = np.random.default_rng(5)
+    net = build(TWIN, np.float64)
+    assert net.blobs["d3"].shape == (2, 3, 6, 4, 2) and net.params["dw"][0].shape == (6, 1, 3, 3)
+    randomize(net, rng)
+    run_both(net, feed(net, rng), rng, 1e-9)

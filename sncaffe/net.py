@@ -161,7 +161,8 @@ class Net:
     def copy_from(self, weights):
         """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
         from .upgrade import upgrade_net     # V0/V1 caffemodels, as Caffe
-        src = upgrade_net(weights) if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
+        src = upgrade_net(weights, binary=True) if isinstance(weights, pb.NetParameter) \
+            else blobproto.read_caffemodel(weights)
         where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "
         layers = {n.name: n for n in self.graph.layers}
         for lp in list(src.layer) or []:

@@ -25,14 +25,16 @@ class UpgradeError(PrototxtError):
     """An old file that Caffe cannot upgrade either."""
 
 
-def needs_upgrade(param) -> bool:
-    return bool(param.layers) or _needs_input_strip(param) or any(
+def needs_upgrade(param, binary=False) -> bool:
+    return bool(param.layers) or (binary and _needs_input_strip(param)) or any(
         _old_batch_norm(lp) or lp.pooling_param.HasField("ceil_mode") for lp in param.layer)
 
 
-def upgrade_net(param, source="net"):
-    """``param`` in the current format (a new message; ``param`` itself is not changed)."""
-    if not needs_upgrade(param):
+def upgrade_net(param, source="net", binary=False):
+    """``param`` in the current format (a new message; ``param`` itself is not changed). ``binary``:
+    read from a .caffemodel, whose net inputs are names without shapes (stripped, as Caffe does; in
+    a prototxt they are an error in prototxt.upgrade_inputs)."""
+    if not needs_upgrade(param, binary):
         return param
     out = pb.NetParameter()
     out.CopyFrom(param)
@@ -56,7 +58,7 @@ def upgrade_net(param, source="net"):
         for v1 in out.layers:
             out.layer.add().CopyFrom(_v1_to_v2(v1, source))
         del out.layers[:]
-    if _needs_input_strip(out):     # a legacy caffemodel: input names without shapes
+    if binary and _needs_input_strip(out):     # a legacy caffemodel: input names without shapes
         log.warning("Note that future Caffe releases will only support input layers and not input fields.")
         del out.input[:]
     for lp in out.layer:

@@ -123,3 +123,12 @@ def test_cli_upgrade_prints_v2_text(tmp_path, capsys):
     assert "missing.prototxt: cannot read" in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "v0.prototxt"), "--batch", "3", "--png", str(tmp_path / "p.png")]) == 0
     assert "batch 3, 5 layers" in capsys.readouterr().out           # other commands read V0 nets too
+
+
+def test_net_inputs_without_shapes():
+    """Stripped from a caffemodel (its legacy form, as Caffe); an error in a prototxt."""
+    from sncaffe.prototxt import PrototxtError, prepare_net
+    p = parse('input: "data" layers { name: "r" type: RELU bottom: "data" top: "r" }')
+    assert not upgrade_net(p, binary=True).input and upgrade_net(p).input
+    with pytest.raises(PrototxtError, match="`input` given without input_shape or input_dim"):
+        prepare_net(p)

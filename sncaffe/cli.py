@@ -519,7 +519,8 @@ def cmd_plan(args) -> int:
         raise ValueError(f"unknown solver type {args.solver_type!r} ({', '.join(RULES)})")
     train = args.phase == "TRAIN"
     reserve = history_bytes(graph, rule.n_history) if train else 0
-    learnable = sum(int(np.prod(q.data.shape)) for q in graph.learnable if graph.layer(q.layer).layer.learnable)
+    frozen = {n.name for n in graph.layers if not n.layer.learnable}     # BatchNorm's statistics
+    learnable = sum(int(np.prod(q.data.shape)) for q in graph.learnable if q.layer not in frozen)
     batch = next((t.shape[0] for n in graph.layers if not n.bottoms for t in n.tops if t.shape), 0)
     print(f"sncaffe plan: {args.net} ({graph.param.name or 'net'}), phase {args.phase}, batch {batch}, "
           f"{len(graph.layers)} layers, {learnable / 1e6:.1f} M learnable parameters"

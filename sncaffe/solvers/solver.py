@@ -242,9 +242,9 @@ class Solver:
     def _learnable_params(self):
         """Every parameter blob in the net's order (Caffe's learnable_params), with its multipliers;
         a parameter shared by name once, as its owner's blob with the merged multipliers (sharing.py)."""
-        out = []
+        out, nodes = [], {n.name: n for n in self.net.graph.layers}
         for q in self.net.graph.learnable:
-            node = self.net.graph.layer(q.layer)
+            node = nodes[q.layer]
             lr = q.lr_mult if node.layer.learnable else 0.0   # BatchNorm's statistics: lr_mult 0
             out.append(Param(q.layer, q.index, node.layer.blobs[q.index], self.dtype.type(lr),
                              self.dtype.type(q.decay_mult)))

@@ -69,6 +69,7 @@ class LevelDBReader:
         self.path = str(path)
         self.db = open_leveldb(path)
         self._iter = None
+        self._last = self._resume = None
         self._closed = False
 
     @property
@@ -88,12 +89,31 @@ class LevelDBReader:
         # The iterator is made by the first call, so it belongs to the reading thread.
         if self._iter is None:
             self._iter = self.db.iterator()
+            if self._resume is not None:
+                self._iter.seek(self._resume)
+                item = next(self._iter, None)
+                if item is None or item[0] != self._resume:
+                    raise ValueError(f"LevelDB {self.path}: key {self._resume.decode(errors='replace')}, where "
+                                     "the snapshot stopped reading, is not in the database (was it rewritten?)")
+                self._resume = None
         item = next(self._iter, None)
         if item is None:
             self._iter.close()
             self._iter = self.db.iterator()
             item = next(self._iter)
+        self._last = item[0]
         return item
+
+    # The cursor interface of db.LMDBReader, so a resumed run continues where a run stopped.
+    def tell(self) -> bytes | None:
+        """The key of the last record returned (None before the first)."""
+        return self._last
+
+    def seek(self, key: bytes | None) -> None:
+        """The next record returned is the one after ``key`` (the first if None)."""
+        if self._iter is not None:
+            self._iter.close()
+        self._iter, self._resume, self._last = None, key, key
 
     def close(self):
         if self._iter is not None:

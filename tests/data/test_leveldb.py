@@ -50,6 +50,14 @@ def test_reader_and_writer(tmp_path):
     assert second.db is r.db
     second.close()
     assert next(r)[0] == b"00000002"
+    assert r.tell() == b"00000002"
+    r.seek(b"00000000")                                       # resume after a key (a snapshot's cursor)
+    assert [next(r)[0] for _ in range(3)] == [b"00000001", b"00000002", b"00000000"]
+    r.seek(None)
+    assert r.tell() is None and next(r)[0] == b"00000000"
+    r.seek(b"00000005")
+    with pytest.raises(ValueError, match="key 00000005, where the snapshot stopped reading, is not in the database"):
+        next(r)
     r.close()
     with pytest.raises(FileExistsError, match="already exists"):
         LevelDBWriter(tmp_path / "db")

@@ -114,8 +114,8 @@ def test_shape_checks_strict_and_permissive():
 
 
 def solver(tmp_path, a, b, **fields):
-    fields = dict(dict(weight_decay=0.01), **fields)
-    p = pb.SolverParameter(base_lr=0.1, lr_policy="fixed", max_iter=2, random_seed=1, display=0,
+    fields = {**dict(weight_decay=0.01, max_iter=2), **fields}
+    p = pb.SolverParameter(base_lr=0.1, lr_policy="fixed", random_seed=1, display=0,
                            snapshot_prefix=str(tmp_path / "snap"), **fields)
     p.net_param.CopyFrom(param(a, b))
     device = CPUDevice(8 << 20)
@@ -189,3 +189,17 @@ def test_every_memory_mode_same_bits_and_planned_peak(mode):
     net, peak, got = go(mode)
     assert peak == net.plan.peak and got == ref
     assert any("frozen_param0_diff" in k for k in net.graph.layer("ip_a").backward_workspace)
+
+
+def test_n_iterations_equal_half_snapshot_resume_half_to_the_last_bit(tmp_path):
+    a, b = 'param { name: "w" decay_mult: 2 }', 'param { name: "w" lr_mult: 1 }'
+    whole = solver(tmp_path, a, b, type="Adam", max_iter=4, snapshot_after_train=False)
+    whole.solve()
+    half = solver(tmp_path, a, b, type="Adam", max_iter=2)
+    half.solve()                                        # snapshots at 2
+    resumed = solver(tmp_path, a, b, type="Adam", max_iter=4, snapshot_after_train=False)
+    resumed.solve(str(tmp_path / "snap_iter_2.solverstate"))
+    for name in ("ip_a", "ip_b"):
+        for x, y in zip(whole.net.params[name], resumed.net.params[name]):
+            assert x.data.tobytes() == y.data.tobytes()
+    assert whole.net.params["ip_a"][0].data.tobytes() != half.net.params["ip_a"][0].data.tobytes()

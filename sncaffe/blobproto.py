@@ -98,7 +98,9 @@ def read_binary(path, message):
 
 
 def read_caffemodel(path) -> "pb.NetParameter":
-    return read_binary(path, pb.NetParameter())
+    """A .caffemodel, V0/V1 ones upgraded as Caffe's ReadNetParamsFromBinaryFileOrDie does."""
+    from .upgrade import upgrade_net
+    return upgrade_net(read_binary(path, pb.NetParameter()), str(path), binary=True)
 
 
 def write_atomic(path, chunks) -> None:

@@ -182,6 +182,8 @@ def _placement(spec, param) -> dict:
 
 def _placed(param, spec):
     from .prototxt import place
+    from .upgrade import upgrade_net
+    param = upgrade_net(param)          # a V0/V1 net: --place and draw see its layers
     return place(param, _placement(spec, param)) if spec else param
 
 
@@ -519,7 +521,8 @@ def cmd_plan(args) -> int:
         raise ValueError(f"unknown solver type {args.solver_type!r} ({', '.join(RULES)})")
     train = args.phase == "TRAIN"
     reserve = history_bytes(graph, rule.n_history) if train else 0
-    learnable = sum(int(np.prod(d.shape)) for n in graph.layers for d, _ in n.params if n.layer.learnable)
+    frozen = {n.name for n in graph.layers if not n.layer.learnable}     # BatchNorm's statistics
+    learnable = sum(int(np.prod(q.data.shape)) for q in graph.learnable if q.layer not in frozen)
     batch = next((t.shape[0] for n in graph.layers if not n.bottoms for t in n.tops if t.shape), 0)
     print(f"sncaffe plan: {args.net} ({graph.param.name or 'net'}), phase {args.phase}, batch {batch}, "
           f"{len(graph.layers)} layers, {learnable / 1e6:.1f} M learnable parameters"
@@ -575,6 +578,22 @@ def cmd_draw(args) -> int:
     param = _placed(read_text(args.net, pb.NetParameter()), args.place)
     out = draw(param, args.out, rankdir=args.rankdir, phase=None if args.phase == "ALL" else args.phase)
     print(f"Drawing net to {out}")
+    return 0
+
+
+def cmd_upgrade(args) -> int:
+    """Caffe's upgrade_net_proto_text/binary: a V0/V1 net or caffemodel in the current format."""
+    from google.protobuf import text_format
+
+    from .upgrade import upgrade_file, write_upgraded
+    param, binary = upgrade_file(args.net)
+    if args.out:
+        write_upgraded(param, args.out, binary)
+        print(f"Wrote upgraded {'NetParameter binary proto' if binary else 'NetParameter text'} to {args.out}")
+    elif binary:
+        raise ValueError(f"{args.net} is a binary caffemodel: give OUT, the file to write")
+    else:
+        print(text_format.MessageToString(param), end="")
     return 0
 
 
@@ -674,6 +693,12 @@ def _parser():
     d.add_argument("--place", metavar="LAYER=LOC,...", help="model parallelism, as for train: draws the locations "
                                                            "and the Copy layers between them")
     d.set_defaults(func=cmd_draw)
+
+    u = sub.add_parser("upgrade", help="write a V0/V1 net prototxt or .caffemodel in the current format "
+                                       "(like Caffe's upgrade_net_proto_text/binary)")
+    u.add_argument("net", help="net prototxt or .caffemodel")
+    u.add_argument("out", nargs="?", help="where to write it (default: print a prototxt's text)")
+    u.set_defaults(func=cmd_upgrade)
     return p
 
 

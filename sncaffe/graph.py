@@ -17,6 +17,7 @@ import numpy as np
 
 from .layers import create_layer
 from .layers.base import Layer, LayerError
+from .sharing import append_params, frozen_shared
 
 # Layers whose tops are the bottom's memory in another shape, as Caffe shares them.
 ALIASING = {"Split": ("data",), "Flatten": ("data", "diff"), "Reshape": ("data", "diff")}
@@ -79,6 +80,8 @@ class LayerNode:
     need_backward: bool = False
     propagate_down: list = field(default_factory=list)
     scratch: dict = field(default_factory=dict)
+    param_owner: list = field(default_factory=list)     # per param: (owner layer, index) if shared, else None
+    frozen_diffs: dict = field(default_factory=dict)    # param index -> backward workspace key (sharing.py)
     workspace: dict = field(default_factory=dict)             # forward's
     backward_workspace: dict = field(default_factory=dict)
 
@@ -118,6 +121,7 @@ class Graph:
     layers: list
     blobs: dict                     # name -> BlobNode, in Caffe's blob order
     ops: list = field(default_factory=list)
+    learnable: list = field(default_factory=list)   # sharing.LearnableParam: owners, Caffe's order
 
     def __repr__(self):
         return f"Graph({self.param.name!r}, {len(self.layers)} layers, {len(self.ops)} operators)"
@@ -170,6 +174,7 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
     blobs: dict[str, BlobNode] = {}
     nodes: list[LayerNode] = []
     last_writer: dict[str, LayerNode] = {}      # blob name -> the layer that wrote it last
+    learnable, owners = [], {}                  # Caffe's learnable_params; ParamSpec name -> owner
     for lp in param.layer:
         try:
             layer = create_layer(lp, phase)
@@ -203,15 +208,8 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
                 blob = blobs[name] = BlobNode(name, Tensor(name, shape, dtype, "data", base, lp.location), node)
             node.tops.append(blob)
         _set_loss_weights(node, lp)
-        specs = {p.name for p in lp.param if p.name}
-        if specs:
-            raise GraphError(f'layer "{lp.name}": shared parameters (ParamSpec name) are not supported')
-        for i, shape in enumerate(layer.param_shapes):
-            data = Tensor(f"{lp.name}[{i}]", tuple(shape), dtype, "param", location=lp.location)
-            diff = Tensor(f"{lp.name}[{i}].diff", tuple(shape), dtype, "param_diff", location=lp.location)
-            node.params.append((data, diff))
-            lr = lp.param[i].lr_mult if i < len(lp.param) else 1.0
-            node.param_need_backward.append(layer.learnable and lr != 0)
+        append_params(node, dtype, learnable, owners, error=GraphError,
+                      make_tensor=lambda n, s, k, base: Tensor(n, s, dtype, k, base, lp.location))
         node.scratch = {k: Tensor(f"{lp.name}#{k}", tuple(s), np.dtype(d or dtype), "scratch", location=lp.location)
                         for k, (s, d) in layer.scratch_specs.items()}
         _share_scratch(node, [last_writer.get(b) for b in lp.bottom])
@@ -222,7 +220,8 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
         nodes.append(node)
     _decide_backward(nodes, param.force_backward)
     _make_diffs(nodes, blobs, dtype)
-    graph = Graph(param, phase, nodes, blobs)
+    _frozen_diff_workspaces(nodes, dtype)
+    graph = Graph(param, phase, nodes, blobs, learnable=learnable)
     graph.ops = _operators(nodes)
     return graph
 
@@ -230,6 +229,16 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
 def _workspace(name, specs, dtype, location="") -> dict:
     return {k: Tensor(f"{name}#{k}", tuple(s), np.dtype(d or dtype), "workspace", location=location)
             for k, (s, d) in specs.items()}
+
+
+def _frozen_diff_workspaces(nodes, dtype) -> None:
+    """A backward workspace for each shared parameter a layer does not learn while a sharer does."""
+    frozen_shared(nodes)
+    for node in nodes:
+        if node.frozen_diffs:
+            specs = {k: (node.params[i][1].shape, None) for i, k in node.frozen_diffs.items()}
+            node.backward_workspace = {**node.backward_workspace,
+                                       **_workspace(node.name, specs, dtype, node.layer.param.location)}
 
 
 def _set_loss_weights(node: LayerNode, lp) -> None:

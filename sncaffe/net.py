@@ -17,7 +17,7 @@ import numpy as np
 from . import blobproto
 from .dynamic import DynamicShapes
 from .graph import build_graph
-from .layers.base import Blob
+from .layers.base import Blob, array_module
 from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
@@ -147,8 +147,9 @@ class Net:
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed=0):
         """Fill parameters from the fillers; each layer's random stream depends on the seed and
-        its name only, so inserted Split or Copy layers do not change any other layer's values."""
-        for node in self.graph.layers:
+        its name only, so inserted Split or Copy layers do not change any other layer's values.
+        Last layer first: a shared parameter keeps its owner's (the first layer's) values, as in Caffe."""
+        for node in reversed(self.graph.layers):
             layer = node.layer
             child = np.random.SeedSequence([seed, zlib.crc32(node.name.encode())])
             rng = np.random.default_rng(child)
@@ -158,7 +159,9 @@ class Net:
 
     def copy_from(self, weights):
         """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
-        src = weights if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
+        from .upgrade import upgrade_net     # V0/V1 caffemodels, as Caffe
+        src = upgrade_net(weights, binary=True) if isinstance(weights, pb.NetParameter) \
+            else blobproto.read_caffemodel(weights)
         where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "
         layers = {n.name: n for n in self.graph.layers}
         for lp in list(src.layer) or []:
@@ -178,8 +181,6 @@ class Net:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
                 transfer(blob.data, arr)        # into a NumPy or a device (CuPy) array
-        if src.layers:
-            raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
 
     def to_proto(self, write_diff=False) -> "pb.NetParameter":
         """The net with its parameters, as Caffe's Net::ToProto."""
@@ -230,9 +231,18 @@ class Net:
             if op.kind == "forward":
                 (layer.recompute if recompute else layer.forward)(node.bottom_blobs, node.top_blobs)
             else:
-                layer.backward(node.top_blobs, node.propagate_down, node.bottom_blobs)
-                for blob, need in zip(layer.blobs, node.param_need_backward):
-                    if not need:
+                shared = [(layer.blobs[i], layer.blobs[i].diff) for i in node.frozen_diffs]
+                for (blob, diff), key in zip(shared, node.frozen_diffs.values()):
+                    ws = layer.workspace.get(key)    # dropped after: a sharer learns this parameter
+                    # (a chunked backward's workspace, chosen by the planner, lacks it: a transient array)
+                    blob.diff = ws.reshape(diff.shape) if ws is not None else array_module(diff).zeros_like(diff)
+                try:
+                    layer.backward(node.top_blobs, node.propagate_down, node.bottom_blobs)
+                finally:
+                    for blob, diff in shared:
+                        blob.diff = diff
+                for i, (blob, need) in enumerate(zip(layer.blobs, node.param_need_backward)):
+                    if not need and i not in node.frozen_diffs:
                         blob.diff[...] = 0      # frozen parameters keep a zero gradient, as in Caffe
         finally:
             layer.workspace = {}

@@ -100,7 +100,8 @@ def read_text(path, message):
 
 
 def read_solver(path) -> "pb.SolverParameter":
-    return read_text(path, pb.SolverParameter())
+    from .upgrade import upgrade_solver
+    return upgrade_solver(read_text(path, pb.SolverParameter()), str(path))
 
 
 # -- net preparation (Caffe's Net::FilterNet, UpgradeNetInput, InsertSplits) --
@@ -277,10 +278,8 @@ def place(param, placement: dict):
 def prepare_net(param, phase=TRAIN, stages=(), level=None):
     """What Caffe's Net::Init does to a NetParameter before building it, and the Copy
     layers where a blob crosses locations."""
-    if param.layers:
-        raise PrototxtError("net uses the V1 `layers` format; upgrade it with Caffe's "
-                            "upgrade_net_proto_text to the `layer` format")
-    net = filter_net(upgrade_inputs(param), phase, stages, level)
+    from .upgrade import upgrade_net
+    net = filter_net(upgrade_inputs(upgrade_net(param)), phase, stages, level)
     if any(layer.location for layer in net.layer):
         net = insert_copies(net)
     return insert_splits(net)
@@ -288,7 +287,8 @@ def prepare_net(param, phase=TRAIN, stages=(), level=None):
 
 def load_net(path, phase=TRAIN, stages=(), level=None):
     """Read a net prototxt and prepare it for ``phase`` (filter, inputs, splits)."""
-    return prepare_net(read_text(path, pb.NetParameter()), phase, stages, level)
+    from .upgrade import upgrade_net     # V0/V1 files, as Caffe's UpgradeNetAsNeeded
+    return prepare_net(upgrade_net(read_text(path, pb.NetParameter()), str(path)), phase, stages, level)
 
 
 DATA_LAYERS = ("Data", "ImageData", "HDF5Data", "MemoryData", "WindowData")
@@ -319,8 +319,9 @@ def replace_data_layers(param, shapes: dict):
 
 def set_batch(param, n: int):
     """A copy of ``param`` with batch size ``n`` in every Input, DummyData and data layer."""
+    from .upgrade import upgrade_net
     out = pb.NetParameter()
-    out.CopyFrom(upgrade_inputs(param))
+    out.CopyFrom(upgrade_inputs(upgrade_net(param)))
     for layer in out.layer:
         if layer.type == "Input":
             for s in layer.input_param.shape:

@@ -75,7 +75,7 @@ def test_zoo_prototxt_parses(path):
 def test_golden_prototxt_parses(path):
     msg = parse_text(path)
     if isinstance(msg, pb.NetParameter):
-        assert len(msg.layer) > 0
+        assert len(msg.layer) + len(msg.layers) > 0     # V0/V1 (coverage-nets/lenet_v*): layers
 
 
 # --- (c), (d) real Caffe binary files ----------------------------------------
@@ -84,9 +84,10 @@ def test_golden_prototxt_parses(path):
 def test_golden_caffemodel(path):
     raw = path.read_bytes()
     net = pb.NetParameter.FromString(raw)
-    assert len(net.layer) > 0
+    assert len(net.layer) + len(net.layers) > 0
     assert_no_unknown_fields(net)
-    for layer in net.layer:
+    old = [l.layer if l.HasField("layer") else l for l in net.layers]     # V0 keeps blobs in the V0 layer
+    for layer in list(net.layer) + old:
         for blob in layer.blobs:
             assert math.prod(shape_of(blob)) == len(blob.data), layer.name
     # Caffe's files come back byte for byte (so also as an equal message).

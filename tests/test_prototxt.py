@@ -111,8 +111,8 @@ def test_unknown_bottom_and_v1_format():
     with pytest.raises(PrototxtError, match='layer "r" \\(ReLU\\): unknown bottom blob "nope"'):
         insert_splits(net('layer { name: "r" type: "ReLU" bottom: "nope" top: "y" }'))
     from sncaffe.prototxt import prepare_net
-    with pytest.raises(PrototxtError, match="V1"):
-        prepare_net(net('layers { name: "r" type: RELU }'))
+    with pytest.raises(PrototxtError, match="both 'layer' and 'layers'"):
+        prepare_net(net('layers { name: "r" type: RELU } layer { name: "s" type: "ReLU" }'))
 
 
 def test_replace_data_layers_and_set_batch():

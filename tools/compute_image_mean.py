@@ -1,6 +1,6 @@
-"""The mean image of an LMDB of Datum records, as Caffe's compute_image_mean.
+"""The mean image of an LMDB (or LevelDB) of Datum records, as Caffe's compute_image_mean.
 
-    python tools/compute_image_mean.py IN_LMDB [OUT_MEAN.binaryproto]
+    python tools/compute_image_mean.py IN_DB [OUT_MEAN.binaryproto] [--backend leveldb]
 
 Writes a BlobProto of shape 1 x C x H x W (legacy num/channels/height/width
 fields, as Caffe writes it), for transform_param { mean_file: ... }, and
@@ -17,16 +17,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sncaffe.data import datum  # noqa: E402
-from sncaffe.data.db import LMDBReader  # noqa: E402
+from sncaffe.data.leveldb import reader  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 
 
-def compute_mean(path) -> np.ndarray:
-    db = LMDBReader(path)
-    total = None
-    for _ in range(db.entries):
+def compute_mean(path, backend="lmdb") -> np.ndarray:
+    db = reader(path, pb.DataParameter.LEVELDB if backend == "leveldb" else pb.DataParameter.LMDB)
+    total, entries = None, db.entries
+    for _ in range(entries):
         key, value = next(db)
-        what = f"LMDB {path} key {key.decode(errors='replace')}"
+        what = f"{'LevelDB' if backend == 'leveldb' else 'LMDB'} {path} key {key.decode(errors='replace')}"
         x = datum.to_array(datum.parse(value, what), None, what)     # encoded: decoded natively
         if total is None:
             total = np.zeros(x.shape, np.float32)
@@ -34,18 +34,19 @@ def compute_mean(path) -> np.ndarray:
             raise SystemExit(f"{what}: shape {x.shape}, the first datum {total.shape}")
         total += x                              # float32, datum after datum, as Caffe
     db.close()
-    return total / np.float32(db.entries)
+    return total / np.float32(entries)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("db", help="input LMDB")
+    ap.add_argument("db", help="input database")
     ap.add_argument("out", nargs="?", help="output mean file (.binaryproto)")
-    ap.add_argument("--backend", default="lmdb", choices=["lmdb"], help="only lmdb is supported")
+    ap.add_argument("--backend", default="lmdb", choices=["lmdb", "leveldb"],
+                    help="database to read (default: %(default)s; leveldb needs plyvel)")
     args = ap.parse_args(argv)
     try:
-        mean = compute_mean(args.db)
-    except (OSError, ValueError) as e:
+        mean = compute_mean(args.db, args.backend)
+    except (OSError, ValueError, ImportError) as e:
         raise SystemExit(str(e))
     c, h, w = mean.shape
     if args.out:

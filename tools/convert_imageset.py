@@ -1,4 +1,4 @@
-"""Convert a list of images to an LMDB of Datum records, as Caffe's convert_imageset.
+"""Convert a list of images to an LMDB (or LevelDB) of Datum records, as Caffe's convert_imageset.
 
     python tools/convert_imageset.py ROOT/ LISTFILE OUT_LMDB [--resize_height H --resize_width W]
         [--gray] [--shuffle] [--encoded [--encode_type png|jpg]] [--check_size]
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sncaffe.data import datum, image  # noqa: E402
-from sncaffe.data.db import LMDBWriter  # noqa: E402
+from sncaffe.data.leveldb import writer  # noqa: E402
 
 
 def read_list(path):
@@ -50,11 +50,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="folder prefix of the listed paths (end it with /)")
     ap.add_argument("listfile")
-    ap.add_argument("out", help="the LMDB to create (must not exist)")
+    ap.add_argument("out", help="the database to create (must not exist)")
     ap.add_argument("--gray", action="store_true", help="read images as greyscale")
     ap.add_argument("--shuffle", action="store_true", help="shuffle the list order")
     ap.add_argument("--seed", type=int, default=0, help="seed of --shuffle")
-    ap.add_argument("--backend", default="lmdb", choices=["lmdb"], help="only lmdb is supported")
+    ap.add_argument("--backend", default="lmdb", choices=["lmdb", "leveldb"],
+                    help="database to write (default: %(default)s; leveldb needs plyvel)")
     ap.add_argument("--resize_height", type=int, default=0)
     ap.add_argument("--resize_width", type=int, default=0)
     ap.add_argument("--check_size", action="store_true", help="check that all datums have the same size")
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     print(f"A total of {len(lines)} images.")
     shape, count = None, 0
     try:
-        with LMDBWriter(args.out) as db:
+        with writer(args.out, args.backend) as db:
             for i, (name, label) in enumerate(lines):
                 try:
                     d = make_datum(args.root + name, label, args)
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
                     shape = s
                 db.put(f"{i:08d}_{name}", d.SerializeToString())
                 count += 1
-    except FileExistsError as e:
+    except (FileExistsError, ImportError) as e:
         raise SystemExit(str(e))
     print(f"Processed {count} files into {args.out}.")
     return 0

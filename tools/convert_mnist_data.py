@@ -1,6 +1,7 @@
-"""Convert MNIST idx files to an LMDB of raw Datum records, as Caffe's convert_mnist_data.
+"""Convert MNIST idx files to an LMDB (or LevelDB) of raw Datum records, as Caffe's convert_mnist_data.
 
-    python tools/convert_mnist_data.py IMAGES LABELS OUT_LMDB [--start N] [--count M]
+    python tools/convert_mnist_data.py IMAGES LABELS OUT_DB [--start N] [--count M] [--backend leveldb]
+        [--pairs [--seed S]]
 
 IMAGES and LABELS are idx files (gzip-compressed ones are read as they are).
 Each image becomes a 1 x rows x cols uint8 Datum with its label, under the
@@ -24,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sncaffe.data import datum  # noqa: E402
-from sncaffe.data.db import LMDBWriter  # noqa: E402
+from sncaffe.data.leveldb import writer  # noqa: E402
 
 IMAGE_MAGIC, LABEL_MAGIC = 2051, 2049
 
@@ -50,10 +51,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("images")
     ap.add_argument("labels")
-    ap.add_argument("out", help="the LMDB to create (must not exist)")
-    ap.add_argument("--backend", default="lmdb", choices=["lmdb"], help="only lmdb is supported")
+    ap.add_argument("out", help="the database to create (must not exist)")
+    ap.add_argument("--backend", default="lmdb", choices=["lmdb", "leveldb"],
+                    help="database to write (default: %(default)s; leveldb needs plyvel)")
     ap.add_argument("--start", type=int, default=0, help="first item to convert")
     ap.add_argument("--count", type=int, help="how many items (default: all from --start)")
+    ap.add_argument("--pairs", action="store_true",
+                    help="Siamese pairs, as Caffe's examples/siamese/convert_mnist_siamese_data: record k "
+                         "holds two random images of the slice as 2 channels, label 1 if same digit, else 0")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the --pairs draws")
     args = ap.parse_args(argv)
     images, labels = read_idx(args.images, IMAGE_MAGIC), read_idx(args.labels, LABEL_MAGIC)
     if len(images) != len(labels):
@@ -62,10 +68,16 @@ def main(argv=None) -> int:
     if not 0 <= args.start < end <= len(images):
         raise SystemExit(f"--start {args.start} --count {args.count}: outside the {len(images)} items")
     try:
-        with LMDBWriter(args.out) as db:
+        with writer(args.out, args.backend) as db:
+            rng = np.random.default_rng(args.seed)
             for i in range(args.start, end):
-                db.put(f"{i:08d}", datum.from_array(images[i][None], labels[i]).SerializeToString())
-    except FileExistsError as e:
+                if args.pairs:      # keys 0..n-1, as Caffe's siamese converter
+                    a, b = rng.integers(args.start, end, 2)
+                    d = datum.from_array(np.stack([images[a], images[b]]), int(labels[a] == labels[b]))
+                    db.put(f"{i - args.start:08d}", d.SerializeToString())
+                else:
+                    db.put(f"{i:08d}", datum.from_array(images[i][None], labels[i]).SerializeToString())
+    except (FileExistsError, ImportError) as e:
         raise SystemExit(str(e))
     rows, cols = images.shape[1:]
     print(f"Processed {end - args.start} files ({rows}x{cols}) into {args.out}.")

@@ -141,7 +141,7 @@ def input_(twin, node, bottoms, blobs):
 
 
 # -- vision layers ------------------------------------------------------------------
-@op("Convolution", "Deconvolution")
+@op("Convolution", "Deconvolution", "ConvolutionDepthwise")     # the alias's layer param holds its group
 def convolution(twin, node, bottoms, blobs):
     p = node.layer.param.convolution_param
     x = bottoms[0]
@@ -157,7 +157,7 @@ def convolution(twin, node, bottoms, blobs):
     w, b = blobs[0], (blobs[1] if p.bias_term else None)
     if tuple(w.shape[2:]) != tuple(kernel):
         fail(node, f"kernel {kernel} does not match the weight {tuple(w.shape)}")
-    if node.type == "Convolution":
+    if node.type != "Deconvolution":
         return [(F.conv1d, F.conv2d, F.conv3d)[n - 1](x, w, b, **args)]
     return [(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1](x, w, b, **args)]
 

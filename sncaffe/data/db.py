@@ -1,6 +1,6 @@
 """LMDB databases as Caffe uses them: records read in key order, wrapping around; written in batches.
 
-Caffe's LEVELDB backend is not supported (convert with Caffe's tools to LMDB).
+Caffe's LEVELDB backend is in data/leveldb.py (plyvel), with the same reader interface.
 """
 from __future__ import annotations
 

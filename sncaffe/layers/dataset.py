@@ -1,4 +1,4 @@
-"""Layers that read datasets: Data (LMDB of Datum), ImageData (an image list), HDF5Data, MemoryData.
+"""Layers that read datasets: Data (LMDB or LevelDB of Datum), ImageData (an image list), HDF5Data, MemoryData.
 
 Data, ImageData and HDF5Data make their batches on a background thread
 (``sncaffe.data.prefetch``) into host buffers, ``prefetch`` batches ahead, so
@@ -132,22 +132,20 @@ class Data(_Prefetching):
     def _setup(self):
         p = self.param.data_param
         self._legacy(p, "data_param")
-        if p.backend != pb.DataParameter.LMDB:
-            raise self.error("backend LEVELDB (Caffe's default) is not supported: convert the data "
-                             "to LMDB and set data_param { backend: LMDB }")
         batch = self._batch_size(p.batch_size)
         self.depth = max(1, p.prefetch)
         self.source = p.source
         self.transformer = DataTransformer(self.param.transform_param, self.phase)
-        from ..data.db import LMDBReader      # lmdb is needed only where an LMDB is read
-        self.db = LMDBReader(p.source)
+        from ..data.leveldb import reader     # lmdb/plyvel are needed only where one is read
+        self.db = reader(p.source, p.backend)
+        self.kind = "LevelDB" if p.backend == pb.DataParameter.LEVELDB else "LMDB"
         self.datum_shape = self._decode(*self.db.first())[0].shape
         shape = self.transformer.infer_shape(self.datum_shape, f"the data in {p.source}")
         self._started = False
         return [(batch, *shape), (batch,)][:len(self.param.top)]
 
     def _decode(self, key, value):
-        what = f"LMDB {self.source} key {key.decode(errors='replace')}"
+        what = f"{self.kind} {self.source} key {key.decode(errors='replace')}"
         d = datums.parse(value, what)
         return datums.to_array(d, self.transformer.color, what), d.label
 
@@ -166,7 +164,7 @@ class Data(_Prefetching):
                     continue
                 x, label = self._decode(key, value)
                 if x.shape != self.datum_shape:
-                    raise self.error(f"LMDB {self.source}: the datum at key {key.decode(errors='replace')} "
+                    raise self.error(f"{self.kind} {self.source}: the datum at key {key.decode(errors='replace')} "
                                      f"has shape {x.shape}, the first datum {self.datum_shape}; "
                                      "every datum must have the first one's shape")
                 self.transformer(x, data[i], self.rng)

@@ -86,7 +86,8 @@ class Pooling(Layer):
             raise self.error("with global_pooling only pad = 0 and stride = 1 are allowed")
         if (ph or pw) and (self.method == STOCHASTIC or ph >= kh or pw >= kw):
             raise self.error("padding needs MAX or AVE pooling and a pad smaller than the kernel")
-        ceil = pp.round_mode == CEIL
+        # the forks' ceil_mode (nets get it as round_mode from upgrade.py; a bare layer may still hold it)
+        ceil = pp.ceil_mode if pp.HasField("ceil_mode") else pp.round_mode == CEIL
         PH = pooled_size(H, kh, sh, ph, ceil, ph or pw)
         PW = pooled_size(W, kw, sw, pw, ceil, ph or pw)
         if PH <= 0 or PW <= 0:

@@ -51,10 +51,13 @@ class Bucket:
 def make_buckets(net, bucket_bytes=BUCKET_BYTES) -> list:
     """The train net's gradients, in the order backward produces them, grouped into buckets."""
     buckets, dtype = [], None
+    # a parameter shared by name is sent once, after the last of its sharers' backward adds into it
+    last = {id(d.root): (op.node.name, i) for op in net.graph.backward_ops
+            for i, ((_, d), need) in enumerate(zip(op.node.params, op.node.param_need_backward)) if need}
     for op in net.graph.backward_ops:
         node = op.node
         for i, ((_, diff), need) in enumerate(zip(node.params, node.param_need_backward)):
-            if not need:
+            if not need or last[id(diff.root)] != (node.name, i):
                 continue
             dtype, size = np.dtype(diff.dtype), math.prod(diff.shape)
             if not buckets or (buckets[-1].size and (buckets[-1].size + size) * dtype.itemsize > bucket_bytes):

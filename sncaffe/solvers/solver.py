@@ -87,7 +87,7 @@ def _upgrade_snapshot_prefix(param, path) -> None:
 def history_blocks(graph, n_history, dtype=np.float32) -> list:
     """The pool blocks a solver's history and work buffers take, in allocation order (for a memory plan)."""
     size = np.dtype(dtype).itemsize
-    sizes = [int(np.prod(d.shape, dtype=np.int64)) * size for n in graph.layers for d, _ in n.params]
+    sizes = [int(np.prod(q.data.shape, dtype=np.int64)) * size for q in graph.learnable]   # owners only
     return sizes * n_history + [max(sizes, default=0)] * 2
 
 
@@ -240,14 +240,14 @@ class Solver:
                     mine[j] = Blob(mine[j].name, b.data, mine[j].diff)
 
     def _learnable_params(self):
-        """Every parameter blob in the net's order (Caffe's learnable_params), with its multipliers."""
-        out = []
-        for node in self.net.graph.layers:
-            specs = node.layer.param.param
-            for i, blob in enumerate(node.layer.blobs):
-                spec = specs[i] if i < len(specs) else pb.ParamSpec()
-                lr = spec.lr_mult if node.layer.learnable else 0.0   # BatchNorm's statistics: lr_mult 0
-                out.append(Param(node.name, i, blob, self.dtype.type(lr), self.dtype.type(spec.decay_mult)))
+        """Every parameter blob in the net's order (Caffe's learnable_params), with its multipliers;
+        a parameter shared by name once, as its owner's blob with the merged multipliers (sharing.py)."""
+        out, nodes = [], {n.name: n for n in self.net.graph.layers}
+        for q in self.net.graph.learnable:
+            node = nodes[q.layer]
+            lr = q.lr_mult if node.layer.learnable else 0.0   # BatchNorm's statistics: lr_mult 0
+            out.append(Param(q.layer, q.index, node.layer.blobs[q.index], self.dtype.type(lr),
+                             self.dtype.type(q.decay_mult)))
         return out
 
     def _alloc_history(self):
@@ -536,8 +536,6 @@ class Solver:
 
     def _check_model(self, model, path) -> None:
         """The snapshot's layers with parameters must be exactly the net's: name, count and shapes."""
-        if model.layers:
-            raise SnapshotError(f"{path}: V1 `layers` caffemodels are not supported")
         in_file = OrderedDict((lp.name, lp) for lp in model.layer if lp.blobs)
         in_net = OrderedDict((node.name, node) for node in self.net.graph.layers if node.layer.blobs)
         for name, node in in_net.items():

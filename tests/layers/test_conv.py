@@ -187,7 +187,7 @@ def test_two_bottoms_share_weights_and_frozen_bias():
     ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=[3, 3, 3]), "1 or 2 values"),
     ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=7), "exceeds the padded input"),
     ("Convolution", (1, 3, 5, 5), 0, dict(kernel_size=3), "num_output"),
-    ("Convolution", (1, 3, 5, 5, 5), 4, dict(kernel_size=3), "only 2-D"),
+    ("Convolution", (1, 3, 5, 5, 5), 4, dict(kernel_size=[3, 3]), "1 or 3 values"),    # N-d: conv_nd.py
     ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=3, axis=2), "axis"),
     ("Deconvolution", (1, 3, 1, 1), 4, dict(kernel_size=1, pad=1), "output size"),
 ])

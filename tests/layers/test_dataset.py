@@ -237,7 +237,7 @@ def test_data_bad_inputs(tmp_path):
     with pytest.raises(GraphError, match=r"LMDB .*dir cannot be opened"):
         build(tmp_path / "dir")
     src = raw_lmdb(tmp_path / "db", images(3))
-    with pytest.raises(GraphError, match="LEVELDB"):
+    with pytest.raises(GraphError, match=r"LevelDB .*db cannot be opened: .*it is an LMDB: set data_param \{ backend: LMDB \}"):
         net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 2 }}')
     with pytest.raises(GraphError, match=r"data_param.scale is Caffe's legacy field"):
         net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 2 backend: LMDB scale: 0.5 }}')

@@ -11,7 +11,7 @@ from conftest import SHARED, needs_shared
 from layers.golden import run_golden_net
 
 # Cases of layer types built by other helpers of issue 14; their tests live with their layers.
-OTHER_HELPERS = {"conv3d"}      # N-d convolution comes with the formats work
+OTHER_HELPERS = set()
 CASES = sorted(p.name for p in (SHARED / "golden" / "coverage").iterdir()
                if p.name not in OTHER_HELPERS) if SHARED else []
 # A case whose net reads or writes files relative to the working directory, as Caffe does.

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..backend import cuda_ops
+from ..backend import is_gpu
 from . import conv
 from .base import array_module, register
 
@@ -51,7 +51,7 @@ class _NDMixin:
             raise self.error(f"a convolution needs a batch, a channel and a spatial axis; bottom is {shape}")
         if p.axis not in (1, 1 - len(shape)):
             raise self.error(f"N-d convolution supports channel axis 1 only, got axis {p.axis}")
-        if cuda_ops.gpu_target() is not None:
+        if is_gpu(self.target):
             raise self.error(f"N-d convolution (a {len(shape)}-axis bottom) runs on the CPU only")
         d = len(shape) - 2
         self.kernel = _per_axis(self, p, "kernel_size", 0, d)

@@ -2,6 +2,7 @@
 from .base import REGISTRY, TRAIN, TEST, Blob, Layer, LayerError, register  # noqa: F401
 from . import (data, conv, pooling, neuron, normalization, scale,  # noqa: F401
                inner_product, structure, loss, dataset)
+from . import python_layer  # noqa: F401
 
 
 def create_layer(param, phase=TRAIN) -> Layer:

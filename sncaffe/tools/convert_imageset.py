@@ -17,7 +17,6 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sncaffe.data import datum, image  # noqa: E402
 from sncaffe.data.db import LMDBWriter  # noqa: E402
 

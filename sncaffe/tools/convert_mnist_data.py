@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sncaffe.data import datum  # noqa: E402
 from sncaffe.data.db import LMDBWriter  # noqa: E402
 

@@ -74,8 +74,8 @@ def test_netspec_text_is_caffes():
     assert names == ["data", "conv1", "pool1", "conv2", "pool2", "fc1", "relu1", "score", "loss"]
 
 
-def test_netspec_lenet_trains(lenet):
-    d = lenet["dir"]
+def test_netspec_lenet_trains(request):
+    d = request.getfixturevalue("lenet")["dir"]    # (the fixture is named like the notebook's function)
     with open(d / "lenet_auto_train.prototxt", "w") as f:
         f.write(str(lenet(str(d / "train_lmdb"), 64)))
     with open(d / "lenet_auto_test.prototxt", "w") as f:

@@ -32,8 +32,8 @@ def line_time(line, year):
     """The timestamp of a log line (glog's, or the terminal's HH:MM:SS), or None."""
     m = GLOG.match(line)
     if m:
-        month, day, h, mi, s, us = (int(x) for x in m.groups())
-        return dt.datetime(year, month, day, h, mi, s, int(str(us)[:6].ljust(6, "0")))
+        month, day, h, mi, s = (int(x) for x in m.groups()[:5])
+        return dt.datetime(year, month, day, h, mi, s, int(m.group(6)[:6].ljust(6, "0")))
     m = SHORT.match(line)
     if m:
         h, mi, s = (int(x) for x in m.groups())

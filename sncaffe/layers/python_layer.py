@@ -89,6 +89,7 @@ class BlobVec(list):
 
 class PythonLayerBase:
     """The base class pycaffe calls ``caffe.Layer``: a Python layer derives from it."""
+    type = "Python"
 
     def __init__(self, param=None):
         self.param = param

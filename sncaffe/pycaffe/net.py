@@ -102,6 +102,9 @@ class Net:
         self._raw = upgrade_inputs(raw)
         self._opts = dict(phase=phase, stages=list(stages or ()), level=level, memory=memory, keep=keep)
         self._bind(self._build(self._raw))
+        unknown = [] if keep is True else [b for b in keep or () if b not in self._net.blobs]
+        if unknown:
+            raise ValueError(f'keep: no blob "{unknown[0]}" in net "{self.name}"')
         if weights is not None:
             self.copy_from(str(weights))
 

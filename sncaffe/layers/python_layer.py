@@ -4,13 +4,14 @@
 ``sys.path`` (so ``PYTHONPATH``; the prototxt's folder is not searched, as in
 Caffe) and builds ``C(layer_param)``, then sets ``param_str`` and ``phase`` on
 it. The object gets pycaffe's calls with pycaffe's blobs (``BlobView``):
-``setup(bottom, top)`` and ``reshape(bottom, top)`` once at build time, where
-``top[i].reshape(...)`` declares the top shapes the memory plan is made for;
-``reshape`` again before every ``forward(bottom, top)``, and
+``setup(bottom, top)`` and ``reshape(bottom, top)`` once at build time (the
+blobs carry shapes and read-only zeros), where ``top[i].reshape(...)``
+declares the top shapes the memory plan is made for; ``reshape`` again before
+every ``forward(bottom, top)`` (a top may not change shape then), and
 ``backward(top, propagate_down, bottom)``. Its tops, bottoms and learnable
-blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors planned like any
-other; it is never recomputed (recompute.CHEAP does not list it), and what the
-object keeps on itself is its own Python memory.
+blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors planned like
+any other; it is never recomputed (recompute.CHEAP does not list it), and
+what the object keeps on itself is its own Python memory.
 """
 from __future__ import annotations
 
@@ -138,9 +139,12 @@ class Python(Layer):
         cls = load_class(param)
         self.label = f'layer "{self.name}" (Python {param.python_param.module}.{param.python_param.layer})'
         try:
-            obj = cls(param)
-        except TypeError:
-            obj = cls()         # a class whose __init__ takes no LayerParameter
+            try:
+                obj = cls(param)
+            except TypeError:
+                obj = cls()         # a class whose __init__ takes no LayerParameter
+        except Exception as e:
+            raise LayerError(f"{self.label}: creating it raised {type(e).__name__}: {e}") from e
         if not isinstance(getattr(obj, "blobs", None), list):
             obj.blobs = BlobVec()
         obj.param_str, obj.phase = param.python_param.param_str, phase

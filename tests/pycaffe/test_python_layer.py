@@ -1,7 +1,6 @@
 """Python layers (type "Python") as pycaffe defines them: a data layer, a loss layer, a layer with
 learnable blobs; checked by the gradient checker and against the built-in layers, in the memory runtime."""
 import sys
-import textwrap
 
 import numpy as np
 import pytest

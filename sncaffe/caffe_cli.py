@@ -5,7 +5,7 @@
 sncaffe's options before argparse sees them, and answers a flag neither knows
 with the subcommand's usage and a "did you mean" hint. ``extend(sub)`` adds
 what Caffe has and sncaffe lacked: ``device_query``, ``plot``, ``--stage`` and
-``--level`` on test and time, ``--metrics`` on train. ``solver_device(p)``
+``--level`` on train, test and time, ``--metrics`` on train. ``solver_device(p)``
 honours a solver's ``solver_mode: GPU`` and ``device_id``.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ GPU = object()
 # Caffe's flags per command (tools/caffe.cpp) -> sncaffe's option (or the positional argument).
 FLAGS = {
     "train": {"solver": POSITIONAL, "weights": "--weights", "snapshot": "--snapshot", "gpu": GPU,
-              "iterations": "--max-iter", "sigint_effect": "--sigint-effect", "sighup_effect": "--sighup-effect"},
+              "iterations": "--max-iter", "sigint_effect": "--sigint-effect", "sighup_effect": "--sighup-effect",
+              "stage": "--stage", "level": "--level"},
     "test": {"model": POSITIONAL, "weights": "--weights", "iterations": "--iterations", "gpu": GPU,
              "phase": "--phase", "stage": "--stage", "level": "--level"},
     "time": {"model": POSITIONAL, "weights": "--weights", "iterations": "--iterations", "gpu": GPU,
@@ -130,7 +131,7 @@ def solver_device(p, path="the solver") -> str | None:
 
 def extend(sub) -> None:
     """Add Caffe's commands and flags to the ``sncaffe`` subparsers."""
-    for name in ("test", "time"):
+    for name in ("train", "test", "time"):
         q = sub.choices[name]
         q.add_argument("--stage", action="append", default=[], help="a net stage (NetState.stage); repeat for more")
         q.add_argument("--level", type=int, help="the net level (NetState.level)")
@@ -147,12 +148,14 @@ def extend(sub) -> None:
 
 
 def net_state(param, args) -> None:
-    """--stage and --level into the NetParameter's state, which phase filtering reads."""
+    """--stage and --level into a NetParameter's state (which phase filtering reads), or into a
+    NetState itself (a solver's train_state, as Caffe's train does)."""
+    state = param if hasattr(param, "stage") else param.state
     for s in getattr(args, "stage", None) or ():
-        if s not in param.state.stage:
-            param.state.stage.append(s)
+        if s not in state.stage:
+            state.stage.append(s)
     if getattr(args, "level", None) is not None:
-        param.state.level = args.level
+        state.level = args.level
 
 
 class MetricsHandler(logging.Handler):

@@ -229,6 +229,8 @@ def _solver_param(args):
         p.memory_param.mode = args.memory
     if args.host_params:
         p.memory_param.host_params = True
+    from .caffe_cli import net_state
+    net_state(p.train_state, args)          # Caffe's train -stage, -level
     if args.batch:
         _materialize_nets(p, args.batch, args.place)
     elif args.place:

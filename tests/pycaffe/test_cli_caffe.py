@@ -167,3 +167,19 @@ def test_extract_features(lenet, trained, tmp_path, capsys):
     assert LMDBReader(tmp_path / "ip2").entries == 200
     assert extract_features(["w", "n", "a,b", "x", "1", "lmdb"]) == 1
     assert "one dataset per blob" in capsys.readouterr().err
+
+
+def test_train_stage_and_level(lenet, run, capsys, tmp_path):
+    extra = """
+layer { name: "train_acc" type: "Accuracy" bottom: "ip2" bottom: "label" top: "train_acc"
+  include { phase: TRAIN stage: "watch" min_level: 2 } }
+"""
+    net = lenet["train_val"].read_text()
+    (tmp_path / "net.prototxt").write_text(net.replace('layer {\n  name: "loss"', extra + 'layer {\n  name: "loss"'))
+    solver = (run / "solver.prototxt").read_text()
+    solver = re.sub(r'net: ".*"', f'net: "{tmp_path / "net.prototxt"}"', solver).replace("snapshot: 10", "snapshot: 0")
+    (tmp_path / "solver.prototxt").write_text(solver.replace(str(run / "lenet"), str(tmp_path / "s")))
+    for flags, shown in (([], False), (["-stage", "watch"], False), (["-stage", "other,watch", "-level", 2], True)):
+        rc, log, err = train(capsys, "-solver", tmp_path / "solver.prototxt", "-iterations", 1, *flags)
+        assert rc == 0, err
+        assert bool(re.search(r"Train net output #\d: train_acc = ", log)) == shown

@@ -2,7 +2,6 @@
 from .base import REGISTRY, TRAIN, TEST, Blob, Layer, LayerError, register  # noqa: F401
 from . import (data, conv, pooling, neuron, normalization, scale,  # noqa: F401
                inner_product, structure, loss, dataset)
-from . import python_layer  # noqa: F401
 
 
 def create_layer(param, phase=TRAIN) -> Layer:
@@ -12,3 +11,6 @@ def create_layer(param, phase=TRAIN) -> Layer:
         raise LayerError(f'layer "{param.name}": unsupported layer type "{param.type}" '
                          f"(supported: {', '.join(sorted(REGISTRY))})")
     return cls(param, phase)
+
+
+from . import python_layer  # noqa: E402,F401  (type "Python"; on its own line, after the others)

@@ -10,6 +10,7 @@ from PIL import Image
 
 from sncaffe.backend.cuda import unusable_reason
 from sncaffe.cli import main
+from pycaffe_fixtures import lenet_fixture, trained_fixture  # noqa: F401 (fixtures)
 
 NO_GPU = unusable_reason()
 needs_no_gpu = pytest.mark.skipif(NO_GPU is None, reason="a GPU is usable here: the no-GPU errors cannot show")

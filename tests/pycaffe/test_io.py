@@ -5,6 +5,7 @@ from PIL import Image
 
 import sncaffe.pycaffe as caffe
 from sncaffe.data import image
+from pycaffe_fixtures import lenet_fixture, trained_fixture  # noqa: F401 (fixtures)
 
 
 def write_png(path, rgb):

@@ -2,6 +2,7 @@
 import numpy as np
 
 import sncaffe.pycaffe as caffe
+from pycaffe_fixtures import lenet_fixture  # noqa: F401 (fixtures)
 
 
 def test_lenet_training_loop_with_solver_step(lenet):

@@ -3,6 +3,7 @@ import pytest
 
 import sncaffe.pycaffe as caffe
 from sncaffe.backend.cuda import unusable_reason
+from pycaffe_fixtures import lenet_fixture  # noqa: F401 (fixtures)
 
 NO_GPU = unusable_reason()
 

@@ -5,6 +5,7 @@ import pytest
 import sncaffe.pycaffe as caffe
 from sncaffe.pycaffe import layers as L, params as P
 from sncaffe.prototxt import load_net
+from pycaffe_fixtures import lenet_fixture  # noqa: F401 (fixtures)
 
 
 def lenet(lmdb, batch_size):

@@ -6,6 +6,7 @@ import pytest
 
 import sncaffe.pycaffe as caffe
 from sncaffe.tools.convert_mnist_data import IMAGE_MAGIC, read_idx
+from pycaffe_fixtures import lenet_fixture, trained_fixture  # noqa: F401 (fixtures)
 
 IMAGES = Path(__file__).resolve().parents[2] / "data/mnist/t10k-images-idx3-ubyte.gz"
 

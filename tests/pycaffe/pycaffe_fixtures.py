@@ -1,4 +1,9 @@
-"""Fixtures for the pycaffe-style scripts: small MNIST LMDBs and LeNet prototxt, as a Caffe user has."""
+"""Fixtures for the pycaffe-style scripts: small MNIST LMDBs and LeNet prototxt, as a Caffe user has.
+
+Test modules import them (``from pycaffe_fixtures import lenet_fixture``); not a conftest.py,
+whose module name would shadow tests/conftest.py for ``from conftest import ...`` elsewhere.
+Each is made once per session (the cache below), whichever modules use it.
+"""
 import re
 from pathlib import Path
 
@@ -7,19 +12,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MNIST = ROOT / "data/mnist"
 IMAGES, LABELS = MNIST / "t10k-images-idx3-ubyte.gz", MNIST / "t10k-labels-idx1-ubyte.gz"
-needs_mnist = pytest.mark.skipif(not IMAGES.is_file(), reason="data/mnist not present")
 
 DEPLOY = """name: "LeNet"
 layer { name: "data" type: "Input" top: "data" input_param { shape: { dim: 10 dim: 1 dim: 28 dim: 28 } } }
-""" 
+"""
 
 
-@pytest.fixture(scope="session")
-def lenet(tmp_path_factory):
+_MADE = {}
+
+
+@pytest.fixture(scope="session", name="lenet")
+def lenet_fixture(tmp_path_factory):
     """Caffe's LeNet train_val and solver over 640 training and 200 test images (LMDBs made by
     convert_mnist_data), and its deploy net: {"train_val", "solver", "deploy", "dir"}."""
     if not IMAGES.is_file():
         pytest.skip("data/mnist not present")
+    if "lenet" not in _MADE:
+        _MADE["lenet"] = _make_lenet(tmp_path_factory)
+    return _MADE["lenet"]
+
+
+def _make_lenet(tmp_path_factory):
     from sncaffe.tools.convert_mnist_data import main as convert
     d = tmp_path_factory.mktemp("lenet")
     convert([str(IMAGES), str(LABELS), str(d / "train_lmdb"), "--count", "640"])
@@ -46,12 +59,15 @@ def lenet(tmp_path_factory):
             "deploy": d / "lenet.prototxt"}
 
 
-@pytest.fixture(scope="session")
-def trained(lenet):
+@pytest.fixture(scope="session", name="trained")
+def trained_fixture(lenet):
     """LeNet trained 50 iterations by the pycaffe SGDSolver; its .caffemodel."""
+    if "trained" in _MADE:
+        return _MADE["trained"]
     import sncaffe.pycaffe as caffe
     solver = caffe.SGDSolver(str(lenet["solver"]))
     solver.step(50)
     path = lenet["dir"] / "lenet_50.caffemodel"
     solver.net.save(str(path))
+    _MADE["trained"] = path
     return path

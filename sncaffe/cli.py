@@ -120,6 +120,8 @@ def _net_param(args):
     from .proto import sncaffe_pb2 as pb
     from .prototxt import read_text, set_batch
     param = read_text(args.net, pb.NetParameter())
+    from .caffe_cli import net_state
+    net_state(param, args)                  # --stage, --level (Caffe's -stage, -level)
     if args.batch:
         param = set_batch(param, args.batch)
     return _placed(param, getattr(args, "place", None))
@@ -229,6 +231,8 @@ def _solver_param(args):
         p.memory_param.mode = args.memory
     if args.host_params:
         p.memory_param.host_params = True
+    from .caffe_cli import net_state
+    net_state(p.train_state, args)          # Caffe's train -stage, -level
     if args.batch:
         _materialize_nets(p, args.batch, args.place)
     elif args.place:
@@ -335,7 +339,8 @@ def _train(args, comm=None) -> int:
     if args.snapshot and args.weights:
         raise ValueError("give --snapshot to resume training or --weights to fine-tune, not both")
     p, from_net = _solver_param(args)
-    device_name = args.device or p.device or "cpu"
+    from .caffe_cli import solver_device
+    device_name = args.device or p.device or solver_device(p, args.path) or "cpu"
     if comm is not None:
         from .parallel import mpi
         p.random_seed = mpi.agree_seed(comm, p.random_seed)     # the same data order on every rank
@@ -699,12 +704,16 @@ def _parser():
     u.add_argument("net", help="net prototxt or .caffemodel")
     u.add_argument("out", nargs="?", help="where to write it (default: print a prototxt's text)")
     u.set_defaults(func=cmd_upgrade)
+    from .caffe_cli import extend
+    extend(sub)                             # Caffe's device_query, plot, --stage/--level, --metrics
     return p
 
 
 def main(argv=None) -> int:
+    from .caffe_cli import translate
     from .progress import console
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(translate(sys.argv[1:] if argv is None else argv, parser))   # Caffe's -flags too
     args.console = console()
     for flag in ("iterations", "max_iter", "batch"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:

@@ -1,16 +1,60 @@
 """Images as Caffe sees them (through OpenCV): uint8 arrays (C, H, W), colour channels in BGR order.
 
-Pillow does the decoding; the channel order and the colour rules follow
-OpenCV's imread/imdecode, so a net trained by Caffe on the same files sees
-the same layout.
+Where opencv-python-headless is installed (the ``opencv`` extra) OpenCV itself
+decodes (cv::imread/imdecode) and resizes (cv::resize, INTER_LINEAR), as
+Caffe's C++ does. Without it Pillow decodes, with OpenCV's channel order and
+colour rules, and resizes bilinearly; Pillow's bilinear widens its filter when
+shrinking (an area average), where OpenCV samples pixel pairs, so downscaled
+images differ. ``SNCAFFE_IMAGES=pillow`` forces Pillow; ``backend()`` names the one in use.
 """
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 
 _GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
+
+
+def _cv2():
+    """OpenCV, unless absent or SNCAFFE_IMAGES=pillow."""
+    if os.environ.get("SNCAFFE_IMAGES", "").lower() == "pillow":
+        return None
+    try:
+        import cv2
+    except ImportError:
+        return None
+    return cv2
+
+
+def backend() -> str:
+    return "opencv" if _cv2() is not None else "pillow"
+
+
+def _cv_flag(cv2, color):
+    return cv2.IMREAD_ANYCOLOR if color is None else (cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE)
+
+
+def _cv_chw(a) -> np.ndarray:
+    return a[None].copy() if a.ndim == 2 else np.ascontiguousarray(a.transpose(2, 0, 1))
+
+
+def resize(im: np.ndarray, size, order=1) -> np.ndarray:
+    """H x W x K (any dtype) -> size=(height, width): cv::resize where OpenCV is installed
+    (order 0 INTER_NEAREST, 1 INTER_LINEAR, 3 INTER_CUBIC), else Pillow per channel."""
+    h, w = int(size[0]), int(size[1])
+    cv2 = _cv2()
+    if cv2 is not None:
+        interp = {0: cv2.INTER_NEAREST, 1: cv2.INTER_LINEAR}.get(order, cv2.INTER_CUBIC)
+        chans = [cv2.resize(np.ascontiguousarray(im[:, :, k:k + 4]), (w, h), interpolation=interp)
+                 for k in range(0, im.shape[2], 4)]     # cv::resize takes at most 4 channels at once
+        return np.concatenate([c.reshape(h, w, -1) for c in chans], axis=2)
+    from PIL import Image
+    interp = {0: Image.NEAREST, 1: Image.BILINEAR}.get(order, Image.BICUBIC)
+    out = [np.asarray(Image.fromarray(np.ascontiguousarray(im[:, :, k], dtype=np.float32), "F")
+                      .resize((w, h), interp)) for k in range(im.shape[2])]
+    return np.stack(out, axis=2).astype(im.dtype)
 
 
 def _to_array(img, color) -> np.ndarray:
@@ -37,11 +81,29 @@ def _open(source, what):
 
 def decode(buf: bytes, color=None, what="encoded image") -> np.ndarray:
     """Decode PNG/JPEG/... bytes to (C, H, W) uint8 BGR (Caffe's DecodeDatumToCVMat)."""
+    cv2 = _cv2()
+    if cv2 is not None:
+        a = cv2.imdecode(np.frombuffer(buf, np.uint8), _cv_flag(cv2, color))
+        if a is None:
+            raise ValueError(f"{what}: not an image OpenCV can decode")
+        return _cv_chw(a)
     return _to_array(_open(io.BytesIO(buf), what), color)
 
 
 def load(path, height=0, width=0, color=True) -> np.ndarray:
     """Read an image file, resized to height x width when both are set (Caffe's ReadImageToCVMat)."""
+    cv2 = _cv2()
+    if cv2 is not None:
+        try:
+            buf = np.fromfile(str(path), np.uint8)      # cv::imread's decoding, with the OS's error
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read image: {e.strerror or e}") from None
+        a = cv2.imdecode(buf, _cv_flag(cv2, bool(color))) if buf.size else None
+        if a is None:
+            raise ValueError(f"{path}: not an image OpenCV can decode")
+        if height > 0 and width > 0:
+            a = cv2.resize(a, (width, height))          # INTER_LINEAR, as Caffe
+        return _cv_chw(a)
     img = _open(path, str(path))
     if height > 0 and width > 0:
         from PIL import Image

@@ -14,3 +14,6 @@ def create_layer(param, phase=TRAIN) -> Layer:
         raise LayerError(f'layer "{param.name}": unsupported layer type "{param.type}" '
                          f"(supported: {', '.join(sorted(REGISTRY))})")
     return cls(param, phase)
+
+
+from . import python_layer  # noqa: E402,F401  (type "Python"; on its own line, after the others)

@@ -26,8 +26,10 @@ class Uses:
 
 
 def persistent_roots(graph) -> list:
-    """Roots that live across iterations: parameters and gradients, net inputs and outputs."""
+    """Roots that live across iterations: parameters and gradients, net inputs and outputs, and
+    the blobs named in ``graph.keep`` (read after a pass: pycaffe's ``net.blobs[name].data``)."""
     out, seen = [], set()
+    keep = getattr(graph, "keep", ())
 
     def add(t):
         if t is not None and id(t.root) not in seen:
@@ -39,7 +41,7 @@ def persistent_roots(graph) -> list:
             add(d)
             add(g)
         for t in node.tops:
-            if not node.bottoms or id(t) in outputs:   # filled by the caller / read after the pass
+            if not node.bottoms or id(t) in outputs or t.name in keep:   # filled by the caller / read after
                 add(t.data)
                 add(t.diff)
     return out

@@ -1,0 +1,199 @@
+"""Python layers (``type: "Python"``), as Caffe's PythonLayer runs them.
+
+``python_param { module: "m" layer: "C" param_str: "..." }`` imports ``m`` from
+``sys.path`` (so ``PYTHONPATH``; the prototxt's folder is not searched, as in
+Caffe) and builds ``C(layer_param)``, then sets ``param_str`` and ``phase`` on
+it. The object gets pycaffe's calls with pycaffe's blobs (``BlobView``):
+``setup(bottom, top)`` and ``reshape(bottom, top)`` once at build time (the
+blobs carry shapes and read-only zeros), where ``top[i].reshape(...)``
+declares the top shapes the memory plan is made for; ``reshape`` again before
+every ``forward(bottom, top)`` (a top may not change shape then), and
+``backward(top, propagate_down, bottom)``. Its tops, bottoms and learnable
+blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors planned like
+any other; it is never recomputed (recompute.CHEAP does not list it), and
+what the object keeps on itself is its own Python memory.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from .base import Layer, LayerError, register
+
+
+class BlobView:
+    """pycaffe's Blob over an sncaffe Blob: data, diff, shape, count, num/channels/height/width."""
+
+    def __init__(self, blob, on_reshape=None):
+        self._blob = blob
+        self._on_reshape = on_reshape      # callable(new shape) or None: a fixed shape
+
+    @property
+    def data(self):
+        return self._blob.data
+
+    @property
+    def diff(self):
+        return self._blob.diff
+
+    @property
+    def shape(self):
+        return tuple(self._blob.shape)
+
+    @property
+    def count(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def _legacy(self, axis):
+        s = self.shape
+        return int(s[axis]) if axis < len(s) else 1     # Caffe's LegacyShape
+
+    num = property(lambda self: self._legacy(0))
+    channels = property(lambda self: self._legacy(1))
+    height = property(lambda self: self._legacy(2))
+    width = property(lambda self: self._legacy(3))
+
+    def reshape(self, *shape):
+        shape = tuple(int(d) for d in (shape[0] if len(shape) == 1 and not np.isscalar(shape[0]) else shape))
+        if self._on_reshape is not None:
+            self._on_reshape(shape)
+        elif shape != self.shape:
+            raise ValueError(f'blob "{self._blob.name}": its shape {self.shape} is planned; reshaping it to '
+                             f"{shape} needs the net rebuilt (pycaffe: reshape the input blobs, then net.reshape())")
+
+    def __repr__(self):
+        return f"<Blob {self._blob.name!r} {self.shape}>"
+
+
+class _Shaped:
+    """A build-time blob: a shape (zero data that costs nothing) and a settable shape for tops."""
+    __slots__ = ("name", "data", "diff")
+
+    def __init__(self, name, shape, dtype):
+        self.name = name
+        self.data = self.diff = None if shape is None else np.broadcast_to(np.zeros((), dtype), shape)
+
+    @property
+    def shape(self):
+        return () if self.data is None else self.data.shape
+
+
+class BlobVec(list):
+    """``self.blobs`` of a Python layer: ``add_blob(*shape)`` in setup adds a learnable blob."""
+
+    def add_blob(self, *shape):
+        from .base import Blob
+        shape = tuple(int(d) for d in shape)
+        self.append(BlobView(Blob(f"blob{len(self)}", np.zeros(shape, np.float32), np.zeros(shape, np.float32))))
+
+
+class PythonLayerBase:
+    """The base class pycaffe calls ``caffe.Layer``: a Python layer derives from it."""
+    type = "Python"
+
+    def __init__(self, param=None):
+        self.param = param
+        self.param_str = param.python_param.param_str if param is not None else ""
+        self.phase = 0
+        self.blobs = BlobVec()
+
+    def setup(self, bottom, top):
+        pass
+
+    def reshape(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__} must define reshape(bottom, top)")
+
+    def forward(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__} must define forward(bottom, top)")
+
+    def backward(self, top, propagate_down, bottom):
+        raise NotImplementedError(f"{type(self).__name__} must define backward(top, propagate_down, bottom)")
+
+
+def load_class(lp):
+    """The class ``python_param`` names, or a LayerError naming the layer and the module."""
+    p = lp.python_param
+    where = f'layer "{lp.name}" (Python)'
+    if not p.module or not p.layer:
+        raise LayerError(f"{where}: python_param needs both module and layer")
+    try:
+        module = importlib.import_module(p.module)
+    except Exception as e:      # a module that fails on import is the user's error to read
+        raise LayerError(f'{where}: cannot import python_param.module "{p.module}": {type(e).__name__}: {e} '
+                         f"(the module must be on sys.path or PYTHONPATH; the prototxt's folder is not "
+                         f"searched, as in Caffe)") from e
+    cls = getattr(module, p.layer, None)
+    if cls is None:
+        raise LayerError(f'{where}: module "{p.module}" ({getattr(module, "__file__", "?")}) has no '
+                         f'python_param.layer "{p.layer}"')
+    return cls
+
+
+@register
+class Python(Layer):
+    type = "Python"
+
+    def __init__(self, param, phase=0):
+        super().__init__(param, phase)
+        cls = load_class(param)
+        self.label = f'layer "{self.name}" (Python {param.python_param.module}.{param.python_param.layer})'
+        try:
+            try:
+                obj = cls(param)
+            except TypeError:
+                obj = cls()         # a class whose __init__ takes no LayerParameter
+        except Exception as e:
+            raise LayerError(f"{self.label}: creating it raised {type(e).__name__}: {e}") from e
+        if not isinstance(getattr(obj, "blobs", None), list):
+            obj.blobs = BlobVec()
+        obj.param_str, obj.phase = param.python_param.param_str, phase
+        self.obj = obj
+
+    def _call(self, what, *args):
+        try:
+            return getattr(self.obj, what)(*args)
+        except (LayerError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            raise LayerError(f"{self.label}: {what} raised {type(e).__name__}: {e}") from e
+
+    def setup(self, bottom_shapes):
+        dtype = np.float32
+        bottoms = [BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes)]
+        tops = [_Shaped(n, None, dtype) for n in self.param.top]
+
+        def setter(blob):
+            def set_shape(shape):
+                blob.data = blob.diff = np.broadcast_to(np.zeros((), dtype), shape)
+            return set_shape
+        top_views = [BlobView(t, setter(t)) for t in tops]
+        self._call("setup", bottoms, top_views)
+        self._call("reshape", bottoms, top_views)
+        unset = [t.name for t in tops if t.data is None]
+        if unset:
+            raise self.error(f'reshape did not give top "{unset[0]}" a shape (top[i].reshape(...))')
+        self.shapes = [t.shape for t in tops]
+        self.initial = [b.data.copy() for b in self.obj.blobs]      # values set in setup
+        self.param_shapes = [x.shape for x in self.initial]
+        self.backward_needs = ("bottom", "top")
+        return self.shapes
+
+    def init_params(self, rng):
+        # The object's blobs become views of the pool's parameter tensors, keeping setup's values.
+        for blob, init in zip(self.blobs, self.initial):
+            blob.data[...] = init
+        self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
+
+    def _views(self, blobs):
+        return [BlobView(b) for b in blobs]
+
+    def forward(self, bottom, top):
+        self.obj.blobs[:] = [BlobView(b) for b in self.blobs]     # rebound by the memory runtime
+        bottoms, tops = self._views(bottom), self._views(top)
+        self._call("reshape", bottoms, tops)
+        self._call("forward", bottoms, tops)
+
+    def backward(self, top, propagate_down, bottom):
+        self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
+        self._call("backward", self._views(top), list(propagate_down), self._views(bottom))

@@ -1,0 +1,393 @@
+"""pycaffe's Net over sncaffe.Net: pycaffe's signatures, return types and introspection.
+
+Memory: by default (``memory="none"``) every blob keeps its block, so
+``net.blobs[name].data`` is readable after ``forward()`` as pycaffe users
+expect. Under a constrained mode (``liveness``, ``offload``, ``recompute``,
+``all``, ``auto``) only the net's inputs, outputs and the blobs named in
+``keep=[...]`` stay (``keep=True``: all); the plan counts them as persistent.
+``forward(start=, end=)`` and ``backward(start=, end=)`` replay the planned
+schedule's memory instructions in full and run only the chosen layers.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from .. import net as _sn
+from ..layers.python_layer import BlobView
+from ..layers.structure import transfer
+from ..proto import sncaffe_pb2 as pb
+from ..prototxt import _phase, read_text, upgrade_inputs
+from . import _caffe
+
+
+class KeptNet(_sn.Net):
+    """sncaffe.Net whose plan keeps the blobs named in ``keep`` alive across the pass."""
+
+    def __init__(self, *args, keep=(), **kw):
+        self._keep = keep
+        super().__init__(*args, **kw)
+
+    def _make_plan(self, memory, reserve):
+        self.graph.keep = frozenset(self.graph.blobs) if self._keep is True else frozenset(self._keep or ())
+        return super()._make_plan(memory, reserve)
+
+
+class Blob(BlobView):
+    """A net's blob: reads through the net, so it stays valid when the net is rebuilt."""
+
+    def __init__(self, pynet, name, get, shape):
+        self._pynet, self._name, self._get, self._shape = pynet, name, get, shape
+
+    @property
+    def _blob(self):
+        return self._get()
+
+    @property
+    def data(self):
+        staged = self._pynet._staged.get(self._name)
+        return staged if staged is not None else self._get().data
+
+    @property
+    def shape(self):
+        staged = self._pynet._staged.get(self._name)
+        return tuple(staged.shape) if staged is not None else tuple(self._shape())
+
+    def reshape(self, *shape):
+        shape = tuple(int(d) for d in (shape[0] if len(shape) == 1 and not np.isscalar(shape[0]) else shape))
+        self._pynet._stage_reshape(self._name, shape)
+
+
+class _LayerView:
+    """pycaffe's Layer of a built-in type: ``type`` and ``blobs``."""
+
+    def __init__(self, pynet, name, type_):
+        self._pynet, self.name, self.type = pynet, name, type_
+
+    @property
+    def blobs(self):
+        return self._pynet.params.get(self.name, [])
+
+    def __repr__(self):
+        return f"<Layer {self.name!r} ({self.type})>"
+
+
+def _parse_args(args, kwargs):
+    """pycaffe's Net(file, phase), Net(file, weights, phase), Net(file, phase, weights=, level=, stages=)."""
+    weights, phase = kwargs.pop("weights", None), kwargs.pop("phase", None)
+    args = list(args)
+    if args and isinstance(args[0], (str, Path)) and not (str(args[0]).upper() in ("TRAIN", "TEST")):
+        weights = args.pop(0)        # the deprecated Net(file, weights, phase)
+    if args:
+        phase = args.pop(0)
+    if args:
+        raise TypeError("Net(network_file, phase, level=0, stages=None, weights=None), "
+                        "or Net(network_file, weights, phase)")
+    if phase is None:
+        raise TypeError("Net() needs a phase: caffe.TRAIN or caffe.TEST")
+    return weights, _phase(phase)
+
+
+class Net:
+    def __init__(self, network_file, *args, level=0, stages=None, memory="none", keep=(), **kwargs):
+        weights, phase = _parse_args(args, kwargs)
+        if kwargs:
+            raise TypeError(f"Net() got unexpected keyword arguments: {', '.join(kwargs)}")
+        if isinstance(network_file, pb.NetParameter):
+            raw = network_file
+        else:
+            raw = read_text(network_file, pb.NetParameter())
+        self._raw = upgrade_inputs(raw)
+        self._opts = dict(phase=phase, stages=list(stages or ()), level=level, memory=memory, keep=keep)
+        self._bind(self._build(self._raw))
+        unknown = [] if keep is True else [b for b in keep or () if b not in self._net.blobs]
+        if unknown:
+            raise ValueError(f'keep: no blob "{unknown[0]}" in net "{self.name}"')
+        if weights is not None:
+            self.copy_from(str(weights))
+
+    @classmethod
+    def _wrap(cls, sn_net, raw=None):
+        """A pycaffe Net over an existing sncaffe.Net (a solver's)."""
+        self = cls.__new__(cls)
+        self._raw = raw
+        self._opts = dict(phase=sn_net.phase)
+        self._bind(sn_net)
+        return self
+
+    def _build(self, raw):
+        o = self._opts
+        return KeptNet(raw, o["phase"], device=_caffe.device(), stages=o["stages"], level=o["level"] or None,
+                       seed=_caffe.seed(), memory=o["memory"], keep=o["keep"])
+
+    def _bind(self, sn_net):
+        self._net = sn_net
+        self._staged = {}
+        self._forwarded = False
+        self._index = {n.name: i for i, n in enumerate(sn_net.graph.layers)}
+        self._blobs = OrderedDict((name, Blob(self, name, lambda n=name: self._net.blobs[n],
+                                               lambda n=name: self._net.graph.blobs[n].shape))
+                                  for name in sn_net.blobs)
+        params = OrderedDict()
+        for node in sn_net.graph.layers:
+            if node.layer.blobs:
+                params[node.name] = [Blob(self, f"{node.name}[{i}]", lambda l=node.layer, i=i: l.blobs[i],
+                                          lambda node=node, i=i: node.params[i][0].shape)
+                                     for i in range(len(node.layer.blobs))]
+        self._params = params
+
+    # -- pycaffe's properties -------------------------------------------------
+    @property
+    def blobs(self):
+        return self._blobs
+
+    @property
+    def params(self):
+        return self._params
+
+    @property
+    def _layer_names(self):
+        return [n.name for n in self._net.graph.layers]
+
+    @property
+    def _blob_names(self):
+        return list(self._net.blobs)
+
+    @property
+    def layers(self):
+        out = []
+        for n in self._net.graph.layers:
+            obj = getattr(n.layer, "obj", None)      # a Python layer is its own object, as in pycaffe
+            out.append(obj if obj is not None else _LayerView(self, n.name, n.type))
+        return out
+
+    @property
+    def layer_dict(self):
+        return OrderedDict(zip(self._layer_names, self.layers))
+
+    @property
+    def top_names(self):
+        return OrderedDict((n.name, [t.name for t in n.tops]) for n in self._net.graph.layers)
+
+    @property
+    def bottom_names(self):
+        return OrderedDict((n.name, [b.name for b in n.bottoms]) for n in self._net.graph.layers)
+
+    @property
+    def blob_loss_weights(self):
+        weights = OrderedDict((name, 0.0) for name in self._net.blobs)
+        for n in self._net.graph.layers:
+            for w, t in zip(n.loss_weights, n.tops):
+                if w:
+                    weights[t.name] = w
+        return weights
+
+    @property
+    def inputs(self):
+        return list(self._net.inputs)
+
+    @property
+    def outputs(self):
+        return list(self._net.outputs)
+
+    @property
+    def phase(self):
+        return self._net.phase
+
+    @property
+    def name(self):
+        return self._net.name
+
+    @property
+    def memory_plan(self):
+        """sncaffe's Plan for this net (mode, peak, persistent tensors)."""
+        return self._net.plan
+
+    # -- weights ----------------------------------------------------------------
+    def copy_from(self, filename):
+        self._net.copy_from(str(filename))
+
+    def save(self, filename):
+        self._net.save(str(filename))
+
+    def share_with(self, other):
+        """Caffe's ShareTrainedLayersWith: layers named alike use ``other``'s parameter arrays."""
+        from ..layers.base import Blob as SnBlob
+        src = other._net if isinstance(other, Net) else other
+        for node in self._net.graph.layers:
+            theirs = src.params.get(node.name)
+            mine = node.layer.blobs
+            if not mine or theirs is None:
+                continue
+            if len(mine) != len(theirs) or any(a.shape != b.shape for a, b in zip(mine, theirs)):
+                raise ValueError(f'layer "{node.name}": parameters {[b.shape for b in mine]} here, '
+                                 f"{[b.shape for b in theirs]} in the other net: they cannot be shared")
+            for j, b in enumerate(theirs):
+                mine[j] = SnBlob(mine[j].name, b.data, mine[j].diff)
+
+    def clear_param_diffs(self):
+        self._net.clear_param_diffs()
+
+    # -- reshaping --------------------------------------------------------------
+    def _stage_reshape(self, name, shape):
+        if name not in self.inputs:
+            raise ValueError(f'blob "{name}" is not an input of the net ({", ".join(self.inputs) or "none"}): '
+                             f"only input blobs can be reshaped; the others follow in net.reshape()")
+        if shape == tuple(self._net.blobs[name].shape) and name not in self._staged:
+            return
+        self._staged[name] = np.zeros(shape, np.float32)    # host staging until the net is re-planned
+
+    def reshape(self):
+        """Re-plan the net for the input shapes set with ``blob.reshape``; parameters are kept."""
+        if not self._staged:
+            return
+        if self._raw is None:
+            raise ValueError("this net belongs to a solver: its inputs cannot be reshaped")
+        shapes = {n: tuple(self._net.blobs[n].shape) for n in self.inputs}
+        shapes.update((n, a.shape) for n, a in self._staged.items())
+        raw = pb.NetParameter()
+        raw.CopyFrom(self._raw)
+        for lp in raw.layer:
+            if lp.type == "Input" and any(t in shapes for t in lp.top):
+                old = list(lp.input_param.shape)
+                del lp.input_param.shape[:]
+                for j, t in enumerate(lp.top):
+                    dims = shapes.get(t, old[j if len(old) > 1 else 0].dim)
+                    lp.input_param.shape.add().dim.extend(int(d) for d in dims)
+        old, staged = self._net, self._staged
+        params = {name: [np.array(b.data) for b in blobs] for name, blobs in old.params.items()}
+        kept = {n: np.array(old.blobs[n].data) for n in self.inputs if n not in staged}
+        old.release()
+        self._raw = raw
+        self._bind(self._build(raw))
+        for name, arrays in params.items():
+            for blob, a in zip(self._net.params.get(name, []), arrays):
+                transfer(blob.data, a)
+        for n, a in list(kept.items()) + list(staged.items()):
+            transfer(self._net.blobs[n].data, a)
+
+    # -- running ------------------------------------------------------------------
+    def _select(self, instrs, lo, hi):
+        """Every memory instruction; of the runs, those of layers lo..hi (and every recomputation)."""
+        return [ins for ins in instrs if ins.kind != "run" or ins.recompute
+                or lo <= self._index[ins.op.node.name] <= hi]
+
+    def _forward(self, start, end):
+        self.reshape()
+        net = self._net
+        if net.executor.busy:
+            net.executor.reset()        # the last forward had no backward
+        net.executor.execute(self._select(net.plan.schedule.forward, start, end))
+        self._forwarded = True
+
+    def _backward(self, start, end):
+        net = self._net
+        if net.plan.mode != "none" and not self._forwarded:
+            raise RuntimeError(f"backward() needs a forward() first in memory mode {net.plan.mode!r}")
+        net.executor.execute(self._select(net.plan.schedule.backward, end, start))
+        net.executor.reset()
+        self._forwarded = False
+
+    def _layer_index(self, name):
+        try:
+            return self._index[name]
+        except KeyError:
+            raise ValueError(f'no layer "{name}" in net "{self.name}"') from None
+
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """Run the layers start..end (names); kwargs fill input blobs. Returns {blob: data} of the
+        net's outputs (or end's tops) and ``blobs``."""
+        blobs = list(blobs or [])
+        start_ind = self._layer_index(start) if start is not None else 0
+        if end is not None:
+            end_ind = self._layer_index(end)
+            outputs = set(self.top_names[end] + blobs)
+        else:
+            end_ind = len(self._index) - 1
+            outputs = set(self.outputs + blobs)
+        if kwargs:
+            if set(kwargs) != set(self.inputs):
+                raise Exception("Input blob arguments do not match net inputs.")
+            for name, value in kwargs.items():
+                if value.shape[0] != self.blobs[name].shape[0]:
+                    raise Exception("Input is not batch sized")
+                self.blobs[name].data[...] = value
+        self._forward(start_ind, end_ind)
+        return {out: self.blobs[out].data for out in outputs}
+
+    def backward(self, diffs=None, start=None, end=None, **kwargs):
+        """Run backward from layer ``start`` down to ``end``; kwargs set output diffs. Returns
+        {blob: diff} of the net's inputs (or end's bottoms) and ``diffs``."""
+        diffs = list(diffs or [])
+        start_ind = self._layer_index(start) if start is not None else len(self._index) - 1
+        if end is not None:
+            end_ind = self._layer_index(end)
+            outputs = set(self.bottom_names[end] + diffs)
+        else:
+            end_ind = 0
+            outputs = set(self.inputs + diffs)
+        self._net._set_loss_diffs()      # loss weights in the loss tops' diffs, as Caffe's setup puts them
+        if kwargs:
+            if set(kwargs) != set(self.outputs):
+                raise Exception("Top diff arguments do not match net outputs.")
+            for name, value in kwargs.items():
+                if value.shape[0] != self.blobs[name].shape[0]:
+                    raise Exception("Diff is not batch sized")
+                self.blobs[name].diff[...] = value
+        self._backward(start_ind, end_ind)
+        return {out: self.blobs[out].diff for out in outputs}
+
+    def forward_backward(self):
+        loss = self._net.forward()
+        self._net.backward()
+        return loss
+
+    def _batch(self, blobs):
+        """Batches of the arrays in ``blobs``, the last padded with zeros to the net's batch size."""
+        num = len(next(iter(blobs.values())))
+        batch_size = next(iter(self.blobs.values())).shape[0]
+        remainder = num % batch_size
+        for b in range(num // batch_size):
+            i = b * batch_size
+            yield {name: blobs[name][i:i + batch_size] for name in blobs}
+        if remainder > 0:
+            padded = {}
+            for name in blobs:
+                pad = np.zeros((batch_size - remainder,) + blobs[name].shape[1:])
+                padded[name] = np.concatenate([blobs[name][-remainder:], pad])
+            yield padded
+
+    def forward_all(self, blobs=None, **kwargs):
+        """Forward over all of ``kwargs``' items in batches; {blob: array of all items}."""
+        all_outs = {out: [] for out in set(self.outputs + list(blobs or []))}
+        for batch in self._batch(kwargs):
+            for out, value in self.forward(blobs=blobs, **batch).items():
+                all_outs[out].extend(value.copy())
+        for out in all_outs:
+            all_outs[out] = np.asarray(all_outs[out])
+        pad = len(next(iter(all_outs.values()))) - len(next(iter(kwargs.values())))
+        if pad:
+            for out in all_outs:
+                all_outs[out] = all_outs[out][:-pad]
+        return all_outs
+
+    def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
+        """forward_all and backward over every batch: (outputs, input diffs)."""
+        all_outs = {out: [] for out in set(self.outputs + list(blobs or []))}
+        all_diffs = {d: [] for d in set(self.inputs + list(diffs or []))}
+        forward_batches = self._batch({n: kwargs[n] for n in self.inputs if n in kwargs})
+        backward_batches = self._batch({n: kwargs[n] for n in self.outputs if n in kwargs})
+        for fb, bb in zip(forward_batches, backward_batches):
+            batch_blobs = self.forward(blobs=blobs, **fb)
+            batch_diffs = self.backward(diffs=diffs, **bb)
+            for out, out_blobs in batch_blobs.items():
+                all_outs[out].extend(out_blobs.copy())
+            for d, d_blobs in batch_diffs.items():
+                all_diffs[d].extend(d_blobs.copy())
+        pad = len(all_outs[next(iter(all_outs))]) - len(next(iter(kwargs.values())))
+        for table in (all_outs, all_diffs):
+            for k in table:
+                table[k] = np.asarray(table[k])[:len(table[k]) - pad]
+        return all_outs, all_diffs

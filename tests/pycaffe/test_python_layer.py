@@ -1,0 +1,167 @@
+"""Python layers (type "Python") as pycaffe defines them: a data layer, a loss layer, a layer with
+learnable blobs; checked by the gradient checker and against the built-in layers, in the memory runtime."""
+import sys
+
+import numpy as np
+import pytest
+
+import sncaffe.pycaffe as caffe
+from sncaffe.gradcheck import check_gradient, make_layer
+from sncaffe.graph import GraphError
+from sncaffe.layers import LayerError
+
+MODULE = '''
+import numpy as np
+
+import sncaffe.pycaffe as caffe
+
+
+class EuclideanLossLayer(caffe.Layer):
+    """Caffe's examples/pycaffe/layers/pyloss.py, scaled by the top's diff (its loss_weight)."""
+
+    def setup(self, bottom, top):
+        if len(bottom) != 2:
+            raise Exception("Need two inputs to compute distance.")
+
+    def reshape(self, bottom, top):
+        if bottom[0].count != bottom[1].count:
+            raise Exception("Inputs must have the same dimension.")
+        self.diff = np.zeros_like(bottom[0].data)
+        top[0].reshape(1)
+
+    def forward(self, bottom, top):
+        self.diff[...] = bottom[0].data - bottom[1].data
+        top[0].data[...] = np.sum(self.diff ** 2) / bottom[0].num / 2.
+
+    def backward(self, top, propagate_down, bottom):
+        for i in range(2):
+            if not propagate_down[i]:
+                continue
+            sign = 1 if i == 0 else -1
+            bottom[i].diff[...] = sign * self.diff / bottom[i].num * top[0].diff[0]
+
+
+class RandomData(caffe.Layer):
+    """A data layer: param_str "batch,dim,seed"; tops: data (batch, dim) and target (batch, 3)."""
+
+    def setup(self, bottom, top):
+        self.batch, self.dim, seed = (int(v) for v in self.param_str.split(","))
+        self.rng = np.random.default_rng(seed)
+        self.w = np.random.default_rng(99).standard_normal((self.dim, 3))
+
+    def reshape(self, bottom, top):
+        top[0].reshape(self.batch, self.dim)
+        top[1].reshape(self.batch, 3)
+
+    def forward(self, bottom, top):
+        x = self.rng.standard_normal((self.batch, self.dim))
+        top[0].data[...] = x
+        top[1].data[...] = x @ self.w
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+class Bias(caffe.Layer):
+    """top = bottom + b, b a learnable vector over axis 1 (started at 0.5 in setup)."""
+
+    def setup(self, bottom, top):
+        self.blobs.add_blob(bottom[0].channels)
+        self.blobs[0].data[...] = 0.5
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data + self.blobs[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            bottom[0].diff[...] = top[0].diff
+        self.blobs[0].diff[...] += top[0].diff.sum(0)
+
+
+class Broken(caffe.Layer):
+    def setup(self, bottom, top):
+        raise ValueError("param_str must be a number, got %r" % self.param_str)
+'''
+
+
+@pytest.fixture
+def pymod(tmp_path, monkeypatch):
+    (tmp_path / "mylayers.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "mylayers"
+    sys.modules.pop("mylayers", None)
+
+
+NET = """name: "pynet"
+force_backward: {force}
+layer {{ name: "data" type: "Python" top: "data" top: "target"
+  python_param {{ module: "mylayers" layer: "RandomData" param_str: "8,5,1" }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param {{ num_output: 3 weight_filler {{ type: "gaussian" std: 0.1 }} }} }}
+layer {{ name: "bias" type: "Python" bottom: "ip" top: "out" python_param {{ module: "mylayers" layer: "Bias" }} }}
+{loss}
+"""
+PYLOSS = """layer { name: "loss" type: "Python" bottom: "out" bottom: "target" top: "loss" loss_weight: 1
+  python_param { module: "mylayers" layer: "EuclideanLossLayer" } }"""
+LOSS = 'layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "target" top: "loss" }'
+
+
+def test_python_loss_layer_gradient(pymod):
+    layer = make_layer('type: "Python" python_param { module: "mylayers" layer: "EuclideanLossLayer" }', n_bottoms=2)
+    rng = np.random.default_rng(0)
+    check_gradient(layer, [rng.standard_normal((4, 3, 2)), rng.standard_normal((4, 3, 2))])
+
+
+def test_python_layer_with_learnable_blob_gradient(pymod):
+    layer = make_layer('type: "Python" python_param { module: "mylayers" layer: "Bias" }')
+    check_gradient(layer, [np.random.default_rng(1).standard_normal((3, 4))])
+    assert layer.param_shapes == [(4,)]
+
+
+@pytest.mark.parametrize("memory", ["none", "all"])
+def test_python_layers_train_as_the_builtin_ones(pymod, tmp_path, memory):
+    for name, loss in (("py", PYLOSS), ("builtin", LOSS)):
+        (tmp_path / f"{name}.prototxt").write_text(NET.format(force="false", loss=loss))
+        (tmp_path / f"{name}_solver.prototxt").write_text(
+            f'net: "{tmp_path / name}.prototxt" base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" '
+            f'max_iter: 20 display: 0 random_seed: 3 snapshot_after_train: false '
+            f'memory_param {{ mode: "{memory}" }}')
+    py = caffe.SGDSolver(str(tmp_path / "py_solver.prototxt"))
+    ref = caffe.SGDSolver(str(tmp_path / "builtin_solver.prototxt"))
+    losses = []
+    for it in range(15):
+        py.step(1)
+        ref.step(1)
+        assert py.net.blobs["loss"].data.item() == pytest.approx(ref.net.blobs["loss"].data.item(), rel=1e-5)
+        losses.append(py.net.blobs["loss"].data.item())
+    assert losses[-1] < 0.7 * losses[0]
+    np.testing.assert_allclose(py.net.params["bias"][0].data, ref.net.params["bias"][0].data, rtol=1e-5)
+    assert not np.allclose(py.net.params["bias"][0].data, 0.5)          # the Python layer's blob learned
+    plan = py.net.memory_plan
+    assert plan.mode == memory and not {"data", "target", "out", "loss"} & set(plan.dropped)   # never recomputed
+    layer = py.net.layer_dict["loss"]
+    assert isinstance(layer, caffe.Layer) and layer.diff.shape == (8, 3)   # the user's object itself
+
+
+def test_import_failures_name_the_layer_and_module(tmp_path, pymod):
+    net = NET.format(force="false", loss=PYLOSS)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "onlyhere.py").write_text(MODULE)        # beside the prototxt: not searched
+    (tmp_path / "folder" / "a.prototxt").write_text(net.replace('module: "mylayers" layer: "Bias"',
+                                                                'module: "onlyhere" layer: "Bias"'))
+    with pytest.raises(GraphError, match=r'layer "bias" \(Python\): cannot import python_param.module "onlyhere"'):
+        caffe.Net(str(tmp_path / "folder" / "a.prototxt"), caffe.TRAIN)
+    (tmp_path / "b.prototxt").write_text(net.replace('layer: "Bias"', 'layer: "Nope"'))
+    with pytest.raises(GraphError, match=r'layer "bias" \(Python\): module "mylayers" .* has no python_param.layer "Nope"'):
+        caffe.Net(str(tmp_path / "b.prototxt"), caffe.TRAIN)
+    (tmp_path / "c.prototxt").write_text(net.replace('layer: "Bias"', 'layer: "Broken" param_str: "x"'))
+    with pytest.raises(GraphError, match=r"layer \"bias\" \(Python mylayers.Broken\): setup raised ValueError: "
+                                         r"param_str must be a number, got 'x'"):
+        caffe.Net(str(tmp_path / "c.prototxt"), caffe.TRAIN)
+    (tmp_path / "bad.py").write_text("import numpy\nraise ImportError('needs yaml')\n")
+    with pytest.raises(LayerError, match=r'layer "x" \(Python\): cannot import python_param.module "bad": '
+                                         r"ImportError: needs yaml"):
+        make_layer('name: "x" type: "Python" python_param { module: "bad" layer: "L" }')

@@ -360,3 +360,50 @@ def test_golden_net(case):
         net.blobs[k].data[...] = v
     out = run_both(net, values, np.random.default_rng(0), TOL[np.float32], top_diffs)
     close(out.loss.item(), caffe_loss, 1e-4, "torch loss against Caffe's")
+
+
+def golden_cases():
+    if SHARED is None:
+        return []
+    root = SHARED / "golden"
+    return ([f"coverage/{p.name}" for p in sorted((root / "coverage").iterdir()) if p.name != "hdf5_output"]
+            + [f"coverage-nets/{p.name}" for p in sorted((root / "coverage-nets").iterdir())])
+
+
+@needs_shared
+@pytest.mark.parametrize("case", golden_cases())
+def test_twin_against_caffe(case, monkeypatch):
+    """The twin alone against BVLC Caffe's dumps (README-coverage.md): loss, every blob's data,
+    the diffs of the inputs and of every parameter, float32, at the nets' tolerance."""
+    import h5py
+    d = SHARED / "golden" / case
+    monkeypatch.chdir(d)        # infogain_loss_file reads H.binaryproto from the working directory
+    net = Net(d / "net.prototxt", "TRAIN", weights=d / "weights.caffemodel", device=CPUDevice(64 << 20))
+    twin = TorchNet(net)
+    with h5py.File(d / "input.h5") as f:
+        values = {k.replace("|", "/"): v[()] for k, v in f["inputs"].items()}
+        top_diffs = {k.replace("|", "/"): v[()] for k, v in f.get("top_diffs", {}).items()}
+    # Which inputs and parameters get a gradient is the Net's graph (Caffe's need-backward rules).
+    tin = {k: torch.tensor(np.asarray(v), dtype=torch.float32, requires_grad=net.blobs[k].diff is not None)
+           for k, v in values.items()}
+    out = twin(tin, all_blobs=True)
+    objective = out.loss + sum((out[k] * torch.tensor(g)).sum() for k, g in top_diffs.items())
+    if objective.requires_grad:
+        objective.backward()
+    rtol = 1e-4
+    with h5py.File(d / "expected.h5") as f:
+        close(out.loss.item(), float(f.attrs["loss"][0]), rtol, "loss")
+        blobs = {k.replace("|", "/"): v for k, v in f["blobs"].items()}
+        for name, tensor in out.items():
+            if name in blobs:
+                close(tensor.detach().numpy(), blobs[name]["data"][()], rtol, f"data of {name}")
+        for name, x in tin.items():
+            grad = x.grad if x.grad is not None else torch.zeros_like(x)
+            close(grad.numpy(), blobs[name.replace("/", "|")]["diff"][()], rtol, f"diff of input {name}")
+        for node in net.graph.layers:
+            for i, t in enumerate(twin.blobs_of(node.name)):
+                stored = f["params"][node.name.replace("/", "|")][str(i)]
+                close(t.detach().numpy(), stored["data"][()], rtol, f"data of param {node.name}[{i}]")
+                if node.layer.learnable:
+                    grad = t.grad if t.grad is not None else torch.zeros_like(t)
+                    close(grad.numpy(), stored["diff"][()], rtol, f"diff of param {node.name}[{i}]")

@@ -71,20 +71,32 @@ class TorchNet(torch.nn.Module):
                                     f"(supported: {', '.join(sorted(OPS))})")
         self.state = {}           # layer name -> hidden state an RNN/LSTM carries to the next forward
         self._blob_attrs = {}     # layer name -> attribute names of its parameters/buffers
+        self._needs = {}          # layer name -> whether each of its parameters gets a gradient
+        shared = {}               # ParamSpec name -> attribute: Caffe's one blob per shared name
         for node in self.layers:
-            names = []
+            names, specs = [], node.layer.param.param
             for i, (blob, need) in enumerate(zip(net.params.get(node.name, []), node.param_need_backward)):
-                attr = f"l{len(self._blob_attrs)}_{i}"
-                value = torch.tensor(np.array(blob.data), dtype=self.dtype)
-                if node.layer.learnable:
-                    self.register_parameter(attr, torch.nn.Parameter(value, requires_grad=need))
+                key = specs[i].name if i < len(specs) and specs[i].name else None
+                if key in shared:
+                    attr = shared[key]
+                    if need and node.layer.learnable:
+                        getattr(self, attr).requires_grad_(True)
                 else:
-                    self.register_buffer(attr, value)      # BatchNorm's statistics
+                    attr = f"l{len(self._blob_attrs)}_{i}"
+                    value = torch.tensor(np.array(blob.data), dtype=self.dtype)
+                    if node.layer.learnable:
+                        self.register_parameter(attr, torch.nn.Parameter(value, requires_grad=need))
+                    else:
+                        self.register_buffer(attr, value)      # BatchNorm's statistics
+                    if key:
+                        shared[key] = attr
                 names.append(attr)
             self._blob_attrs[node.name] = names
+            self._needs[node.name] = list(node.param_need_backward)
 
     def blobs_of(self, layer_name) -> list:
-        """The tensors holding a layer's parameters (or BatchNorm statistics), Caffe's order."""
+        """The tensors holding a layer's parameters (or BatchNorm statistics), Caffe's order;
+        parameters shared by ParamSpec name are one tensor, its gradient summed over the sharers."""
         return [getattr(self, a) for a in self._blob_attrs[layer_name]]
 
     def forward(self, inputs: dict, all_blobs=False) -> Outputs:
@@ -97,7 +109,9 @@ class TorchNet(torch.nn.Module):
         self.feed = inputs
         dynamic = False             # after a Filter, batch sizes are the data's
         for node in self.layers:
-            tops = OPS[node.type](self, node, [env[b.name] for b in node.bottoms], self.blobs_of(node.name))
+            # A sharer whose parameter gets no gradient (lr_mult 0) adds none to the shared one.
+            blobs = [t if need else t.detach() for t, need in zip(self.blobs_of(node.name), self._needs[node.name])]
+            tops = OPS[node.type](self, node, [env[b.name] for b in node.bottoms], blobs)
             dynamic = dynamic or node.type in DATA_DEPENDENT
             for t, tensor, w in zip(node.tops, tops, node.loss_weights or [0] * len(tops)):
                 if tuple(tensor.shape)[dynamic:] != tuple(t.shape)[dynamic:]:

@@ -184,7 +184,7 @@ NETS.update({
     # Embed, BatchReindex, Filter and InfogainLoss's H refuse force_backward (as Caffe): a Bias
     # whose parameter has the data's shape stands in front, so its gradient is the data's.
     "indices": inputs(("x", 4, 2, 3), ("t", 4, 2, 3), ("sel", 4, 1), ("idx", 5), ("words", 2, 3),
-                      ("s", 4, 5), ("label", 4), ("H", 5, 5))
+                      ("s", 4, 5), ("label", 4), ("H", 5, 5), ("s_spatial", 2, 5, 3), ("label_spatial", 2, 3))
     + layer("bias", "Bias", "x", "xb", "bias_param { axis: 0 num_axes: -1 }")
     + layer("filter", "Filter", "xb t sel", "y tf")
     + layer("loss_f", "EuclideanLoss", "y tf", "loss_f")
@@ -195,7 +195,15 @@ NETS.update({
     + layer("ecat", "Concat", "e e2", "ee", "concat_param { axis: 2 }")
     + layer("loss_e", "Reduction", "ee", "loss_e", "loss_weight: 0.3 reduction_param { operation: SUMSQ }")
     + layer("sb", "Bias", "s", "sb", "bias_param { axis: 0 num_axes: -1 }")
-    + layer("infogain", "InfogainLoss", "sb label H", "loss_i prob"),
+    + layer("infogain", "InfogainLoss", "sb label H", "loss_i prob")
+    + layer("sp", "Bias", "s_spatial", "spb", "bias_param { axis: 0 num_axes: -1 }")
+    + layer("infogain_sp", "InfogainLoss", "spb label_spatial H", "loss_sp", "loss_weight: 0.7 "
+            "loss_param { ignore_label: -1 normalization: BATCH_SIZE }"),
+
+    # Threshold has no backward (Caffe stops at it with force_backward).
+    "threshold": inputs(("data", 2, 3, 4), ("data2", 2, 5))
+    + layer("threshold", "Threshold", "data", "above", "threshold_param { threshold: 0.2 }")
+    + layer("threshold0", "Threshold", "data2", "data2"),
 
     "recurrent": "force_backward: true\n"
     + inputs(("x", 3, 2, 5), ("cont", 3, 2), ("x_static", 2, 3), ("h0", 1, 2, 4), ("c0", 1, 2, 4),
@@ -218,7 +226,8 @@ INPUT_VALUES = {
     "words": lambda shape, rng: np.array([[3, 0, 3], [6, 1, 0]]),
     "H": lambda shape, rng: np.eye(shape[0]) + 0.3 * rng.random(shape),
     "cont": lambda shape, rng: np.array([[0, 0], [1, 1], [0, 1]]),      # stream 0 restarts at t=2
-    "cont_unit": lambda shape, rng: np.array([[1, 0, 1]]),
+    # 0.5: Caffe's LSTMUnit backward takes f = cont sigmoid(f') as if it were a sigmoid
+    "cont_unit": lambda shape, rng: np.array([[1, 0, 0.5]]),
 }
 
 TEST_NET = (
@@ -272,9 +281,9 @@ def close(actual, expected, rtol, what):
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=what)
 
 
-def run_both(net, values, rng, rtol, top_diffs=None):
+def run_both(net, values, rng, rtol, top_diffs=None, twin=None):
     """Forward and backward in sncaffe and in the twin; compare everything."""
-    twin = TorchNet(net)       # before forward: BatchNorm statistics move in TRAIN
+    twin = twin or TorchNet(net)       # before forward: BatchNorm statistics move in TRAIN
     loss = net.forward()
     loss_tops = {t.name for n in net.graph.layers for t, w in zip(n.tops, n.loss_weights) if w}
     diffs = {}
@@ -291,7 +300,8 @@ def run_both(net, values, rng, rtol, top_diffs=None):
            for k, v in values.items()}
     out = twin(tin, all_blobs=True)
     objective = out.loss + sum((out[k] * torch.tensor(g, dtype=dtype)).sum() for k, g in diffs.items())
-    objective.backward()
+    if objective.requires_grad:         # not in a forward-only net
+        objective.backward()
 
     close(out.loss.item(), loss, rtol, "loss")
     for name, blob in net.blobs.items():
@@ -331,6 +341,39 @@ def test_test_phase_batchnorm_and_dropout():
     net = build(TEST_NET, phase="TEST")
     randomize(net, rng)
     run_both(net, feed(net, rng), rng, TOL[np.float32])
+
+
+RECURRENT_CARRY = (
+    "force_backward: true\n"
+    + inputs(("x", 3, 2, 5), ("cont_carry", 3, 2))
+    + layer("rnn", "RNN", "x cont_carry", "o", "recurrent_param { num_output: 4 }")
+    + layer("lstm", "LSTM", "x cont_carry", "h", "recurrent_param { num_output: 3 }")
+)
+INPUT_VALUES["cont_carry"] = lambda shape, rng: np.array([[1, 0], [1, 1], [0, 1]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_recurrent_state_carries_to_the_next_forward(dtype):
+    """Without expose_hidden, Caffe's RNN/LSTM start a forward from the state the last one ended
+    in (stream 0 continues at t=0 here); no gradient crosses between the two forwards."""
+    rng = np.random.default_rng(5)
+    net = build(RECURRENT_CARRY, dtype)
+    randomize(net, rng)
+    twin = TorchNet(net)
+    first = feed(net, rng)
+    net.forward()
+    twin({k: torch.tensor(np.asarray(v), dtype=twin.dtype) for k, v in first.items()})
+    out = run_both(net, feed(net, rng), rng, TOL[dtype], twin=twin)
+    fresh = TorchNet(net)({k: torch.tensor(net.blobs[k].data) for k in ("x", "cont_carry")})
+    assert not torch.allclose(out["o"][0, 0], fresh["o"][0, 0])      # the carried state mattered
+
+
+def test_no_twin_types_say_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    net = build(inputs(("data", 2, 3)) + layer("out", "HDF5Output", "data data", "",
+                                                'hdf5_output_param { file_name: "out.h5" }'))
+    with pytest.raises(TorchNetError, match='"out".*HDF5Output.*no torch twin: it writes'):
+        TorchNet(net)
 
 
 def test_dropout_in_train_cannot_be_twinned():

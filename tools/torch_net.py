@@ -107,14 +107,15 @@ class TorchNet(torch.nn.Module):
         """
         env, loss = {}, None
         self.feed = inputs
-        dynamic = False             # after a Filter, batch sizes are the data's
+        checked = 0                 # the first axis checked: 1 after a Filter (batch sizes are the data's)
         for node in self.layers:
             # A sharer whose parameter gets no gradient (lr_mult 0) adds none to the shared one.
-            blobs = [t if need else t.detach() for t, need in zip(self.blobs_of(node.name), self._needs[node.name])]
+            blobs = [t if need else t.detach()
+                     for t, need in zip(self.blobs_of(node.name), self._needs[node.name])]
             tops = OPS[node.type](self, node, [env[b.name] for b in node.bottoms], blobs)
-            dynamic = dynamic or node.type in DATA_DEPENDENT
+            checked = 1 if node.type in DATA_DEPENDENT else checked
             for t, tensor, w in zip(node.tops, tops, node.loss_weights or [0] * len(tops)):
-                if tuple(tensor.shape)[dynamic:] != tuple(t.shape)[dynamic:]:
+                if tuple(tensor.shape)[checked:] != tuple(t.shape)[checked:]:
                     fail(node, f'top "{t.name}" has shape {tuple(tensor.shape)}, the Net says {tuple(t.shape)}')
                 env[t.name] = tensor        # an in-place layer rebinds the name
                 if w:
@@ -164,6 +165,13 @@ def spatial(node, p, n, name, default, hw=True):
     return values * n if len(values) == 1 else values
 
 
+def kernel_of(node, p, n):
+    """A ConvolutionParameter's kernel: kernel_h/kernel_w when either is set (2-D), or kernel_size."""
+    if n == 2 and (p.HasField("kernel_h") or p.HasField("kernel_w")):
+        return [p.kernel_h, p.kernel_w]
+    return spatial(node, p, n, "kernel_size", None, hw=False)
+
+
 @op("Input")
 def input_(twin, node, bottoms, blobs):
     tops = []
@@ -183,10 +191,7 @@ def convolution(twin, node, bottoms, blobs):
     n = x.dim() - 2
     if p.axis != 1 or not 1 <= n <= 3:
         fail(node, "only channel axis 1 with 1 to 3 spatial axes")
-    if n == 2 and p.HasField("kernel_h"):
-        kernel = [p.kernel_h, p.kernel_w]
-    else:
-        kernel = spatial(node, p, n, "kernel_size", None, hw=False)
+    kernel = kernel_of(node, p, n)
     args = dict(stride=spatial(node, p, n, "stride", 1), padding=spatial(node, p, n, "pad", 0),
                 dilation=spatial(node, p, n, "dilation", 1, hw=False), groups=p.group)
     w, b = blobs[0], (blobs[1] if p.bias_term else None)
@@ -640,7 +645,7 @@ def im2col(twin, node, bottoms, blobs):
     p, x = node.layer.param.convolution_param, bottoms[0]
     if canonical(p.axis, x.dim()) != 1 or x.dim() != 4 or p.force_nd_im2col:
         fail(node, "only 2-D im2col with channel axis 1")
-    kernel = [p.kernel_h, p.kernel_w] if p.HasField("kernel_h") else spatial(node, p, 2, "kernel_size", None, hw=False)
+    kernel = kernel_of(node, p, 2)
     stride, pad = spatial(node, p, 2, "stride", 1), spatial(node, p, 2, "pad", 0)
     dilation = spatial(node, p, 2, "dilation", 1, hw=False)
     cols = F.unfold(x, kernel, dilation=dilation, padding=pad, stride=stride)

@@ -319,10 +319,7 @@ def run_both(net, values, rng, rtol, top_diffs=None, twin=None):
 
 
 # Known sncaffe deviations, each to be fixed in the layer (then this entry goes).
-KNOWN = {
-    ("reduction_mean", np.float64): "sncaffe rounds MEAN's coeff/dim to float32 also in float64 nets "
-    "(sncaffe/layers/reduction.py); Caffe's coeff_ is a Dtype, so Net<double> divides in double",
-}
+KNOWN = {}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -19,8 +19,9 @@ class Reduction(Layer):
         axis = canonical_axis(self, p.axis, len(shape))
         self.op = p.ReductionOp.Name(p.operation)
         self.num, self.dim = count(shape, 0, axis), count(shape, axis)
-        # Caffe's coeff_ is a Dtype: for MEAN, coeff / dim rounded to float once
-        self.coeff = float(np.float32(p.coeff) / np.float32(self.dim)) if self.op == "MEAN" else p.coeff
+        # Caffe's coeff_ is a Dtype: for MEAN, coeff / dim in the net's precision (the proto's coeff is a float)
+        t = np.dtype(self.dtype).type
+        self.coeff = float(t(np.float32(p.coeff)) / t(self.dim)) if self.op == "MEAN" else p.coeff
         self.backward_needs = ("bottom",) if self.op in ("ASUM", "SUMSQ") else ()
         return [shape[:axis]]
 

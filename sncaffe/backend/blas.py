@@ -9,7 +9,7 @@ no beta: one more pass per accumulating GEMM); unset, MKL where installed.
 
 Threads: ``backend.threads`` decides the budget (``--threads``, ``MKL_NUM_THREADS`` or
 ``OPENBLAS_NUM_THREADS``, else the free cores) and each GEMM here runs on as many threads as
-its size pays for; one thread asked for runs MKL's sequential layer (no OpenMP runtime).
+its size pays for; a budget of one runs MKL's sequential layer (no OpenMP runtime).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class Blas:
     gemm: dict = field(default_factory=dict)
     setter: object = None           # the library's set-threads function, or None
     active: int | None = None       # threads it was last set to
+    sequential: bool = False        # MKL's sequential layer: one thread for good
 
     def set_threads(self, n):
         """Run the next GEMMs on ``n`` threads (where the library can be told)."""
@@ -133,7 +134,7 @@ def _load_mkl(threads, sequential=False):
     lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
     fns = _bind_gemm(lib, "cblas_", "", ctypes.c_int)          # the LP64 interface: 32-bit ints
     # per GEMM: the calling thread's count, which outranks the global one threadpoolctl sets
-    return fns and Blas("mkl", threads, fns, lib.MKL_Set_Num_Threads_Local, None)
+    return fns and Blas("mkl", threads, fns, lib.MKL_Set_Num_Threads_Local, None, sequential)
 
 
 def load(choice=None) -> Blas:
@@ -144,8 +145,8 @@ def load(choice=None) -> Blas:
     lib, fns = _openblas_lib() if choice != "numpy" else (None, None)
     if choice in ("", "mkl"):
         budget = _threads.decide(_threads._flag, blas_name="mkl")
-        # one thread asked for runs the sequential layer; a default may be raised by --threads
-        mkl = _load_mkl(budget.threads, sequential=budget.threads == 1 and budget.source != "cores")
+        # a budget of one runs the sequential layer (the CLI decides before the BLAS loads)
+        mkl = _load_mkl(budget.threads, sequential=budget.threads == 1)
         if mkl is not None:
             return mkl
         if choice == "mkl":

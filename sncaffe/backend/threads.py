@@ -105,8 +105,8 @@ def configure(threads=None, share=1) -> Decision:
     threadpool_limits(_decision.threads)
     if blas.BLAS.name == "mkl":
         blas.set_openblas_threads(1)    # NumPy's own BLAS runs nothing of size here
-    if blas.BLAS.name != "numpy":
-        blas.BLAS.threads = _decision.threads
+    if blas.BLAS.name != "numpy":       # MKL loaded sequential (a budget of one) stays so
+        blas.BLAS.threads = 1 if blas.BLAS.sequential else _decision.threads
     blas.BLAS.set_threads(_decision.threads)
     return _decision
 

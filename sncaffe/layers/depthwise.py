@@ -2,14 +2,16 @@
 
 ``ConvPlan`` runs a grouped convolution as one set of GEMMs per group; with one input channel
 per group (MobileNet's and Xception's depthwise 3x3s, 32 to 1024 groups) those are 1 x 9
-GEMMs, each call costing more than its work. ``GroupedPlan`` keeps ConvPlan's packed image
-and column-matrix geometry and runs a block of groups per NumPy call: the taps' slices of a
-block of groups and images are copied into a column matrix (groups, Cg*taps, positions),
-and one stacked ``matmul`` contracts it with the block's weights (groups, Mg, Cg*taps):
+GEMMs, each call costing more than its work. ``GroupedPlan`` keeps ConvPlan's batched packed
+image and grid, where a tap's slice of a channel is one contiguous range, and runs a block of
+groups per NumPy call: the taps' slices of a block of groups and images are copied into a
+column matrix (groups, Cg*taps, positions), and one stacked ``matmul`` contracts it with the
+block's weights (groups, Mg, Cg*taps):
 
 - forward: y = w @ col, into the grid;
 - weight gradient: dw += dy @ col^T;
-- input gradient: col = w^T @ dy, scattered back into the packed image by tap.
+- input gradient: at stride 1 the forward of the flipped kernel on dy; else col = w^T @ dy,
+  scattered back into the packed image by tap.
 
 Blocks hold about ``BLOCK_BYTES`` of columns so they stay in the core's cache between the
 copy and the product. ``make_plan`` chooses this plan or ConvPlan by the rule measured with
@@ -21,7 +23,7 @@ import numpy as np
 
 from .im2col import ConvPlan
 
-BLOCK_BYTES = 1 << 19
+BLOCK_BYTES = 1 << 21
 # Measured (tools/bench_depthwise.py --grouped): the stacked form wins up to this many input
 # channels per group; above it ConvPlan's per-group GEMMs are big enough.
 MAX_GROUP_CHANNELS = 8
@@ -42,47 +44,62 @@ def make_plan(channels, num_output, group, size, kernel, stride, pad, dilation, 
 
 
 class GroupedPlan(ConvPlan):
-    """ConvPlan's batched column-matrix geometry, its GEMMs stacked over blocks of groups."""
+    """ConvPlan's batched packed image and grid (per-tap slices are contiguous row ranges), its
+    GEMMs stacked over blocks of groups."""
 
-    def __init__(self, channels, num_output, group, size, kernel, stride, pad, dilation, block_bytes=None):
+    def __init__(self, channels, num_output, group, size, kernel, stride, pad, dilation, block_bytes=None,
+                 flip=True):
         super().__init__(channels, num_output, group, size, kernel, stride, pad, dilation,
-                         batched=True, col=True, col_filter=True, flip=False)
-        assert self.col and len(self.taps) > 1, "GroupedPlan needs a kernel of more than one tap"
-        column = 4 * self.Cg * len(self.taps) * self.out_size      # one group's column of one image
-        budget = block_bytes or BLOCK_BYTES
-        self.block_images = max(1, budget // column)
-        self.block_groups = max(1, budget // (column * self.block_images))
+                         batched=True, col=False, col_filter=False, flip=False)
+        assert len(self.taps) > 1, "GroupedPlan needs a kernel of more than one tap"
+        self.block_bytes = block_bytes or BLOCK_BYTES
+        # a stride-1 input gradient is the forward of the flipped kernel: no scatter-add
+        if flip and tuple(stride) == (1, 1) and all(p <= d * (k - 1) for p, d, k in zip(pad, dilation, kernel)):
+            self.flip = GroupedPlan(num_output, channels, group, self.out_shape, kernel, (1, 1),
+                                    tuple(d * (k - 1) - p for p, d, k in zip(pad, dilation, kernel)),
+                                    dilation, block_bytes, flip=False)
+
+    def _block(self, n):
+        """(images, groups) a block of a chunk of n images holds."""
+        column = 4 * self.Cg * len(self.taps) * self.grid      # one group's column of one image
+        nb = max(1, min(n, self.block_bytes // column))
+        return nb, max(1, min(self.group, self.block_bytes // (column * nb)))
 
     def workspace(self, n):
         B, L, G = self._rows(n)
-        nb = min(n, self.block_images)
-        gb = min(self.group, self.block_groups)
-        return {"xq": self.P * self.C * L, "grid": self.M * G,
-                "col": gb * self.Cg * len(self.taps) * nb * self.out_size}
+        nb, gb = self._block(n)
+        ws = {"xq": self.P * self.C * L, "grid": self.M * G, "col": gb * self.Cg * len(self.taps) * nb * self.grid}
+        if self.flip:     # used after the weight gradient: the same buffers serve both
+            for k, v in self.flip.workspace(n).items():
+                ws[k] = max(ws.get(k, 0), v)
+            ws["wflip"] = self.C * self.Mg * len(self.taps)
+        return ws
+
+    def _image(self, x, ws, transposed=False):
+        return super()._image(x, ws)           # the weight gradient reads it as the forward does
 
     # -- blocks ----------------------------------------------------------------------
     def _blocks(self, xq, g, ws):
-        """Per block: (column matrix (gb, Cg*T, cols), per tap the packed-image view its
-        rows copy (gb, Cg, nb, Ho, Wo), the grid block (gb, Mg, cols), the group slice)."""
-        Ho, Wo = self.out_shape
-        Hq, Wq = self.h.pitch, self.w.pitch
-        T, Cg, Mg = len(self.taps), self.Cg, self.Mg
-        n = g.shape[2] // self.out_size
-        for n0 in range(0, n, self.block_images):
-            nb = min(self.block_images, n - n0)
-            cols = slice(n0 * self.out_size, (n0 + nb) * self.out_size)
-            for g0 in range(0, self.group, self.block_groups):
-                gb = min(self.block_groups, self.group - g0)
-                col = self._buf(ws, "col", (gb, Cg, T, nb, Ho, Wo))
-                views = [xq[0, ph, g0 * Cg:(g0 + gb) * Cg, n0 * self.grid + off:(n0 + nb) * self.grid + off]
-                         .reshape(gb, Cg, nb, Hq, Wq)[..., :Ho, :Wo] for ph, off in self.taps]
-                grid = g[0, g0 * Mg:(g0 + gb) * Mg, cols].reshape(gb, Mg, -1)
-                yield col, views, grid, slice(g0, g0 + gb)
+        """Per block: (column matrix (gb, Cg, T, cols), per tap the packed-image rows it holds
+        (gb, Cg, cols), the grid block (gb, Mg, cols), the group slice)."""
+        T, Cg, Mg, grid = len(self.taps), self.Cg, self.Mg, self.grid
+        n = g.shape[2] // grid
+        images, groups = self._block(n)
+        for n0 in range(0, n, images):
+            nb = min(images, n - n0)
+            for g0 in range(0, self.group, groups):
+                gb = min(groups, self.group - g0)
+                col = self._buf(ws, "col", (gb, Cg, T, nb * grid))
+                rows = [xq[0, ph, g0 * Cg:(g0 + gb) * Cg, n0 * grid + off:(n0 + nb) * grid + off]
+                        .reshape(gb, Cg, -1) for ph, off in self.taps]
+                yield col, rows, g[0, g0 * Mg:(g0 + gb) * Mg, n0 * grid:(n0 + nb) * grid].reshape(gb, Mg, -1), \
+                    slice(g0, g0 + gb)
 
-    def _fill(self, col, views):
-        for t, v in enumerate(views):
-            col[:, :, t] = v
-        return col.reshape(col.shape[0], -1, col[0, 0, 0].size)
+    @staticmethod
+    def _fill(col, rows):
+        for t, r in enumerate(rows):
+            col[:, :, t] = r
+        return col.reshape(col.shape[0], -1, col.shape[-1])
 
     def _w3(self, w):
         return w.reshape(self.group, self.Mg, -1)          # (groups, Mg, Cg*T): the column's row order
@@ -90,18 +107,21 @@ class GroupedPlan(ConvPlan):
     # -- the passes ------------------------------------------------------------------
     def _gemm_forward(self, xq, w, g, ws):
         w3 = self._w3(w)
-        for col, views, grid, gs in self._blocks(xq, g, ws):
-            np.matmul(w3[gs], self._fill(col, views), out=grid)
+        for col, rows, grid, gs in self._blocks(xq, g, ws):
+            np.matmul(w3[gs], self._fill(col, rows), out=grid)
 
     def _gemm_filter(self, xq, g, dw, ws):
         dw3 = self._w3(dw)
-        for col, views, grid, gs in self._blocks(xq, g, ws):
-            dw3[gs] += np.matmul(grid, self._fill(col, views).transpose(0, 2, 1))
+        for col, rows, grid, gs in self._blocks(xq, g, ws):
+            dw3[gs] += np.matmul(grid, self._fill(col, rows).transpose(0, 2, 1))
 
     def _gemm_data(self, g, w, xq, ws):
-        w3 = self._w3(w)
-        for col, views, grid, gs in self._blocks(xq, g, ws):
-            c2 = col.reshape(col.shape[0], -1, col[0, 0, 0].size)
-            np.matmul(w3[gs].transpose(0, 2, 1), grid, out=c2)
-            for t, v in enumerate(views):
-                v += col[:, :, t]
+        w3t = self._w3(w).transpose(0, 2, 1)
+        for col, rows, grid, gs in self._blocks(xq, g, ws):
+            c2 = col.reshape(col.shape[0], -1, col.shape[-1])
+            if self.Mg == 1:        # an outer product: matmul runs it far slower than a multiply
+                np.multiply(w3t[gs], grid, out=c2)
+            else:
+                np.matmul(w3t[gs], grid, out=c2)
+            for t, r in enumerate(rows):
+                r += col[:, :, t]

@@ -76,3 +76,11 @@ def test_bad_settings_are_refused():
         mobilenet.generate(width=0)
     with pytest.raises(ValueError):
         densenet.generate(())
+
+
+@pytest.mark.parametrize("tool,path", [(mobilenet, "prototxt/mobilenet_v2.prototxt"),
+                                       (densenet, "prototxt/densenet121.prototxt")])
+def test_committed_nets_are_current(tool, path):
+    """tools/compare.yaml's MobileNet-v2 and DenseNet-121 are the generators' output."""
+    name = tool.__name__
+    assert (ROOT / path).read_text() == tool.generate(command=f"python tools/{name}.py -o {path}")

@@ -2,14 +2,16 @@
 
 BLAS libraries start a thread per core and split even small GEMMs over all of them. Where
 the GEMMs are small (LeNet's) or other processes keep the cores busy, the threads wait on
-each other more than they work: LeNet's 300 iterations took 92.9 s with OpenBLAS's default
-threads against 15.6 s with one (docs/benchmarks.md). So sncaffe sizes threads itself:
+each other more than they work: on the shared 2-core machine LeNet's 300 iterations took
+19.2 CPU-seconds with OpenBLAS's default threads against 6.7 with one (docs/benchmarks.md,
+"CPU threads and depthwise convolution"). So sncaffe sizes threads itself:
 
 - the budget: ``--threads N``, else the GEMM library's own variable (``MKL_NUM_THREADS`` or
   ``OPENBLAS_NUM_THREADS``), else ``OMP_NUM_THREADS``, else the other BLAS's variable; unset,
   the usable cores (affinity and cgroup quota) less those the 1-minute load average says
   other processes keep busy, shared among the data-parallel ranks on the machine, at least one;
-- every BLAS and OpenMP runtime loaded is held to the budget (threadpoolctl); NumPy's own
+- every BLAS loaded is held to the budget (threadpoolctl; MKL's OpenMP threads follow MKL's
+  count, and another library's OpenMP pool, torch's, is left alone); NumPy's own
   OpenBLAS to one thread where MKL runs the GEMMs (sncaffe's GEMMs all go through
   ``backend.blas.gemm``);
 - each GEMM runs on ``gemm_threads(flops)``: one thread per ``FLOPS_PER_THREAD`` of work,
@@ -102,7 +104,7 @@ def configure(threads=None, share=1) -> Decision:
     from . import blas                   # loads the BLAS under this flag
     _decision = decide(threads, blas_name=blas.BLAS.name, share=share)
     from threadpoolctl import threadpool_limits
-    threadpool_limits(_decision.threads)
+    threadpool_limits(_decision.threads, user_api="blas")     # another library's OpenMP pool is its own
     if blas.BLAS.name == "mkl":
         blas.set_openblas_threads(1)    # NumPy's own BLAS runs nothing of size here
     if blas.BLAS.name != "numpy":       # MKL loaded sequential (a budget of one) stays so

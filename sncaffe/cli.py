@@ -353,6 +353,10 @@ def _train(args, comm=None) -> int:
     with args.console as con:
         if comm is not None and comm.Get_rank() > 0:
             log.setLevel(logging.WARNING)                      # rank 0 alone logs
+        if device.name == "cpu":
+            from .backend import threads
+            share = 1 if comm is None else comm.Split_type(mpi.import_mpi().COMM_TYPE_SHARED).Get_size()
+            log.info("CPU threads: %s", threads.configure(args.threads, share).describe())
         if from_net:
             log.info("%s is a net: training it with the default solver (SGD, base_lr %s, momentum %s, "
                      "weight_decay %s, lr_policy %s, max_iter %d), snapshots to %s", args.path, _g(p.base_lr),
@@ -468,6 +472,9 @@ def cmd_time(args) -> int:
             blob.diff[...] = rng.standard_normal(blob.diff.shape)
     print(f"sncaffe time: {args.net} ({net.name or 'net'}), phase {args.phase}, "
           f"{args.iterations} iterations, device {net.device.name}", flush=True)
+    if net.device.name == "cpu":
+        from .backend import threads
+        print(f"CPU threads: {threads.current().describe()}", flush=True)
     try:
         net.forward()                          # warm-up, as caffe time does
         net.backward()
@@ -618,6 +625,8 @@ def _parser():
                             "(cpu:0, cpu:1, cuda:1, ...); Copy operators join them")
         q.add_argument("--device", default=default, help="cpu or cuda (default: %(default)s)")
         q.add_argument("--device-memory", help="device capacity, e.g. 12GiB")
+        q.add_argument("--threads", type=int, help="CPU threads (default: the free cores, each GEMM on as many "
+                                                   "as its size pays for; OMP/OPENBLAS/MKL_NUM_THREADS also set it)")
 
     t = sub.add_parser("train", help="train from a solver or a net prototxt (like caffe train)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -719,6 +728,9 @@ def main(argv=None) -> int:
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             _parser().error(f"--{flag.replace('_', '-')} must be positive")
     try:
+        if hasattr(args, "threads"):      # before anything loads the BLAS
+            from .backend import threads
+            threads.configure(args.threads)
         return args.func(args)
     except (ValueError, MemoryError, RuntimeError, OSError) as e:
         where = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""

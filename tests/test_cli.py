@@ -74,12 +74,13 @@ def work(tmp_path, monkeypatch):
 def test_time_prints_per_layer_times_and_pool_peak(tmp_path, capsys):
     path = tmp_path / "tiny.prototxt"
     path.write_text(NET)
-    assert main(["time", str(path), "--iterations", "2", "--batch", "2"]) == 0
+    assert main(["time", str(path), "--iterations", "2", "--batch", "2", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     for layer in ("input", "ip", "relu", "loss"):
         assert any(line.split()[:1] == [layer] for line in out.splitlines()), layer
     assert "Average Forward pass" in out and "Average Backward pass" in out
     assert "Pool peak" in out and "images/s" in out
+    assert out.count("CPU threads: 1 thread (--threads;") == 1      # the thread decision, once
 
 
 def test_errors_are_one_line_and_exit_nonzero(tmp_path):

@@ -7,8 +7,9 @@ AVX-512 core, MKL at 86-139 (``tools/bench_blas.py``); MKL is what PyTorch's CPU
 for its GEMMs too. ``SNCAFFE_BLAS`` chooses: ``mkl``, ``openblas`` or ``numpy`` (``matmul``,
 no beta: one more pass per accumulating GEMM); unset, MKL where installed.
 
-MKL's threads: ``MKL_NUM_THREADS``, else NumPy's OpenBLAS's count (``OPENBLAS_NUM_THREADS``),
-so one setting fixes both; one thread runs MKL's sequential layer (no OpenMP runtime).
+Threads: ``backend.threads`` decides the budget (``--threads``, ``MKL_NUM_THREADS`` or
+``OPENBLAS_NUM_THREADS``, else the free cores) and each GEMM here runs on as many threads as
+its size pays for; a budget of one runs MKL's sequential layer (no OpenMP runtime).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from . import threads as _threads
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _MKL_THREADING_INTEL, _MKL_THREADING_SEQUENTIAL = 0, 1
@@ -30,6 +33,15 @@ class Blas:
     name: str
     threads: int | None = None
     gemm: dict = field(default_factory=dict)
+    setter: object = None           # the library's set-threads function, or None
+    active: int | None = None       # threads it was last set to
+    sequential: bool = False        # MKL's sequential layer: one thread for good
+
+    def set_threads(self, n):
+        """Run the next GEMMs on ``n`` threads (where the library can be told)."""
+        if self.setter is not None and n != self.active:
+            self.setter(ctypes.c_int(n))
+            self.active = n
 
     def describe(self) -> str:
         threads = f", {self.threads} thread{'s' * (self.threads != 1)}" if self.threads else ""
@@ -107,8 +119,9 @@ def _mkl_path():
     return None
 
 
-def _load_mkl(threads):
-    """Blas of MKL's single dynamic library with ``threads`` threads, or None."""
+def _load_mkl(threads, sequential=False):
+    """Blas of MKL's single dynamic library with ``threads`` threads (``sequential``: for good,
+    without an OpenMP runtime), or None."""
     path = _mkl_path()
     if path is None:
         return None
@@ -117,10 +130,11 @@ def _load_mkl(threads):
     except OSError:
         return None
     # the threading layer is chosen before any other MKL call
-    lib.MKL_Set_Threading_Layer(_MKL_THREADING_SEQUENTIAL if threads == 1 else _MKL_THREADING_INTEL)
+    lib.MKL_Set_Threading_Layer(_MKL_THREADING_SEQUENTIAL if sequential else _MKL_THREADING_INTEL)
     lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
     fns = _bind_gemm(lib, "cblas_", "", ctypes.c_int)          # the LP64 interface: 32-bit ints
-    return fns and Blas("mkl", threads, fns)
+    # per GEMM: the calling thread's count, which outranks the global one threadpoolctl sets
+    return fns and Blas("mkl", threads, fns, lib.MKL_Set_Num_Threads_Local, None, sequential)
 
 
 def load(choice=None) -> Blas:
@@ -130,18 +144,32 @@ def load(choice=None) -> Blas:
         raise ValueError(f"SNCAFFE_BLAS={choice!r}: choose one of {', '.join(CHOICES)}")
     lib, fns = _openblas_lib() if choice != "numpy" else (None, None)
     if choice in ("", "mkl"):
-        threads = os.environ.get("MKL_NUM_THREADS") or openblas_threads(lib) or os.cpu_count()
-        mkl = _load_mkl(int(threads))
+        budget = _threads.decide(_threads._flag, blas_name="mkl")
+        # a budget of one runs the sequential layer (the CLI decides before the BLAS loads)
+        mkl = _load_mkl(budget.threads, sequential=budget.threads == 1)
         if mkl is not None:
             return mkl
         if choice == "mkl":
             raise RuntimeError("SNCAFFE_BLAS=mkl, but MKL is not installed: pip install 'sncaffe[mkl]'")
     if choice != "numpy" and fns:
-        return Blas("openblas", openblas_threads(lib), fns)
+        n = _threads.decide(_threads._flag, blas_name="openblas").threads
+        set_openblas_threads(n, lib)
+        return Blas("openblas", n, fns, _openblas_threads_fn(lib, "set"), n)
     return Blas("numpy")
 
 
-BLAS = load()
+def loaded() -> Blas:
+    """The process's BLAS (``BLAS``), loaded on first use: after the CLI's ``--threads``."""
+    lib = globals().get("BLAS")
+    if lib is None:
+        lib = globals()["BLAS"] = load()
+    return lib
+
+
+def __getattr__(name):
+    if name == "BLAS":
+        return loaded()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _layout(a):
@@ -162,13 +190,15 @@ def gemm(a, b, c, beta=0.0, blas=None):
     """``c = a @ b + beta * c`` for 2-D arrays (views welcome: BLAS takes their strides).
     NumPy arrays go to ``blas`` (default the loaded one); others, or layouts BLAS cannot take,
     to ``matmul``."""
-    fn = type(c) is np.ndarray and (blas or BLAS).gemm.get(c.dtype)
+    blas = blas or loaded()
+    fn = type(c) is np.ndarray and blas.gemm.get(c.dtype)
     if fn and a.dtype == b.dtype == c.dtype and c.size and a.shape[1]:
         la, lb, lc = _layout(a), _layout(b), _layout(c)
         if la and lb and lc:
             if lc[0] == _TRANS:               # write c^T = b^T a^T
                 a, b, la, lb = b.T, a.T, _layout(b.T), _layout(a.T)
             m, k = a.shape
+            blas.set_threads(_threads.gemm_threads(2.0 * m * b.shape[1] * k))
             fn(_ROW_MAJOR, la[0], lb[0], m, b.shape[1], k, 1.0, a.ctypes.data, la[1],
                b.ctypes.data, lb[1], beta, c.ctypes.data, lc[1])
             return

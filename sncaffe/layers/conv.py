@@ -17,7 +17,7 @@ from ..backend import is_gpu
 from ..fillers import fill
 from . import conv_gpu
 from .base import Layer, array_module, register
-from .im2col import ConvPlan
+from .grouped import make_plan
 
 
 def _spatial(layer, p, name, default):
@@ -75,13 +75,13 @@ class _ConvolutionBase(Layer):
             if min(out) < 1:
                 raise self.error(f"output size {out} < 1 (input {H}x{W}, kernel extent {extent}, pad {pad})")
             # conv view: the image side is top (M channels), the grid side is bottom (C)
-            self.plan = ConvPlan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
+            self.plan = make_plan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
             self.param_shapes = [(C, M // group) + kernel]
         else:
             if any(n + 2 * q < e for n, q, e in zip((H, W), pad, extent)):
                 raise self.error(f"kernel extent {extent} exceeds the padded input "
                                  f"{H + 2 * pad[0]}x{W + 2 * pad[1]}")
-            self.plan = ConvPlan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
+            self.plan = make_plan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
             out = self.plan.out_shape
             self.param_shapes = [(M, C // group) + kernel]
         self.bias_term = p.bias_term

@@ -1,0 +1,115 @@
+"""The thread policy (backend/threads.py): its budget from the flag, the environment or the
+free cores, and the thread counts threadpoolctl then reads from the loaded runtimes, in fresh
+processes (a process decides once)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sncaffe.backend import blas, threads
+
+ROOT = Path(__file__).resolve().parents[2]
+VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS")
+HAS_MKL = blas._mkl_path() is not None
+
+# Decide, then read the runtimes' counts: at once, after a tiny GEMM, after a big one.
+CHILD = """
+import json, sys
+import numpy as np
+from threadpoolctl import threadpool_info
+from sncaffe.backend import blas, threads
+flag = json.loads(sys.argv[1])
+d = threads.configure(flag)
+def counts():
+    return {i["internal_api"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+out = {"decision": d.__dict__, "blas": blas.BLAS.name, "at_once": counts()}
+for name, n in (("tiny", 8), ("big", 512)):
+    a = np.ones((n, n), np.float32)
+    blas.gemm(a, a, np.empty_like(a))
+    out[name] = counts()
+print(json.dumps(out))
+"""
+
+
+def _child(flag=None, **env):
+    base = {k: v for k, v in os.environ.items() if k not in VARS}
+    run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(flag)], capture_output=True, text=True,
+                         env={**base, **env, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def _gemm_lib(out):
+    return "openblas" if out["blas"] == "openblas" else "mkl"
+
+
+def test_one_thread_from_the_environment_holds_every_blas():
+    out = _child(OPENBLAS_NUM_THREADS="1")
+    assert out["decision"]["threads"] == 1 and out["decision"]["source"] == "OPENBLAS_NUM_THREADS=1"
+    for key in ("at_once", "tiny", "big"):
+        assert set(out[key].values()) == {1}, out
+
+
+@pytest.mark.parametrize("lib", ["openblas"] + ["mkl"] * HAS_MKL)
+def test_two_threads_go_to_big_gemms_only(lib):
+    """A budget of two (--threads, overriding the environment's one): the GEMM library reads
+    two, one after a tiny GEMM and two again after a big one; NumPy's OpenBLAS stays at one
+    where MKL runs the GEMMs."""
+    out = _child(2, SNCAFFE_BLAS=lib, OPENBLAS_NUM_THREADS="1")
+    assert out["blas"] == lib and out["decision"]["source"] == "--threads"
+    assert (out["at_once"][lib], out["tiny"][lib], out["big"][lib]) == (2, 1, 2)
+    if lib == "mkl":
+        assert out["at_once"]["openblas"] == out["big"]["openblas"] == 1
+
+
+def test_the_gemm_librarys_own_variable_comes_first():
+    out = _child(SNCAFFE_BLAS="openblas", OMP_NUM_THREADS="2", MKL_NUM_THREADS="1")
+    assert out["decision"]["source"] == "OMP_NUM_THREADS=2" and out["at_once"]["openblas"] == 2
+    if HAS_MKL:
+        out = _child(OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="2")
+        assert out["decision"]["source"] == "MKL_NUM_THREADS=2" and out["big"]["mkl"] == 2
+
+
+def test_default_is_the_free_cores():
+    """Nothing set: the usable cores less the busy ones by the load average, read in the child."""
+    out = _child()
+    d = out["decision"]
+    assert d["source"] == "cores" and d["cores"] == threads.usable_cores()
+    assert d["threads"] == max(1, min(d["cores"], d["cores"] - int(d["load"])))
+    assert out["at_once"][_gemm_lib(out)] == out["big"][_gemm_lib(out)] == d["threads"]
+    assert out["tiny"][_gemm_lib(out)] == 1
+
+
+def test_decide_rules():
+    d = threads.decide(env={}, cores=8, load=2.7)
+    assert (d.threads, d.source) == (6, "cores")
+    assert threads.decide(env={}, cores=8, load=0.9).threads == 8
+    assert threads.decide(env={}, cores=2, load=7.0).threads == 1
+    assert threads.decide(env={}, cores=8, load=0.0, share=3).threads == 2
+    assert threads.decide(3, env={"OMP_NUM_THREADS": "1"}, cores=2).threads == 3     # the flag first
+    assert threads.decide(env={"OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "1"},
+                          blas_name="mkl", cores=2).source == "OMP_NUM_THREADS=4"
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS='two'"):
+        threads.decide(env={"OMP_NUM_THREADS": "two"})
+    with pytest.raises(ValueError, match="--threads 0"):
+        threads.decide(0)
+
+
+def test_gemm_threads_are_sized_to_the_work(monkeypatch):
+    monkeypatch.setattr(threads, "_decision", threads.Decision(4, 4, "--threads"))
+    step = threads.FLOPS_PER_THREAD
+    assert [threads.gemm_threads(f) for f in (0, step - 1, 2 * step, 3.5 * step, 100 * step)] == [1, 1, 2, 3, 4]
+
+
+def test_cli_reports_a_bad_setting_without_a_traceback(tmp_path):
+    net = tmp_path / "net.prototxt"
+    net.write_text('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }')
+    env = {**{k: v for k, v in os.environ.items() if k not in VARS}, "MKL_NUM_THREADS": "-1",
+           "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "sncaffe.cli", "time", str(net)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "MKL_NUM_THREADS='-1': give a positive number of threads" in run.stderr

@@ -1,20 +1,28 @@
 """sncaffe side by side with PyTorch (and real Caffe where a `caffe` binary is on PATH), in one run.
 
-    python tools/compare.py [--suite tools/compare.yaml] [--quick] [--out out/compare]
+    python tools/compare.py [--suite tools/compare.yaml] [--quick] [--threads N] [--out out/compare]
 
 The suite file names the nets, batch sizes, memory budgets and frameworks; ``--quick``
 applies its ``quick:`` section on top. Three suites, each measured the same way for
-every framework, in one process, one thread each (OPENBLAS/OMP/MKL_NUM_THREADS=1,
-torch.set_num_threads(1)):
+every framework, in one process, N threads each (default 1: OPENBLAS/OMP/MKL_NUM_THREADS,
+torch.set_num_threads and sncaffe's thread policy all set to N before a BLAS loads):
 
 memory      peak memory of one training step (forward + backward; the SGD momentum
             buffer counted as resident), every net of the suite
 throughput  time per training iteration (forward, backward, SGD update) and images/s,
-            sncaffe and PyTorch steps interleaved after warm-up, the median of N;
-            and images/s against depth for bottleneck ResNets [3, 4, k, 3]
+            sncaffe and PyTorch steps interleaved after warm-up, the median of N; the
+            median of ``repeats`` such whole runs, with their spread; against the faster
+            of PyTorch's two forms (below); and images/s against depth for ResNets [3, 4, k, 3]
 deepest     the deepest ResNet [3, 4, k, 3] (gen_resnet's rule, depth 3(k+10)+2) whose
-            training step fits a memory budget: PyTorch eager, PyTorch with
-            checkpoint_sequential (sqrt(n) segments), sncaffe in each memory mode
+            training step fits a memory budget, twice: a device budget and a machine budget
+            (below); PyTorch eager and its own savers (checkpoint_sequential, save_on_cpu,
+            both), sncaffe in each memory mode
+
+The two PyTorch forms: "twin" is tools/torch_net.TorchNet, a layer-by-layer replay of the
+Caffe graph (separate BatchNorm and Scale, every blob kept by name); "idiomatic" is
+tools/torch_idiomatic.py, the net as PyTorch users write it (affine BatchNorm2d, in-place ReLU),
+where the net has such a form (LeNet, the CIFAR ResNet, the bottleneck ResNets). Both get the
+Net's weights and batch, so the first losses agree.
 
 What is counted
   sncaffe   the device pool's peak: parameters, parameter diffs, SGD history and the
@@ -22,28 +30,43 @@ What is counted
             workspace the plan places (sncaffe.mem.planner.make_plan, no compute). The
             runtime allocates exactly what the plan places, so the pool peak of a real
             step equals the plan; `verify` runs check it. "all+host" is mode all with
-            parameters, diffs and history in host memory (--host-params).
-  PyTorch   bytes of live tensors: parameters and buffers + gradients + SGD momentum
-            + the peak of the storages autograd saves for backward (saved_tensors_hooks;
-            each storage once; parameters excluded; with checkpointing, the segment
-            boundaries and the recomputed segment's saved tensors, as backward frees and
-            re-saves them) + the largest transient (over every aten op of forward and
-            backward: bytes of its tensor arguments and results that are neither
-            parameters, gradients nor saved). It runs on the meta device (the same
-            autograd graph and sizes, no arithmetic), so a depth costs no compute;
-            `verify` runs the step on the CPU, where the same count is taken and the
-            allocator's own peak (torch.profiler's memory timeline) is given beside it.
-The PyTorch module is tools/torch_net.TorchNet of the same prototxt (dropout swapped for
-torch's own, whose masks need not match sncaffe's). Results go to --out: tables.md,
-results.json, memory_vs_depth.png, throughput_vs_depth.png.
+            parameters, diffs and history in host memory (--host-params). For a machine
+            budget: the device pool + the host pool + the process's own resident bytes
+            before any net (measured in a child).
+  PyTorch   memory suite: bytes of live tensors counted on the meta device (parameters,
+            buffers, gradients, momentum, the peak of what autograd saves, the largest
+            transient), with the allocator's peak of a real step beside it (`verify`).
+            deepest suite: every depth is a real step in a child process
+            (tools/torch_memory.py): the device budget by malloc's peak during the step,
+            the machine budget by the process's peak RSS; save_on_cpu's host copies are
+            reported as the host side.
+Dropout in the twin uses torch's own masks (they need not match sncaffe's). Results go to
+--out: tables.md, results.json, memory_vs_depth.png, machine_memory_vs_depth.png,
+throughput_vs_depth.png.
 """
 from __future__ import annotations
 
 import os
 
+import sys  # noqa: E402
+
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _threads_flag(argv) -> int:
+    """``--threads N`` of the command line, read before anything loads a BLAS (MKL picks its
+    sequential or threaded layer when it loads); 1 by default and when imported."""
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if a.startswith("--threads="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
+THREADS = _threads_flag(sys.argv[1:]) if __name__ == "__main__" else 1
 for _var in THREAD_VARS:
-    os.environ[_var] = "1"          # one thread each: set before NumPy and torch load their BLAS
+    os.environ[_var] = str(THREADS)   # N threads each: set before NumPy and torch load their BLAS
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
@@ -52,7 +75,6 @@ import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from functools import lru_cache  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -146,12 +168,14 @@ def machine() -> dict:
     except OSError:
         model = platform.processor() or "?"
     if torch is not None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(THREADS)
+    from sncaffe.backend import threads as sncaffe_threads
+    sncaffe_threads.configure(THREADS)
     return {
         "nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
         "numpy": np.__version__, "torch": torch.__version__ if torch is not None else None,
         "sncaffe_blas": blas.BLAS.describe(),
-        "threads": {**{v: os.environ.get(v) for v in THREAD_VARS}, "numpy_blas": blas_threads(),
+        "threads": {**{v: os.environ.get(v) for v in THREAD_VARS}, "numpy_blas": blas_threads(), "sncaffe": THREADS,
                     "torch": torch.get_num_threads() if torch is not None else None},
         "loadavg_start": os.getloadavg()[0],
     }
@@ -903,7 +927,8 @@ def report(results) -> str:
                          f"{s['images_per_s'] / p['images_per_s']:.2f}" if p and s else "-",
                          f"{r['conv_share']:.0%}" if "conv_share" in r else "-",
                          " / ".join(f"{loss[k]:.4f}" for k in loss) or "-"])
-        parts.append("### Training throughput, one thread each\n\n" + table(
+        n = m["threads"].get("sncaffe", 1)
+        parts.append(f"### Training throughput, {n} thread{'s' * (n != 1)} each\n\n" + table(
             ["net", "batch", "sncaffe ms/iter", "sncaffe img/s (spread)", "fastest PyTorch",
              "its img/s (spread)", "other PyTorch img/s", "sncaffe / fastest PyTorch",
              "sncaffe time in conv", "first loss: " + " / ".join(next((r.get("loss") or {} for r in t["runs"]), {}))],
@@ -982,7 +1007,8 @@ def plots(results, out: Path) -> list:
         for key in keys:
             ax.plot([r["depth"] for r in t["depth"]], [r[key]["images_per_s"] for r in t["depth"]], marker="o",
                     label=key, ls="--" if key.startswith("pytorch") else "-")
-        ax.set(xlabel="ResNet depth (blocks [3, 4, k, 3])", ylabel="images/s (one thread)",
+        n = results["machine"]["threads"].get("sncaffe", 1)
+        ax.set(xlabel="ResNet depth (blocks [3, 4, k, 3])", ylabel=f"images/s ({n} thread{'s' * (n != 1)})",
                title="Training throughput against depth")
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -1028,6 +1054,8 @@ def main(argv=None) -> int:
     ap.add_argument("--suite", default=str(DEFAULT_SUITE), help="the suites (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="apply the suite file's quick: section")
     ap.add_argument("--out", default="out/compare", help="folder for tables and plots (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=1, help="threads of each framework (read before the BLAS "
+                                                           "loads; default 1)")
     ap.add_argument("--only", default="", help="comma-separated suites to run of memory, throughput, deepest "
                                                 "(default: all that the suite file has)")
     args = ap.parse_args(argv)
@@ -1038,7 +1066,7 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"--only: unknown suite(s) {', '.join(sorted(unknown))} (memory, throughput, deepest)")
         suite = {k: v for k, v in suite.items() if k not in {"memory", "throughput", "deepest"} - keep}
-    print(f"python tools/compare.py --suite {args.suite}{' --quick' if args.quick else ''}"
+    print(f"python tools/compare.py --suite {args.suite}{' --quick' if args.quick else ''} --threads {args.threads}"
           f"{f' --only {args.only}' if args.only else ''} --out {args.out}")
     run(suite, Path(args.out), say=lambda s: print(s, flush=True))
     return 0

@@ -120,6 +120,9 @@ def _net_param(args):
     from .proto import sncaffe_pb2 as pb
     from .prototxt import read_text, set_batch
     param = read_text(args.net, pb.NetParameter())
+    if not (param.layer or param.layers or param.input):
+        from .prototxt import PrototxtError
+        raise PrototxtError(f"{args.net}: the net has no layers")
     if args.batch:
         param = set_batch(param, args.batch)
     return _placed(param, getattr(args, "place", None))
@@ -139,9 +142,9 @@ def _peak(device) -> str:
 def _read_solver_or_net(path):
     """(SolverParameter, None) for a solver file, (None, NetParameter) for a net file."""
     from .proto import sncaffe_pb2 as pb
-    from .prototxt import PrototxtError, parse_text
+    from .prototxt import PrototxtError, decode, parse_text
     try:
-        text = Path(path).read_text()
+        text = decode(Path(path).read_bytes(), path)
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
     try:
@@ -151,7 +154,8 @@ def _read_solver_or_net(path):
             net = parse_text(text, pb.NetParameter(), str(path))
         except PrototxtError as net_error:
             # Report the error against what the file looks like.
-            raise (net_error if re.search(r"^\s*(layers?\s*:?\s*\{|input\s*:)", text, re.M)
+            # [ \t]*, not \s*: \s* spans newlines, so a run of blank lines is scanned quadratically.
+            raise (net_error if re.search(r"^[ \t]*(layers?[ \t]*:?\s*\{|input[ \t]*:)", text, re.M)
                    else solver_error) from None
     if not (net.layer or net.layers or net.input):
         raise PrototxtError(f"{path}: neither a solver nor a net with layers")
@@ -355,6 +359,12 @@ def _train(args, comm=None) -> int:
         except SolverParamError as e:
             raise SolverParamError(f"{args.path}: {e}") from None
         nets = [solver.net] + solver.test_nets
+        if not any(w for node in solver.net.graph.layers for w in node.loss_weights):
+            _close_data_layers(nets)
+            what = "has no layers" if not solver.net.graph.layers else "has no loss"
+            raise ValueError(f"{args.path}: the train net {what}, so training has nothing to learn; add a loss "
+                             'layer (e.g. layer { type: "SoftmaxWithLoss" bottom: "scores" bottom: "label" '
+                             'top: "loss" }) or give an output a loss_weight')
         try:
             fed = [net for net in nets if net.inputs]
             if fed:
@@ -674,6 +684,13 @@ def main(argv=None) -> int:
     from .progress import console
     args = _parser().parse_args(argv)
     args.console = console()
+    if getattr(args, "device_memory", None):
+        from .mem.pool import parse_bytes
+        try:
+            if parse_bytes(args.device_memory) <= 0:
+                raise ValueError
+        except (ValueError, OverflowError):
+            _parser().error(f"--device-memory {args.device_memory}: not a size (e.g. 12GiB, 512MiB, 1.5G)")
     for flag in ("iterations", "max_iter", "batch"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             _parser().error(f"--{flag.replace('_', '-')} must be positive")

@@ -22,6 +22,10 @@ from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
 
 
+def _some(names, n=5) -> str:
+    return ", ".join(f'"{x}"' for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
 class Net:
     """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
     ``offload``, ``recompute``, ``all`` or ``auto``); ``reserve`` is pool bytes that
@@ -158,20 +162,32 @@ class Net:
                 layer.init_params(rng)
 
     def copy_from(self, weights):
-        """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
+        """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom).
+
+        Logs what was loaded and warns of the file's layers that matched nothing and of the
+        net's learnable layers left at their fillers; a file that matches no layer is an error."""
         src = weights if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
         where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "
+        if src.layers:
+            raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
         layers = {n.name: n for n in self.graph.layers}
+        matched, copied, unmatched = [], 0, []
         for lp in list(src.layer) or []:
             node = layers.get(lp.name)
-            if node is None or not lp.blobs:
+            if not lp.blobs:
+                continue
+            if node is None:
+                unmatched.append(lp.name)
                 continue
             mine = node.layer.blobs
             if len(lp.blobs) != len(mine):
                 raise ValueError(f'{where}layer "{lp.name}" has {len(lp.blobs)} blobs in the file, '
                                  f"{len(mine)} in the net")
             for i, (bp, blob) in enumerate(zip(lp.blobs, mine)):
-                arr = blobproto.to_array(bp, blob.data.dtype)
+                try:
+                    arr = blobproto.to_array(bp, blob.data.dtype)
+                except ValueError as e:
+                    raise ValueError(f'{where}layer "{lp.name}" blob {i}: {e}') from None
                 if arr.shape != blob.data.shape:
                     if arr.size == blob.data.size and any(bp.HasField(f) for f in ("num", "channels", "height", "width")):
                         arr = arr.reshape(blob.data.shape)     # legacy 4-D shapes
@@ -179,8 +195,27 @@ class Net:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
                 transfer(blob.data, arr)        # into a NumPy or a device (CuPy) array
-        if src.layers:
-            raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
+                copied += 1
+            matched.append(lp.name)
+        if isinstance(weights, pb.NetParameter):
+            return matched                      # a restore: the solver checks the match itself
+        if not matched:
+            raise ValueError(f"{where}no layer of the file matches a layer with parameters in the net "
+                             f"({len(unmatched)} layers with parameters in the file"
+                             + (f": {_some(unmatched)}" if unmatched else "") + "); is it the weights of "
+                             "another net?")
+        import logging
+        log = logging.getLogger("sncaffe")
+        log.info("%sloaded %d layers (%d blobs)", where, len(matched), copied)
+        if unmatched:
+            log.warning("%s%d layers of the file match no layer of the net: %s", where, len(unmatched),
+                        _some(unmatched))
+        left = [n.name for n in self.graph.layers if n.layer.blobs and n.layer.learnable
+                and n.name not in matched]
+        if left:
+            log.warning("%s%d learnable layers of the net are not in the file and keep their fillers' "
+                        "values: %s", where, len(left), _some(left))
+        return matched
 
     def to_proto(self, write_diff=False) -> "pb.NetParameter":
         """The net with its parameters, as Caffe's Net::ToProto."""
@@ -190,6 +225,7 @@ class Net:
             lp = out.layer.add()
             lp.CopyFrom(node.layer.param)
             del lp.blobs[:]
+            lp.ClearField("defined_at")
             for blob in node.layer.blobs:
                 blobproto.from_array(blob.data, lp.blobs.add(), blob.diff if write_diff else None)
         return out
@@ -201,6 +237,7 @@ class Net:
             lp = pb.LayerParameter()
             lp.CopyFrom(node.layer.param)
             del lp.blobs[:]
+            lp.ClearField("defined_at")
             for blob in node.layer.blobs:
                 blobproto.from_array(blob.data, lp.blobs.add(), blob.diff if write_diff else None)
             yield blobproto.field(100, lp)        # NetParameter.layer

@@ -60,21 +60,67 @@ def _enclosing_layer(text: str, line: int) -> str | None:
     return name
 
 
-def _explain(msg: str) -> str:
+def _enum_values(full_name: str) -> list:
+    try:
+        return [v.name for v in pb.DESCRIPTOR.pool.FindEnumTypeByName(full_name).values]
+    except KeyError:
+        return []
+
+
+def _explain(msg: str, text: str = "", line: int | None = None) -> str:
     m = re.search(r'Message type "[\w.]*?(\w+)" has no field named "(\w+)"', msg)
     if m:
+        if m.group(2) in ("layer", "layers") and m.group(1) != "NetParameter":
+            opened = _open_block(text, line)
+            where = f" (the block opened at line {opened} is not closed)" if opened else ""
+            return f'a missing "}}" before this "{m.group(2)}"{where}'
         return f'unknown field "{m.group(2)}" (in {m.group(1)})'
-    m = re.search(r'Enum type "[\w.]*?(\w+)" has no value named (\w+) for field "(\w+)"', msg)
+    m = re.search(r'Enum type "([\w.]*?(\w+))" has no value named (\w+) for field "(\w+)"', msg)
     if m:
-        return f'field "{m.group(3)}": {m.group(2)} is not a value of {m.group(1)}'
+        valid = _enum_values(m.group(1))
+        return (f'field "{m.group(4)}": {m.group(3)} is not a value of {m.group(2)}'
+                + (f" (valid: {', '.join(valid)})" if valid else ""))
     m = re.search(r'Message type "[\w.]*?(\w+)" should not have multiple "(\w+)" fields', msg)
     if m:
         return f'field "{m.group(2)}" given more than once (in {m.group(1)})'
     return msg
 
 
+def _code(raw: str) -> str:
+    """A line without its strings and comment."""
+    return re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', '""', raw).split("#")[0]
+
+
+def _open_block(text: str, line: int | None) -> int | None:
+    """The line of the outermost block still open before 1-based ``line`` (a missing "}")."""
+    depth, start = 0, None
+    for lineno, raw in enumerate(text.split("\n")[:(line or 1) - 1], 1):
+        code = _code(raw)
+        if depth == 0 and "{" in code:
+            start = lineno
+        depth += code.count("{") - code.count("}")
+    return start if depth > 0 else None
+
+
+def layer_lines(text: str) -> list:
+    """The 1-based line of each top-level ``layer`` block, in order."""
+    out, depth = [], 0
+    for lineno, raw in enumerate(text.split("\n"), 1):        # protobuf counts "\n" only
+        code = _code(raw)
+        if depth == 0 and re.match(r"\s*layer\s*(:|\{|$)", code):
+            out.append(lineno)
+        depth += code.count("{") - code.count("}")
+    return out
+
+
+def located(lp) -> str:
+    """ "file:line: " of a layer read from a prototxt, "" for one made in code."""
+    return f"{lp.defined_at}: " if lp.defined_at else ""
+
+
 def parse_text(text: str, message, filename: str = "<string>"):
-    """Parse prototxt ``text`` into ``message``; errors say file:line: layer "x": what."""
+    """Parse prototxt ``text`` into ``message``; errors say file:line: layer "x": what.
+    A NetParameter's layers remember their file:line (``defined_at``)."""
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as e:
@@ -86,17 +132,34 @@ def parse_text(text: str, message, filename: str = "<string>"):
         where = f"{filename}:{line}" if line else filename
         layer = _enclosing_layer(text, line) if line else None
         who = f' layer "{layer}":' if layer else ""
-        raise PrototxtError(f"{where}:{who} {_explain(msg)}") from None
+        raise PrototxtError(f"{where}:{who} {_explain(msg, text, line)}") from None
+    except (ValueError, RecursionError) as e:      # protobuf's own checks (e.g. a message nested too deep)
+        raise PrototxtError(f"{filename}: {' '.join(str(e).split()) or type(e).__name__}") from None
+    if isinstance(message, pb.NetParameter) and message.layer:
+        lines = layer_lines(text)
+        if len(lines) == len(message.layer):
+            for lp, n in zip(message.layer, lines):
+                lp.defined_at = f"{filename}:{n}"
     return message
+
+
+def decode(data: bytes, path) -> str:
+    """UTF-8 text of a prototxt; a bad byte is an error naming the file, line and byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise PrototxtError(f"{path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8 text "
+                            f"(a prototxt is UTF-8; was it saved in another encoding?)") from None
 
 
 def read_text(path, message):
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_text(text, message, str(path))
+    return parse_text(decode(data, path), message, str(path))
 
 
 def read_solver(path) -> "pb.SolverParameter":
@@ -129,7 +192,7 @@ def filter_net(param, phase=TRAIN, stages=(), level=None):
     del out.layer[:]
     for layer in param.layer:
         if layer.include and layer.exclude:
-            raise PrototxtError(f'layer "{layer.name}": specify include or exclude rules, not both')
+            raise PrototxtError(f'{located(layer)}layer "{layer.name}": specify include or exclude rules, not both')
         if layer.include:
             keep = any(state_meets_rule(state, r) for r in layer.include)
         else:
@@ -185,7 +248,7 @@ def insert_splits(param):
     for i, layer in enumerate(param.layer):
         for j, blob in enumerate(layer.bottom):
             if blob not in last_top:
-                raise PrototxtError(f'layer "{layer.name}" ({layer.type}): unknown bottom blob "{blob}"')
+                raise PrototxtError(f'{located(layer)}layer "{layer.name}" ({layer.type}): unknown bottom blob "{blob}"')
             source[i, j] = last_top[blob]
             uses[last_top[blob]] += 1
         for j, blob in enumerate(layer.top):

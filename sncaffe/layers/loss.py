@@ -55,7 +55,10 @@ def _labels(layer, xp, label, outer, inner, channels, ignore_label):
         bad &= valid
         lab = xp.where(valid, lab, 0)
     if bool(bad.any()):
-        raise layer.error(f"label out of range [0, {channels})")
+        i, j = divmod(int(bad.ravel().argmax()), inner)
+        value = float(label.reshape(outer, inner)[i, j])
+        at = f"item {i} of the batch" + (f", position {j}" if inner > 1 else "")
+        raise layer.error(f"label {value:g} at {at} is out of range [0, {channels})")
     return lab, valid
 
 

@@ -413,7 +413,7 @@ def _train(args, comm=None) -> int:
 def cmd_test(args) -> int:
     """Score a net: forward ``iterations`` batches and average every output blob, like ``caffe test``."""
     from .net import Net
-    from .solvers.solver import _host
+    from .solvers.solver import MAX_LOGGED, _host
     param = _net_param(args)
     with args.console as con:
         if not args.weights:
@@ -438,8 +438,10 @@ def cmd_test(args) -> int:
                         values = _host(net.blobs[name].data).astype(np.float64).ravel()
                         sums[name] = sums.get(name, 0) + values
                         if not con.bar:
-                            for v in values:
+                            for v in values[:MAX_LOGGED]:
                                 log.info("Batch %d, %s = %s", i, name, _g(v))
+                            if len(values) > MAX_LOGGED:
+                                log.info("Batch %d, %s: %d more values", i, name, len(values) - MAX_LOGGED)
                     bar.update(1)
             finally:
                 bar.close()
@@ -447,9 +449,13 @@ def cmd_test(args) -> int:
             log.info("Loss: %s", _g(loss / n))
             for name in names:
                 w = weights.get(name, 0.0)
-                for v in sums[name] / n:
+                means = sums[name] / n
+                for v in means[:MAX_LOGGED]:
                     extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
                     log.info("%s = %s%s", name, _g(v), extra)
+                if len(means) > MAX_LOGGED:     # Caffe prints every element
+                    log.info("%s: %d more values (of %d: min %s, mean %s, max %s)", name, len(means) - MAX_LOGGED,
+                             len(means), _g(means.min()), _g(means.mean()), _g(means.max()))
         finally:
             _close_data_layers([net])
     return 0

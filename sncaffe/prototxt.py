@@ -67,7 +67,21 @@ def _enum_values(full_name: str) -> list:
         return []
 
 
-def _explain(msg: str, text: str = "", line: int | None = None) -> str:
+def _field_before(text: str, line: int | None, column: int | None) -> str | None:
+    """The field name written just before 1-based ``column`` of ``line``."""
+    if not line or not column:
+        return None
+    rows = text.split("\n")
+    m = re.search(r"(\w+)\s*:?\s*\S*$", rows[line - 1][:column - 1]) if line <= len(rows) else None
+    return m.group(1) if m else None
+
+
+def _explain(msg: str, text: str = "", line: int | None = None, column: int | None = None) -> str:
+    msg = re.sub(r"^'.*?': (?=[A-Z])", "", msg, flags=re.S)        # protobuf quotes the whole line first
+    m = re.match(r"Value out of range: (\S+)", msg)
+    if m:
+        name = _field_before(text, line, column)
+        return (f'field "{name}": ' if name else "") + f"{m.group(1)} is out of range for its type"
     m = re.search(r'Message type "[\w.]*?(\w+)" has no field named "(\w+)"', msg)
     if m:
         if m.group(2) in ("layer", "layers") and m.group(1) != "NetParameter":
@@ -75,10 +89,11 @@ def _explain(msg: str, text: str = "", line: int | None = None) -> str:
             where = f" (the block opened at line {opened} is not closed)" if opened else ""
             return f'a missing "}}" before this "{m.group(2)}"{where}'
         return f'unknown field "{m.group(2)}" (in {m.group(1)})'
-    m = re.search(r'Enum type "([\w.]*?(\w+))" has no value named (\w+) for field "(\w+)"', msg)
+    m = re.search(r'Enum type "([\w.]*?(\w+))" has no value named (\w+)(?: for field "(\w+)")?', msg)
     if m:
         valid = _enum_values(m.group(1))
-        return (f'field "{m.group(4)}": {m.group(3)} is not a value of {m.group(2)}'
+        name = m.group(4) or _field_before(text, line, column)
+        return ((f'field "{name}": ' if name else "") + f"{m.group(3)} is not a value of {m.group(2)}"
                 + (f" (valid: {', '.join(valid)})" if valid else ""))
     m = re.search(r'Message type "[\w.]*?(\w+)" should not have multiple "(\w+)" fields', msg)
     if m:
@@ -127,12 +142,13 @@ def parse_text(text: str, message, filename: str = "<string>"):
         line = getattr(e, "_line", None) or getattr(e, "line", None)
         msg = str(e)
         m = re.match(r"(\d+):(\d+) : (.*)", msg, re.S)
+        column = None
         if m:
-            line, msg = int(m.group(1)), m.group(3)
+            line, column, msg = int(m.group(1)), int(m.group(2)), m.group(3)
         where = f"{filename}:{line}" if line else filename
         layer = _enclosing_layer(text, line) if line else None
         who = f' layer "{layer}":' if layer else ""
-        raise PrototxtError(f"{where}:{who} {_explain(msg, text, line)}") from None
+        raise PrototxtError(f"{where}:{who} {_explain(msg, text, line, column)}") from None
     except (ValueError, RecursionError) as e:      # protobuf's own checks (e.g. a message nested too deep)
         raise PrototxtError(f"{filename}: {' '.join(str(e).split()) or type(e).__name__}") from None
     if isinstance(message, pb.NetParameter) and message.layer:

@@ -63,6 +63,9 @@ class SnapshotError(ValueError):
     """A .solverstate or .caffemodel that cannot be restored into this solver's net."""
 
 
+MAX_LOGGED = 10        # values of one output blob logged one per line; the rest are summarised
+
+
 def _g(x) -> str:
     """A number as Caffe's glog prints it (C++ ostream: 6 significant digits)."""
     return f"{float(x):.6g}"
@@ -429,10 +432,16 @@ class Solver:
         idx = 0
         for name, values in outputs.items():
             w = weights.get(name, 0.0)
-            for v in np.asarray(values).ravel():
+            values = np.asarray(values).ravel()
+            for v in values[:MAX_LOGGED]:
                 extra = f" (* {_g(w)} = {_g(w * float(v))} loss)" if w else ""
                 log.info("    %s net output #%d: %s = %s%s", which, idx, name, _g(v), extra)
                 idx += 1
+            if len(values) > MAX_LOGGED:        # Caffe prints every element: 1000 lines for a classifier
+                log.info("    %s net output #%d-#%d: %s: %d more values (of %d: min %s, mean %s, max %s)",
+                         which, idx, idx + len(values) - MAX_LOGGED - 1, name, len(values) - MAX_LOGGED,
+                         len(values), _g(values.min()), _g(values.mean(dtype=np.float64)), _g(values.max()))
+                idx += len(values) - MAX_LOGGED
 
     # -- non-finite values ----------------------------------------------------
     def _nonfinite_message(self, net, loss) -> str:

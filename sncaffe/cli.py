@@ -254,7 +254,7 @@ def _signal_effects(solver, sigint, sighup):
     stopping = []
 
     def handler(signum, frame):
-        effect = sigint if signum == signal.SIGINT else sighup
+        effect = sighup if signum == getattr(signal, "SIGHUP", None) else sigint   # SIGTERM: as SIGINT
         name = signal.Signals(signum).name
         if effect == "stop" and stopping:
             raise KeyboardInterrupt         # a second stop aborts; snapshots are written atomically
@@ -268,7 +268,8 @@ def _signal_effects(solver, sigint, sighup):
         else:
             log.info("%s: snapshotting after this iteration", name)
 
-    wanted = [signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    # SIGTERM (a scheduler's kill) does what Ctrl-C does, so its job keeps a snapshot.
+    wanted = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     saved = {s: signal.signal(s, handler) for s in wanted}
     try:
         yield
@@ -622,7 +623,8 @@ def _parser():
     t.add_argument("--snapshot-prefix", help="where snapshots go; folders are created")
     t.add_argument("--seed", type=int, help="random_seed")
     t.add_argument("--sigint-effect", default="stop", choices=SIGNAL_EFFECTS,
-                   help="on Ctrl-C: stop (snapshot and exit; again to abort), snapshot (and go on), none")
+                   help="on Ctrl-C and SIGTERM: stop (snapshot and exit; again to abort), snapshot (and go on), "
+                        "none")
     t.add_argument("--sighup-effect", default="snapshot", choices=SIGNAL_EFFECTS, help="on SIGHUP (as Caffe)")
     device_flags(t, default=None)
     memory_flag(t, default=None)

@@ -63,6 +63,27 @@ class _Prefetching(_Source):
         super().__init__(param, phase)
         self._prefetcher = None
         self._closed = False
+        self._consumed = None       # cursor() after the last batch forward took (the reader runs ahead)
+        self._after = {}            # id(buffer) -> cursor() after the reader filled it
+
+    # -- resume: where the reader stands, as forward has consumed it --------
+    def cursor(self) -> dict:
+        """The read position and random stream now (on the reader thread once it runs)."""
+        raise NotImplementedError
+
+    def set_cursor(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def resume_state(self) -> dict:
+        """The position after the batches forward has taken: a resumed run reads on from here."""
+        return self.cursor() if self._prefetcher is None else self._consumed
+
+    def restore_state(self, state: dict) -> None:
+        if self._prefetcher is not None:        # batches read ahead from the old position are dropped
+            self._finalizer.detach()
+            self._prefetcher.close()
+            self._prefetcher = None
+        self.set_cursor(state)
 
     @contextmanager
     def _named(self, where=""):
@@ -102,12 +123,17 @@ class _Prefetching(_Source):
             ref = weakref.ref(self)             # the thread must not keep the layer alive
 
             def fill(batch):
-                ref().load_batch(batch)
+                layer = ref()
+                layer.load_batch(batch)
+                layer._after[id(batch)] = layer.cursor()
+            self._consumed = self.cursor()
+            self._after = {}
             self._prefetcher = Prefetcher(fill, buffers, name=f"{self.type} {self.name}")
             # Collected without close(): only signal the thread (a collection must not wait or lock).
             self._finalizer = weakref.finalize(self, self._prefetcher.stop)
         with self._prefetcher.batch() as batch:
             _copy_to_top(top, batch)
+            self._consumed = self._after.pop(id(batch), self._consumed)
 
     def close(self):
         """Stop the reader thread and release the source."""
@@ -143,6 +169,7 @@ class Data(_Prefetching):
         self.datum_shape = self._decode(*self.db.first())[0].shape
         shape = self.transformer.infer_shape(self.datum_shape, f"the data in {p.source}")
         self._started = False
+        self._read = self._skip = 0             # records read; records to skip on a resume
         return [(batch, *shape), (batch,)][:len(self.param.top)]
 
     def _decode(self, key, value):
@@ -150,16 +177,39 @@ class Data(_Prefetching):
         d = datums.parse(value, what)
         return datums.to_array(d, self.transformer.color, what), d.label
 
+    def cursor(self):
+        # A reader with tell/seek resumes at a key; any other is wound forward by the records read.
+        tell = getattr(self.db, "tell", None)
+        key = tell() if tell is not None else None
+        return {"started": self._started, "key": None if key is None else key.hex(), "records": self._read,
+                "rng": self.rng.bit_generator.state}
+
+    def set_cursor(self, state):
+        self._started = bool(state["started"])
+        self.rng.bit_generator.state = state["rng"]
+        self._read = int(state["records"])
+        if state.get("key") is not None and hasattr(self.db, "seek"):
+            self.db.seek(bytes.fromhex(state["key"]))
+        else:
+            self._skip = self._read
+
+    def _next(self):
+        while self._skip:
+            self._skip -= 1
+            next(self.db)
+        self._read += 1
+        return next(self.db)
+
     def load_batch(self, batch):
         with self._named():
             if not self._started:
                 self._started = True
                 skip = self.param.data_param.rand_skip
                 for _ in range(self.rng.integers(skip) if skip else 0):
-                    next(self.db)                   # Caffe's rand_skip: start at a random record
+                    self._next()                    # Caffe's rand_skip: start at a random record
             data = batch[0]
             for i in self._records(len(data)):
-                key, value = next(self.db)
+                key, value = self._next()
                 if i is None:
                     self._skip_transform(self.datum_shape, data.shape[1:])
                     continue
@@ -221,13 +271,30 @@ class ImageData(_Prefetching):
         with self._named(f"{p.source} line {n}: "):
             return image.load(p.root_folder + path, p.new_height, p.new_width, p.is_color)
 
+    def cursor(self):
+        return {"order": self._order,            # never changed in place: shuffles make a new array
+                "pos": getattr(self, "_pos", 0), "rng": self.rng.bit_generator.state}
+
+    def set_cursor(self, state):
+        if state["order"] is not None and len(state["order"]) != len(self.lines):
+            raise self.error(f"the snapshot read a list of {len(state['order'])} images, "
+                             f"{self.param.image_data_param.source} has {len(self.lines)}")
+        self._order = None if state["order"] is None else np.asarray(state["order"], np.int64)
+        self._pos = int(state["pos"])
+        self.rng.bit_generator.state = state["rng"]
+
+    def _shuffled(self, order):
+        order = order.copy()                    # a new array: cursors taken before keep theirs
+        self.rng.shuffle(order)
+        return order
+
     def load_batch(self, batch):
         p = self.param.image_data_param
         with self._named():
             if self._order is None:                 # on the reader thread: shuffle, skip
                 self._order = np.arange(len(self.lines))
                 if p.shuffle:
-                    self.rng.shuffle(self._order)
+                    self._order = self._shuffled(self._order)
                 self._pos = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
                 if self._pos >= len(self.lines):
                     raise self.error(f"rand_skip {p.rand_skip}: not enough images to skip")
@@ -249,7 +316,7 @@ class ImageData(_Prefetching):
                 if self._pos == len(self.lines):
                     self._pos = 0
                     if p.shuffle:
-                        self.rng.shuffle(self._order)
+                        self._order = self._shuffled(self._order)
 
 
 @register
@@ -277,7 +344,7 @@ class HDF5Data(_Prefetching):
             raise self.error(f"the HDF5 file list {p.source} names no file")
         self.row_shapes = None
         self.row_shapes = [a.shape[1:] for a in self._read(self.files[0])]
-        self._rows = None
+        self._files = self._current = self._order = self._row = self._arrays = None
         return [(batch, *s) for s in self.row_shapes]
 
     def _read(self, path):
@@ -303,39 +370,68 @@ class HDF5Data(_Prefetching):
                                  f"the first file {s}")
         return arrays
 
-    def _iter_rows(self):
+    def cursor(self):
+        # The arrays here are never changed in place (shuffles make new ones), so a cursor taken
+        # on the reader thread stays what it was.
+        return {"files": self._files, "current": self._current, "order": self._order, "row": self._row,
+                "rng": self.rng.bit_generator.state}
+
+    def set_cursor(self, state):
+        self.rng.bit_generator.state = state["rng"]
+        if state["files"] is None:
+            self._files = None
+            return
+        files = np.asarray(state["files"], np.int64)
+        if sorted(files.tolist()) != list(range(len(self.files))):
+            raise self.error(f"the snapshot read a list of {len(files)} HDF5 files, "
+                             f"{self.param.hdf5_data_param.source} names {len(self.files)}")
+        self._files, self._current = files, int(state["current"])
+        self._order, self._row = np.asarray(state["order"], np.int64), int(state["row"])
+        self._arrays = None                     # read again at the next row
+
+    def _shuffled(self, a):
+        a = a.copy()
+        self.rng.shuffle(a)
+        return a
+
+    def _load(self):
+        """The current file's arrays, and its rows in order (a permutation, with shuffle)."""
+        self._arrays = self._read(self.files[self._files[self._current]])
+        self._order, self._row = np.arange(len(self._arrays[0])), 0
+        if self.param.hdf5_data_param.shuffle:
+            self._order = self._shuffled(self._order)
+
+    def _next_row(self):
         """(arrays, row) in Caffe's order, forever; on the reader thread."""
         shuffle = self.param.hdf5_data_param.shuffle
-        files = np.arange(len(self.files))
-        if shuffle:
-            self.rng.shuffle(files)
-
-        def load(i):
-            arrays = self._read(self.files[files[i]])
-            order = np.arange(len(arrays[0]))
+        if self._files is None:
+            self._files, self._current = np.arange(len(self.files)), 0
             if shuffle:
-                self.rng.shuffle(order)
-            return arrays, order
-        current = 0
-        arrays, order = load(current)
-        while True:
-            for r in range(len(order)):
-                yield arrays, order[r]
-            if len(files) > 1:
-                current += 1
-                if current == len(files):
-                    current = 0
+                self._files = self._shuffled(self._files)
+            self._load()
+        elif self._arrays is None:              # resumed: the file again, rows where they were
+            self._arrays = self._read(self.files[self._files[self._current]])
+            if len(self._arrays[0]) != len(self._order):
+                raise self.error(f"HDF5 file {self.files[self._files[self._current]]} has "
+                                 f"{len(self._arrays[0])} rows, {len(self._order)} when the snapshot was taken")
+        if self._row == len(self._order):       # the file's rows ran out
+            if len(self._files) > 1:
+                self._current += 1
+                if self._current == len(self._files):
+                    self._current = 0
                     if shuffle:
-                        self.rng.shuffle(files)
-                arrays, order = load(current)
+                        self._files = self._shuffled(self._files)
+                self._load()
             if shuffle:
-                self.rng.shuffle(order)
+                self._order = self._shuffled(self._order)
+            self._row = 0
+        row = self._order[self._row]
+        self._row += 1
+        return self._arrays, row
 
     def load_batch(self, batch):
-        if self._rows is None:
-            self._rows = self._iter_rows()
         for i in self._records(len(batch[0])):
-            arrays, r = next(self._rows)
+            arrays, r = self._next_row()
             if i is None:
                 continue
             for out, a in zip(batch, arrays):
@@ -385,3 +481,9 @@ class MemoryData(_Source):
         rows = slice(start, start + batch) if start + batch <= n else np.arange(start, start + batch) % n
         _copy_to_top(top, (self._data[rows], self._labels[rows]))
         self._pos = (self._pos + ranks * batch) % n
+
+    def resume_state(self) -> dict:
+        return {"pos": getattr(self, "_pos", 0)}
+
+    def restore_state(self, state) -> None:
+        self._pos = int(state["pos"])           # of the arrays reset() is given (again) on a resume

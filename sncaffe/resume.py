@@ -43,6 +43,8 @@ def restore_layer_states(nets: dict, states, where: str) -> int:
     layers = {(label, node.name): node.layer for label, net in nets.items() for node in net.graph.layers}
     done = 0
     for s in states:
+        if any(isinstance(v, bytes) for v in (s.net, s.layer, s.rng, s.cursor)):   # not UTF-8 text
+            raise ValueError(f"{where}: a layer_state field is not text")
         layer = layers.get((s.net, s.layer))
         if layer is None:
             continue

@@ -506,6 +506,8 @@ class Solver:
         state = blobproto.read_binary(path, pb.SolverState())
         history = self._check_history(state, path)
         model = None
+        if isinstance(state.learned_net, bytes):     # protobuf hands back a string that is not UTF-8 as bytes
+            raise SnapshotError(f"{path}: its learned_net is not a file name (not UTF-8 text)")
         if state.learned_net:
             model_path = self._find_learned_net(state.learned_net, path)
             model = blobproto.read_caffemodel(model_path)

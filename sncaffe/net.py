@@ -199,7 +199,7 @@ class Net:
             matched.append(lp.name)
         if isinstance(weights, pb.NetParameter):
             return matched                      # a restore: the solver checks the match itself
-        if not matched:
+        if not matched and any(n.layer.blobs for n in self.graph.layers):
             raise ValueError(f"{where}no layer of the file matches a layer with parameters in the net "
                              f"({len(unmatched)} layers with parameters in the file"
                              + (f": {_some(unmatched)}" if unmatched else "") + "); is it the weights of "

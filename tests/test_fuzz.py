@@ -8,7 +8,7 @@ IndexError, protobuf's own), never a hang.
 
 The default run is short. A long run:
     SNCAFFE_FUZZ_EXAMPLES=2000 SNCAFFE_FUZZ_REPORT=fuzz.json python -m pytest -q tests/test_fuzz.py
-runs that many cases per target and writes the outcome counts to the JSON file.
+runs that many cases per target (six targets) and writes the outcome counts to the JSON file.
 """
 import collections
 import json
@@ -190,6 +190,52 @@ def test_mutated_prototxt_builds_or_fails_cleanly(folder, text):
     path = folder / "net.prototxt"
     path.write_bytes(text)
     outcome("prototxt", build_net_file, path)
+
+
+def _numeric_fields(msg, out):
+    """(message, field descriptor) of every number set in ``msg``, recursively."""
+    for fd, value in msg.ListFields():
+        if fd.message_type is not None:
+            for m in (value if _repeated(fd) else [value]):
+                _numeric_fields(m, out)
+        elif fd.cpp_type in (fd.CPPTYPE_INT32, fd.CPPTYPE_INT64, fd.CPPTYPE_UINT32, fd.CPPTYPE_UINT64,
+                             fd.CPPTYPE_FLOAT, fd.CPPTYPE_DOUBLE):
+            out.append((msg, fd))
+    return out
+
+
+def _repeated(fd):
+    r = getattr(fd, "is_repeated", None)
+    return r if r is not None else fd.label == fd.LABEL_REPEATED
+
+
+@st.composite
+def renumbered(draw):
+    """The seed net with a few of its numbers (dims, sizes, axes, ratios, weights) replaced."""
+    net = text_format.Parse(NET, pb.NetParameter())
+    fields = _numeric_fields(net, [])
+    for _ in range(draw(st.integers(1, 3))):
+        msg, fd = fields[draw(st.integers(0, len(fields) - 1))]
+        value = draw(st.sampled_from(NUMBERS + [0.5, -0.5, 1e30, float("nan"), float("inf")]))
+        if fd.cpp_type not in (fd.CPPTYPE_FLOAT, fd.CPPTYPE_DOUBLE):
+            value = int(value) if np.isfinite(value) else 0
+        try:
+            if _repeated(fd):
+                seq = getattr(msg, fd.name)
+                seq[draw(st.integers(0, len(seq) - 1))] = value
+            else:
+                setattr(msg, fd.name, value)
+        except (ValueError, TypeError):     # out of the field's range: the text parser refuses those
+            pass
+    return text_format.MessageToString(net).encode()
+
+
+@FUZZ
+@given(text=renumbered())
+def test_renumbered_prototxt_builds_or_fails_cleanly(folder, text):
+    path = folder / "renumbered.prototxt"
+    path.write_bytes(text)
+    outcome("prototxt numbers", build_net_file, path)
 
 
 # -- binary files ------------------------------------------------------------------------

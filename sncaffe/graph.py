@@ -192,7 +192,7 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
                 check_shape(tuple(shape), f"parameter {i}", layer.error)
         except LayerError as e:
             context = "; ".join("bottom " + _describe(b) for b in bottoms)
-            raise GraphError(f"{where}{e}" + (f" [{context}]" if context else "")) from None
+            raise GraphError(f"{e}" + (f" [{context}]" if context else "")) from None   # e names file:line
         except (ArithmeticError, ValueError, IndexError, TypeError, MemoryError) as e:  # a setting setup did not check
             raise GraphError(f'{where}layer "{lp.name}" ({lp.type}): cannot be set up with these settings '
                              f"({type(e).__name__}: {e})") from None

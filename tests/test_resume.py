@@ -110,6 +110,23 @@ def test_2n_iterations_equal_n_resume_n_to_the_last_bit(tmp_path, kind):
         (tmp_path / f"b_iter_{2 * N}.caffemodel").read_bytes()
 
 
+def test_a_reader_without_tell_and_seek_resumes_by_counting_records(tmp_path, monkeypatch):
+    import sncaffe.data.db as db
+
+    class Plain(db.LMDBReader):         # only iteration, as a key-value reader may offer
+        tell = seek = None
+    monkeypatch.setattr(db, "LMDBReader", Plain)
+    layer = lmdb_layer(tmp_path)
+    straight = run(solver(layer, tmp_path / "a", 2 * N))
+    run(solver(layer, tmp_path / "b", N))
+    state = tmp_path / f"b_iter_{N}.solverstate"
+    cursor = [s.cursor for s in blobproto.read_binary(state, pb.SolverState()).layer_state if s.layer == "d"][0]
+    assert '"key": null' in cursor and '"records": ' in cursor
+    resumed = run(solver(layer, tmp_path / "b", 2 * N), state)
+    for k, v in straight.items():
+        assert np.array_equal(resumed[k], v), k
+
+
 def test_an_old_solverstate_without_the_record_loads_and_restarts_the_reader(tmp_path):
     layer = lmdb_layer(tmp_path)
     straight = run(solver(layer, tmp_path / "a", 2 * N))

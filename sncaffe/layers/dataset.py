@@ -41,6 +41,14 @@ def _copy_to_top(top, host_arrays):
             blob.data.set(np.ascontiguousarray(a, blob.data.dtype))
 
 
+def _permutation(values, n, error) -> np.ndarray:
+    """A resume state's order, checked to be a permutation of range(n)."""
+    a = np.asarray(values, np.int64)
+    if a.shape != (n,) or not np.array_equal(np.sort(a), np.arange(n)):
+        raise error(f"the snapshot's order is not a permutation of {n} items")
+    return a
+
+
 class _Prefetching(_Source):
     """Runs ``load_batch(batch)`` on a reader thread; ``batch`` is one host array per top."""
     depth = 4
@@ -180,7 +188,7 @@ class Data(_Prefetching):
     def cursor(self):
         # A reader with tell/seek resumes at a key; any other is wound forward by the records read.
         tell = getattr(self.db, "tell", None)
-        key = tell() if tell is not None else None
+        key = tell() if callable(tell) else None
         return {"started": self._started, "key": None if key is None else key.hex(), "records": self._read,
                 "rng": self.rng.bit_generator.state}
 
@@ -188,10 +196,11 @@ class Data(_Prefetching):
         self._started = bool(state["started"])
         self.rng.bit_generator.state = state["rng"]
         self._read = int(state["records"])
-        if state.get("key") is not None and hasattr(self.db, "seek"):
+        if state.get("key") is not None and callable(getattr(self.db, "seek", None)):
             self.db.seek(bytes.fromhex(state["key"]))
         else:
-            self._skip = self._read
+            entries = getattr(self.db, "entries", 0)
+            self._skip = self._read % entries if entries else self._read
 
     def _next(self):
         while self._skip:
@@ -279,8 +288,11 @@ class ImageData(_Prefetching):
         if state["order"] is not None and len(state["order"]) != len(self.lines):
             raise self.error(f"the snapshot read a list of {len(state['order'])} images, "
                              f"{self.param.image_data_param.source} has {len(self.lines)}")
-        self._order = None if state["order"] is None else np.asarray(state["order"], np.int64)
-        self._pos = int(state["pos"])
+        order = None if state["order"] is None else _permutation(state["order"], len(self.lines), self.error)
+        pos = int(state["pos"])
+        if not 0 <= pos < len(self.lines):
+            raise self.error(f"the snapshot's position {pos} is not a line of the list")
+        self._order, self._pos = order, pos
         self.rng.bit_generator.state = state["rng"]
 
     def _shuffled(self, order):
@@ -381,12 +393,15 @@ class HDF5Data(_Prefetching):
         if state["files"] is None:
             self._files = None
             return
-        files = np.asarray(state["files"], np.int64)
-        if sorted(files.tolist()) != list(range(len(self.files))):
-            raise self.error(f"the snapshot read a list of {len(files)} HDF5 files, "
+        if len(state["files"]) != len(self.files):
+            raise self.error(f"the snapshot read a list of {len(state['files'])} HDF5 files, "
                              f"{self.param.hdf5_data_param.source} names {len(self.files)}")
-        self._files, self._current = files, int(state["current"])
-        self._order, self._row = np.asarray(state["order"], np.int64), int(state["row"])
+        files = _permutation(state["files"], len(self.files), self.error)
+        order = _permutation(state["order"], len(state["order"]), self.error)
+        current, row = int(state["current"]), int(state["row"])
+        if not (0 <= current < len(files) and 0 <= row <= len(order)):
+            raise self.error(f"the snapshot's file {current} and row {row} are out of range")
+        self._files, self._current, self._order, self._row = files, current, order, row
         self._arrays = None                     # read again at the next row
 
     def _shuffled(self, a):

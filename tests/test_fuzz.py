@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="the fuzz tests need hypothesis (the test extra)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 import sncaffe
 from sncaffe import blobproto
@@ -110,6 +112,9 @@ def outcome(target, fn, *args):
         COUNTS[target]["hang"] += 1
         raise AssertionError(f"{target}: a case ran over {CASE_SECONDS} s")
     except Exception as e:  # noqa: BLE001 - the point: classify every exception
+        if is_sncaffe_error(e) and target in NAMED and NAMED[target] not in str(e):
+            COUNTS[target]["unnamed " + type(e).__name__] += 1
+            raise AssertionError(f"{target}: the error does not name the {NAMED[target]}: {e}")
         if not is_sncaffe_error(e):
             COUNTS[target]["crash " + type(e).__name__] += 1
             raise AssertionError(f"{target}: {type(e).__name__} escaped: {e}\n"
@@ -117,6 +122,11 @@ def outcome(target, fn, *args):
         COUNTS[target]["error " + type(e).__name__] += 1
         return
     COUNTS[target]["accepted"] += 1
+
+
+# What an error about each input must name (the datum: the record, as a Data layer says it).
+NAMED = {"caffemodel": "w.caffemodel", "solverstate": "seed_iter_0", "mean file": "mean.binaryproto",
+         "datum": "record 7", "prototxt": "net.prototxt", "prototxt numbers": "renumbered.prototxt"}
 
 
 @st.composite

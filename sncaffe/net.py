@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections import OrderedDict
@@ -20,6 +21,9 @@ from .layers.base import Blob
 from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
+
+
+log = logging.getLogger("sncaffe")
 
 
 def _some(names, n=5) -> str:
@@ -204,8 +208,6 @@ class Net:
                              f"({len(unmatched)} layers with parameters in the file"
                              + (f": {_some(unmatched)}" if unmatched else "") + "); is it the weights of "
                              "another net?")
-        import logging
-        log = logging.getLogger("sncaffe")
         log.info("%sloaded %d layers (%d blobs)", where, len(matched), copied)
         if unmatched:
             log.warning("%s%d layers of the file match no layer of the net: %s", where, len(unmatched),

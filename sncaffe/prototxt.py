@@ -7,6 +7,7 @@ inserts Split layers where a blob feeds several layers (Caffe's names).
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -270,6 +271,9 @@ def insert_splits(param):
         for j, blob in enumerate(layer.top):
             last_top[blob] = (i, j)
         for j, w in enumerate(layer.loss_weight):
+            if not math.isfinite(w):        # checked here: a Split would carry it on
+                raise PrototxtError(f'{located(layer)}layer "{layer.name}" ({layer.type}): loss_weight[{j}] is '
+                                    f"{w}; it must be a finite number")
             if w:
                 loss_weight[i, j] = w
                 uses[i, j] += 1
@@ -290,7 +294,7 @@ def insert_splits(param):
             if n <= 1:
                 continue
             split = out.layer.add(name=split_layer_name(layer.name, blob, j), type="Split",
-                                  location=layer.location)
+                                  location=layer.location, defined_at=layer.defined_at)
             split.bottom.append(blob)
             split.top.extend(split_blob_name(layer.name, blob, j, k) for k in range(n))
             w = loss_weight.get((i, j), 0.0)

@@ -60,7 +60,15 @@ def _values(msg, path: str, prefix: str):
 
 
 def check_fields(lp, error) -> None:
-    """Raise ``error(msg)`` for the first size field of ``lp`` below its bound or over INT_MAX."""
+    """Raise ``error(msg)`` for the first size field of ``lp`` below its bound or over INT_MAX,
+    or a loss weight or learning-rate multiplier that is not a finite number."""
+    for i, w in enumerate(lp.loss_weight):
+        if not math.isfinite(w):
+            raise error(f"loss_weight[{i}] is {w}; it must be a finite number")
+    for i, spec in enumerate(lp.param):
+        for name in ("lr_mult", "decay_mult"):
+            if not math.isfinite(getattr(spec, name)):
+                raise error(f"param[{i}].{name} is {getattr(spec, name)}; it must be a finite number")
     for (sub, path), low in _AT_LEAST.items():
         if not lp.HasField(sub):
             continue

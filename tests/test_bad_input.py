@@ -1,5 +1,6 @@
 """Bad input gets an error naming file, line, layer and field (issue 13): shapes, weights, messages."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,15 @@ def test_bad_convolution_settings_name_the_field(tmp_path, setting, field):
     with pytest.raises((GraphError, PrototxtError)) as e:
         Net(path, device=cpu())
     assert f"{path}:3: " in str(e.value) and field in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("extra, field", [("loss_weight: nan", "loss_weight[0] is nan"),
+                                          ("param { lr_mult: inf }", "param[0].lr_mult is inf")])
+def test_weights_and_multipliers_must_be_finite(tmp_path, extra, field):
+    path = write(tmp_path, TINY.replace('top: "ip"\n', f'top: "ip" {extra}\n'))
+    with pytest.raises((GraphError, PrototxtError), match=rf'net.prototxt:4: layer "ip" \(InnerProduct\): {re.escape(field)}; '
+                                         "it must be a finite number"):
+        Net(path, device=cpu())
 
 
 def test_errors_found_after_parsing_carry_the_layers_file_and_line(tmp_path):

@@ -513,7 +513,10 @@ class Solver:
             model = blobproto.read_caffemodel(model_path)
             self._check_model(model, model_path)
         if model is not None:
-            self.net.copy_from(model)
+            try:
+                self.net.copy_from(model)
+            except ValueError as e:
+                raise SnapshotError(f"{model_path}: {e}") from None
         log.info("%sSolver: restoring history", self.rule.type)
         for h, a in zip(self.history, history):
             h[...] = a

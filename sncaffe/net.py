@@ -163,7 +163,10 @@ class Net:
             rng = np.random.default_rng(child)
             layer.rng = np.random.default_rng(child.spawn(1)[0])
             if layer.blobs:
-                layer.init_params(rng)
+                try:
+                    layer.init_params(rng)
+                except ValueError as e:         # a filler setting (unknown type, bad range): name the layer
+                    raise layer.error(str(e)) from None
 
     def copy_from(self, weights):
         """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom).

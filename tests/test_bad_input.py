@@ -112,6 +112,12 @@ def test_weights_and_multipliers_must_be_finite(tmp_path, extra, field):
         Net(path, device=cpu())
 
 
+def test_an_unknown_filler_names_the_layer_and_line(tmp_path):
+    path = write(tmp_path, TINY.replace('type: "gaussian"', 'type: "gausian"'))
+    with pytest.raises(ValueError, match=r'net.prototxt:4: layer "ip" \(InnerProduct\): unknown filler type "gausian"'):
+        Net(path, device=cpu())
+
+
 def test_errors_found_after_parsing_carry_the_layers_file_and_line(tmp_path):
     base = 'name: "n"\n' + INPUT.format(dims=dims(2, 3, 8, 8))
     cases = [

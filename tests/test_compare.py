@@ -250,8 +250,8 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
         assert "Ratios and targets" in text and "PyTorch eager" in text and results["throughput"]["runs"][0]["pytorch eager"]["images_per_s"] > 0
         loss = results["throughput"]["runs"][0]["loss"]
         assert loss["sncaffe"] == pytest.approx(loss["pytorch"], rel=1e-4)
-        share = results["throughput"]["runs"][0]["torch_conv_share"]      # a fraction; its size is a timing
-        assert share is not None and 0 <= share <= 1
+        share = results["throughput"]["runs"][0]["torch_conv_share"]      # LeNet: mostly convolution
+        assert share is not None and 0.2 < share < 1
         assert "conv ms sncaffe / PyTorch" in text
 
 

@@ -31,7 +31,10 @@ def layer_states(nets: dict) -> list:
             layer = node.layer
             state = pb.LayerState(net=label, layer=node.name)
             if hasattr(layer, "resume_state"):       # its cursor holds its random stream too
-                state.cursor = json.dumps(layer.resume_state(), default=_plain)
+                cursor = layer.resume_state()
+                if cursor is None:                   # a reader without a cursor starts over
+                    continue
+                state.cursor = json.dumps(cursor, default=_plain)
             else:
                 state.rng = json.dumps(layer.rng.bit_generator.state)
             out.append(state)

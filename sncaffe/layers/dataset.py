@@ -75,12 +75,13 @@ class _Prefetching(_Source):
         self._after = {}            # id(buffer) -> cursor() after the reader filled it
 
     # -- resume: where the reader stands, as forward has consumed it --------
-    def cursor(self) -> dict:
-        """The read position and random stream now (on the reader thread once it runs)."""
-        raise NotImplementedError
+    def cursor(self) -> dict | None:
+        """The read position and random stream now (on the reader thread once it runs); None: a
+        reader that cannot say, which a resume starts over (as Caffe's do)."""
+        return None
 
     def set_cursor(self, state: dict) -> None:
-        raise NotImplementedError
+        pass
 
     def resume_state(self) -> dict:
         """The position after the batches forward has taken: a resumed run reads on from here."""

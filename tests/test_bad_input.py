@@ -197,8 +197,8 @@ def test_a_label_out_of_range_names_its_value_and_item(tmp_path):
     net = Net(write(tmp_path, TINY), device=cpu())
     net.blobs["data"].data[...] = 0
     net.blobs["label"].data[...] = [0, 1, 7, 2]
-    with pytest.raises(ValueError, match=r'net.prototxt:6: layer "loss" \(SoftmaxWithLoss\): label 7 at item 2 of the '
-                                         r"batch is out of range \[0, 3\)"):
+    with pytest.raises(ValueError, match=r'net.prototxt:6: layer "loss" \(SoftmaxWithLoss\): label out of range '
+                                         r"\[0, 3\): 7 at item 2 of the batch"):
         net.forward()
 
 

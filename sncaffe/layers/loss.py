@@ -58,7 +58,7 @@ def _labels(layer, xp, label, outer, inner, channels, ignore_label):
         i, j = divmod(int(bad.ravel().argmax()), inner)
         value = float(label.reshape(outer, inner)[i, j])
         at = f"item {i} of the batch" + (f", position {j}" if inner > 1 else "")
-        raise layer.error(f"label {value:g} at {at} is out of range [0, {channels})")
+        raise layer.error(f"label out of range [0, {channels}): {value:g} at {at}")
     return lab, valid
 
 

@@ -87,32 +87,28 @@ def from_array(array, blob=None, diff=None):
     return blob
 
 
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
 def read_binary(path, message):
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror}") from None
+    if data[:8] == HDF5_MAGIC:                  # Caffe's snapshot_format: HDF5 (a .caffemodel.h5)
+        if isinstance(message, pb.NetParameter):
+            return read_caffemodel_h5(path)
+        raise ValueError(f"{path}: an HDF5 file, not a binary {message.DESCRIPTOR.name} (HDF5 snapshots "
+                         "are not supported; use snapshot_format: BINARYPROTO)")
     try:
         message.ParseFromString(data)
     except Exception as e:  # protobuf's DecodeError
-        hint = " (it is an HDF5 file)" if data[:8] == HDF5_MAGIC else ""
-        raise ValueError(f"{path}: not a binary {message.DESCRIPTOR.name}{hint}: {e}") from None
+        raise ValueError(f"{path}: not a binary {message.DESCRIPTOR.name}: {e}") from None
     return message
 
 
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-
-
 def read_caffemodel(path) -> "pb.NetParameter":
-    """A .caffemodel, binary or HDF5 (Caffe's snapshot_format: HDF5, a .caffemodel.h5)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read: {e.strerror}") from None
-    if head == HDF5_MAGIC:
-        return read_caffemodel_h5(path)
     return read_binary(path, pb.NetParameter())
 
 

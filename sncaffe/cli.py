@@ -120,11 +120,11 @@ def _net_param(args):
     from .proto import sncaffe_pb2 as pb
     from .prototxt import read_text, set_batch
     param = read_text(args.net, pb.NetParameter())
+    if args.batch:
+        param = set_batch(param, args.batch)
     if not (param.layer or param.layers or param.input):
         from .prototxt import PrototxtError
         raise PrototxtError(f"{args.net}: the net has no layers")
-    if args.batch:
-        param = set_batch(param, args.batch)
     return _placed(param, getattr(args, "place", None))
 
 

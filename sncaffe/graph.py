@@ -15,10 +15,9 @@ from functools import cached_property
 
 import numpy as np
 
+from .validate import check_fields, check_shape, located
 from .layers import create_layer
 from .layers.base import Layer, LayerError
-from .prototxt import located
-from .validate import check_fields, check_shape
 
 # Layers whose tops are the bottom's memory in another shape, as Caffe shares them.
 ALIASING = {"Split": ("data",), "Flatten": ("data", "diff"), "Reshape": ("data", "diff")}
@@ -168,9 +167,9 @@ def _describe(bottom: BlobNode) -> str:
 def build_graph(param, phase, dtype=np.float32) -> Graph:
     dtype = np.dtype(dtype)
     blobs: dict[str, BlobNode] = {}
+    seen: dict[str, tuple] = {}                  # layer name -> (LayerParameter, has parameters)
     nodes: list[LayerNode] = []
     last_writer: dict[str, LayerNode] = {}      # blob name -> the layer that wrote it last
-    seen: dict[str, tuple] = {}                  # layer name -> (LayerParameter, has parameters)
     for lp in param.layer:
         where = located(lp)
         try:
@@ -222,7 +221,7 @@ def build_graph(param, phase, dtype=np.float32) -> Graph:
         _set_loss_weights(node, lp)
         specs = {p.name for p in lp.param if p.name}
         if specs:
-            raise GraphError(f'{where}layer "{lp.name}": shared parameters (ParamSpec name) are not supported')
+            raise GraphError(f'layer "{lp.name}": shared parameters (ParamSpec name) are not supported')
         for i, shape in enumerate(layer.param_shapes):
             data = Tensor(f"{lp.name}[{i}]", tuple(shape), dtype, "param", location=lp.location)
             diff = Tensor(f"{lp.name}[{i}].diff", tuple(shape), dtype, "param_diff", location=lp.location)

@@ -168,23 +168,40 @@ class Net:
                 except ValueError as e:         # a filler setting (unknown type, bad range): name the layer
                     raise layer.error(str(e)) from None
 
-    def copy_from(self, weights):
-        """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom).
+    def _report_weights(self, src, layers, where):
+        """Say what a weights file will load: an error when it matches no layer with parameters,
+        a summary line, and warnings of its layers that match nothing and of the net's learnable
+        layers it leaves at their fillers."""
+        if src.layers:
+            return                              # V1: refused (or upgraded) by the caller
+        in_file = [lp for lp in src.layer if lp.blobs]
+        matched = [lp for lp in in_file if lp.name in layers and layers[lp.name].layer.blobs]
+        unmatched = [lp.name for lp in in_file if lp.name not in layers]
+        if not matched and any(n.layer.blobs for n in self.graph.layers):
+            raise ValueError(f"{where}no layer of the file matches a layer with parameters in the net "
+                             f"({len(in_file)} layers with parameters in the file"
+                             + (f": {_some(unmatched)}" if unmatched else "") + "); is it the weights of "
+                             "another net?")
+        log.info("%sloading %d layers (%d blobs)", where, len(matched), sum(len(lp.blobs) for lp in matched))
+        if unmatched:
+            log.warning("%s%d layers of the file match no layer of the net: %s", where, len(unmatched),
+                        _some(unmatched))
+        names = {lp.name for lp in matched}
+        left = [n.name for n in self.graph.layers if n.layer.blobs and n.layer.learnable and n.name not in names]
+        if left:
+            log.warning("%s%d learnable layers of the net are not in the file and keep their fillers' "
+                        "values: %s", where, len(left), _some(left))
 
-        Logs what was loaded and warns of the file's layers that matched nothing and of the
-        net's learnable layers left at their fillers; a file that matches no layer is an error."""
+    def copy_from(self, weights):
+        """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
         src = weights if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
         where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "
-        if src.layers:
-            raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
         layers = {n.name: n for n in self.graph.layers}
-        matched, copied, unmatched = [], 0, []
+        if not isinstance(weights, pb.NetParameter):
+            self._report_weights(src, layers, where)    # before copying: a file matching nothing changes nothing
         for lp in list(src.layer) or []:
             node = layers.get(lp.name)
-            if not lp.blobs:
-                continue
-            if node is None:
-                unmatched.append(lp.name)
+            if node is None or not lp.blobs:
                 continue
             mine = node.layer.blobs
             if len(lp.blobs) != len(mine):
@@ -202,25 +219,8 @@ class Net:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
                 transfer(blob.data, arr)        # into a NumPy or a device (CuPy) array
-                copied += 1
-            matched.append(lp.name)
-        if isinstance(weights, pb.NetParameter):
-            return matched                      # a restore: the solver checks the match itself
-        if not matched and any(n.layer.blobs for n in self.graph.layers):
-            raise ValueError(f"{where}no layer of the file matches a layer with parameters in the net "
-                             f"({len(unmatched)} layers with parameters in the file"
-                             + (f": {_some(unmatched)}" if unmatched else "") + "); is it the weights of "
-                             "another net?")
-        log.info("%sloaded %d layers (%d blobs)", where, len(matched), copied)
-        if unmatched:
-            log.warning("%s%d layers of the file match no layer of the net: %s", where, len(unmatched),
-                        _some(unmatched))
-        left = [n.name for n in self.graph.layers if n.layer.blobs and n.layer.learnable
-                and n.name not in matched]
-        if left:
-            log.warning("%s%d learnable layers of the net are not in the file and keep their fillers' "
-                        "values: %s", where, len(left), _some(left))
-        return matched
+        if src.layers:
+            raise ValueError(f"{where}V1 `layers` caffemodels are not supported")
 
     def to_proto(self, write_diff=False) -> "pb.NetParameter":
         """The net with its parameters, as Caffe's Net::ToProto."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from .proto import sncaffe_pb2 as pb
+from .validate import located
 
 TRAIN, TEST = pb.TRAIN, pb.TEST
 
@@ -127,11 +128,6 @@ def layer_lines(text: str) -> list:
             out.append(lineno)
         depth += code.count("{") - code.count("}")
     return out
-
-
-def located(lp) -> str:
-    """ "file:line: " of a layer read from a prototxt, "" for one made in code."""
-    return f"{lp.defined_at}: " if lp.defined_at else ""
 
 
 def parse_text(text: str, message, filename: str = "<string>"):

@@ -11,6 +11,11 @@ import math
 
 INT_MAX = 2**31 - 1
 
+
+def located(lp) -> str:
+    """ "file:line: " of a layer read from a prototxt (``defined_at``), "" for one made in code."""
+    return f"{lp.defined_at}: " if lp.defined_at else ""
+
 # (message field, field): the value, or each value of a repeated field, must be >= the bound.
 _AT_LEAST = {
     ("input_param", "shape.dim"): 1,

@@ -119,14 +119,23 @@ def _open_block(text: str, line: int | None) -> int | None:
     return start if depth > 0 else None
 
 
+_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|#[^\n]*|[{}<>]|\blayer\b')
+
+
 def layer_lines(text: str) -> list:
-    """The 1-based line of each top-level ``layer`` block, in order."""
-    out, depth = [], 0
-    for lineno, raw in enumerate(text.split("\n"), 1):        # protobuf counts "\n" only
-        code = _code(raw)
-        if depth == 0 and re.match(r"\s*layer\s*(:|\{|$)", code):
-            out.append(lineno)
-        depth += code.count("{") - code.count("}")
+    """The 1-based line of each top-level ``layer`` field, in order (strings and comments skipped;
+    several layers on one line, and ``<>`` blocks, counted right)."""
+    out, depth, line, pos = [], 0, 1, 0
+    for m in _TOKENS.finditer(text):
+        tok = m.group()
+        if tok == "{" or tok == "<":
+            depth += 1
+        elif tok == "}" or tok == ">":
+            depth -= 1
+        elif tok == "layer" and depth == 0:
+            line += text.count("\n", pos, m.start())
+            pos = m.start()
+            out.append(line)
     return out
 
 

@@ -133,6 +133,14 @@ def test_errors_found_after_parsing_carry_the_layers_file_and_line(tmp_path):
         assert str(e.value).startswith(f"{path}:4: ") and what in str(e.value), str(e.value)
 
 
+def test_layers_remember_their_lines_however_the_file_is_laid_out():
+    from sncaffe.prototxt import parse_text
+    text = ('name: "x" # layer {\nlayer { name: "a" type: "ReLU" } layer { name: "b # {" type: "ReLU" }\n'
+            'layer\n{ name: "c" top: "layer" }\nlayer < name: "d" >\n')
+    net = parse_text(text, pb.NetParameter(), "f.prototxt")
+    assert [lp.defined_at for lp in net.layer] == ["f.prototxt:2", "f.prototxt:2", "f.prototxt:3", "f.prototxt:5"]
+
+
 # -- duplicate names (item 4) ----------------------------------------------------
 
 def test_two_layers_with_parameters_and_one_name_are_an_error_naming_both(tmp_path):

@@ -225,26 +225,32 @@ def filter_net(param, phase=TRAIN, stages=(), level=None):
     return out
 
 
+def _net_where(param) -> str:
+    """ "file:" of a net read from a prototxt (its layers know it), else "net:"."""
+    at = next((lp.defined_at for lp in param.layer if lp.defined_at), "")
+    return at.rpartition(":")[0] + ":" if at else "net:"
+
+
 def upgrade_inputs(param):
     """Net-level ``input``/``input_shape``/``input_dim`` become one Input layer named "input"."""
     if not param.input:
         return param
     if param.input_dim and param.input_shape:
-        raise PrototxtError("net: give input_shape or input_dim, not both")
+        raise PrototxtError(f"{_net_where(param)} give input_shape or input_dim, not both")
     layer = pb.LayerParameter(name="input", type="Input")
     layer.top.extend(param.input)
     if param.input_shape:
         if len(param.input_shape) not in (1, len(param.input)):
-            raise PrototxtError(f"net: {len(param.input)} inputs but {len(param.input_shape)} input_shape")
+            raise PrototxtError(f"{_net_where(param)} {len(param.input)} inputs but {len(param.input_shape)} input_shape")
         layer.input_param.shape.extend(param.input_shape)
     elif param.input_dim:
         if len(param.input_dim) != 4 * len(param.input):
-            raise PrototxtError(f"net: input_dim must give 4 values per input "
+            raise PrototxtError(f"{_net_where(param)} input_dim must give 4 values per input "
                                 f"({len(param.input)} inputs, {len(param.input_dim)} values)")
         for i in range(len(param.input)):
             layer.input_param.shape.add().dim.extend(param.input_dim[4 * i:4 * i + 4])
     else:
-        raise PrototxtError("net: `input` given without input_shape or input_dim")
+        raise PrototxtError(f"{_net_where(param)} `input` given without input_shape or input_dim")
     out = pb.NetParameter()
     out.CopyFrom(param)
     del out.input[:], out.input_shape[:], out.input_dim[:], out.layer[:]

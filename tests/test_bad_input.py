@@ -141,6 +141,12 @@ def test_layers_remember_their_lines_however_the_file_is_laid_out():
     assert [lp.defined_at for lp in net.layer] == ["f.prototxt:2", "f.prototxt:2", "f.prototxt:3", "f.prototxt:5"]
 
 
+def test_net_level_input_errors_name_the_file(tmp_path):
+    path = write(tmp_path, 'input: "z"\nname: "n"\n' + INPUT.format(dims=dims(2, 3)))
+    with pytest.raises(PrototxtError, match=f"^{path}: `input` given without input_shape or input_dim"):
+        Net(path, device=cpu())
+
+
 # -- duplicate names (item 4) ----------------------------------------------------
 
 def test_two_layers_with_parameters_and_one_name_are_an_error_naming_both(tmp_path):

@@ -1,6 +1,7 @@
 """BlobProto <-> ndarray, and reading/writing binary NetParameter files (.caffemodel)."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -57,9 +58,11 @@ def to_array(blob, dtype=np.float32, diff=False) -> np.ndarray:
     shape = blob_shape(blob)
     field = ("double_diff" if len(blob.double_diff) else "diff") if diff else \
         ("double_data" if len(blob.double_data) else "data")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"blob with shape {shape}: a negative dimension")
     a = _packed(blob, field).astype(dtype)
-    if a.size != int(np.prod(shape, dtype=np.int64)):
-        raise ValueError(f"blob with shape {shape} holds {a.size} values")
+    if a.size != math.prod(shape):
+        raise ValueError(f"blob with shape {shape} ({math.prod(shape)} values) holds {a.size} values")
     return a.reshape(shape)
 
 
@@ -84,12 +87,20 @@ def from_array(array, blob=None, diff=None):
     return blob
 
 
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
 def read_binary(path, message):
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror}") from None
+    if data[:8] == HDF5_MAGIC:                  # Caffe's snapshot_format: HDF5 (a .caffemodel.h5)
+        if isinstance(message, pb.NetParameter):
+            return read_caffemodel_h5(path)
+        raise ValueError(f"{path}: an HDF5 file, not a binary {message.DESCRIPTOR.name} (HDF5 snapshots "
+                         "are not supported; use snapshot_format: BINARYPROTO)")
     try:
         message.ParseFromString(data)
     except Exception as e:  # protobuf's DecodeError
@@ -101,6 +112,30 @@ def read_caffemodel(path) -> "pb.NetParameter":
     """A .caffemodel, V0/V1 ones upgraded as Caffe's ReadNetParamsFromBinaryFileOrDie does."""
     from .upgrade import upgrade_net
     return upgrade_net(read_binary(path, pb.NetParameter()), str(path), binary=True)
+
+
+def read_caffemodel_h5(path) -> "pb.NetParameter":
+    """Caffe's HDF5 weights (Net::ToHDF5): a group ``data`` with a group per layer holding datasets
+    ``0``, ``1``, ... in blob order."""
+    import h5py
+    out = pb.NetParameter()
+    try:
+        with h5py.File(path, "r") as f:
+            data = f.get("data")
+            if not isinstance(data, h5py.Group):
+                raise ValueError("no group \"data\" (Caffe's HDF5 weights keep their layers there)")
+            for name, group in data.items():
+                if not isinstance(group, h5py.Group):
+                    raise ValueError(f'data/{name} is not a group of blobs')
+                lp = out.layer.add(name=name)
+                keys = sorted(group.keys(), key=lambda k: int(k) if k.isdigit() else -1)
+                if any(not k.isdigit() for k in keys):
+                    raise ValueError(f"data/{name} holds {keys}; Caffe names the blobs 0, 1, ...")
+                for k in keys:
+                    from_array(np.asarray(group[k][...], np.float32), lp.blobs.add())
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"{path}: not Caffe HDF5 weights: {e}") from None
+    return out
 
 
 def write_atomic(path, chunks) -> None:

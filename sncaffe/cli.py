@@ -124,6 +124,9 @@ def _net_param(args):
     net_state(param, args)                  # --stage, --level (Caffe's -stage, -level)
     if args.batch:
         param = set_batch(param, args.batch)
+    if not (param.layer or param.layers or param.input):
+        from .prototxt import PrototxtError
+        raise PrototxtError(f"{args.net}: the net has no layers")
     return _placed(param, getattr(args, "place", None))
 
 
@@ -141,9 +144,9 @@ def _peak(device) -> str:
 def _read_solver_or_net(path):
     """(SolverParameter, None) for a solver file, (None, NetParameter) for a net file."""
     from .proto import sncaffe_pb2 as pb
-    from .prototxt import PrototxtError, parse_text
+    from .prototxt import PrototxtError, decode, parse_text
     try:
-        text = Path(path).read_text()
+        text = decode(Path(path).read_bytes(), path)
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
     try:
@@ -153,7 +156,8 @@ def _read_solver_or_net(path):
             net = parse_text(text, pb.NetParameter(), str(path))
         except PrototxtError as net_error:
             # Report the error against what the file looks like.
-            raise (net_error if re.search(r"^\s*(layers?\s*:?\s*\{|input\s*:)", text, re.M)
+            # [ \t]*, not \s*: \s* spans newlines, so a run of blank lines is scanned quadratically.
+            raise (net_error if re.search(r"^[ \t]*(layers?[ \t]*:?\s*\{|input[ \t]*:)", text, re.M)
                    else solver_error) from None
     if not (net.layer or net.layers or net.input):
         raise PrototxtError(f"{path}: neither a solver nor a net with layers")
@@ -256,7 +260,7 @@ def _signal_effects(solver, sigint, sighup):
     stopping = []
 
     def handler(signum, frame):
-        effect = sigint if signum == signal.SIGINT else sighup
+        effect = sighup if signum == getattr(signal, "SIGHUP", None) else sigint   # SIGTERM: as SIGINT
         name = signal.Signals(signum).name
         if effect == "stop" and stopping:
             raise KeyboardInterrupt         # a second stop aborts; snapshots are written atomically
@@ -270,7 +274,8 @@ def _signal_effects(solver, sigint, sighup):
         else:
             log.info("%s: snapshotting after this iteration", name)
 
-    wanted = [signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    # SIGTERM (a scheduler's kill) does what Ctrl-C does, so its job keeps a snapshot.
+    wanted = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     saved = {s: signal.signal(s, handler) for s in wanted}
     try:
         yield
@@ -366,6 +371,12 @@ def _train(args, comm=None) -> int:
         except SolverParamError as e:
             raise SolverParamError(f"{args.path}: {e}") from None
         nets = [solver.net] + solver.test_nets
+        if not any(w for node in solver.net.graph.layers for w in node.loss_weights):
+            _close_data_layers(nets)
+            what = "has no layers" if not solver.net.graph.layers else "has no loss"
+            raise ValueError(f"{args.path}: the train net {what}, so training has nothing to learn; add a loss "
+                             'layer (e.g. layer { type: "SoftmaxWithLoss" bottom: "scores" bottom: "label" '
+                             'top: "loss" }) or give an output a loss_weight')
         try:
             fed = [net for net in nets if net.inputs]
             if fed:
@@ -414,7 +425,7 @@ def _train(args, comm=None) -> int:
 def cmd_test(args) -> int:
     """Score a net: forward ``iterations`` batches and average every output blob, like ``caffe test``."""
     from .net import Net
-    from .solvers.solver import _host
+    from .solvers.solver import MAX_LOGGED, _host
     param = _net_param(args)
     with args.console as con:
         if not args.weights:
@@ -439,8 +450,10 @@ def cmd_test(args) -> int:
                         values = _host(net.blobs[name].data).astype(np.float64).ravel()
                         sums[name] = sums.get(name, 0) + values
                         if not con.bar:
-                            for v in values:
+                            for v in values[:MAX_LOGGED]:
                                 log.info("Batch %d, %s = %s", i, name, _g(v))
+                            if len(values) > MAX_LOGGED:
+                                log.info("Batch %d, %s: %d more values", i, name, len(values) - MAX_LOGGED)
                     bar.update(1)
             finally:
                 bar.close()
@@ -448,9 +461,13 @@ def cmd_test(args) -> int:
             log.info("Loss: %s", _g(loss / n))
             for name in names:
                 w = weights.get(name, 0.0)
-                for v in sums[name] / n:
+                means = sums[name] / n
+                for v in means[:MAX_LOGGED]:
                     extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
                     log.info("%s = %s%s", name, _g(v), extra)
+                if len(means) > MAX_LOGGED:     # Caffe prints every element
+                    log.info("%s: %d more values (of %d: min %s, mean %s, max %s)", name, len(means) - MAX_LOGGED,
+                             len(means), _g(means.min()), _g(means.mean()), _g(means.max()))
         finally:
             _close_data_layers([net])
     return 0
@@ -644,7 +661,8 @@ def _parser():
     t.add_argument("--snapshot-prefix", help="where snapshots go; folders are created")
     t.add_argument("--seed", type=int, help="random_seed")
     t.add_argument("--sigint-effect", default="stop", choices=SIGNAL_EFFECTS,
-                   help="on Ctrl-C: stop (snapshot and exit; again to abort), snapshot (and go on), none")
+                   help="on Ctrl-C and SIGTERM: stop (snapshot and exit; again to abort), snapshot (and go on), "
+                        "none")
     t.add_argument("--sighup-effect", default="snapshot", choices=SIGNAL_EFFECTS, help="on SIGHUP (as Caffe)")
     device_flags(t, default=None)
     memory_flag(t, default=None)
@@ -724,6 +742,13 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(translate(sys.argv[1:] if argv is None else argv, parser))   # Caffe's -flags too
     args.console = console()
+    if getattr(args, "device_memory", None):
+        from .mem.pool import parse_bytes
+        try:
+            if parse_bytes(args.device_memory) <= 0:
+                raise ValueError
+        except (ValueError, OverflowError):
+            _parser().error(f"--device-memory {args.device_memory}: not a size (e.g. 12GiB, 512MiB, 1.5G)")
     for flag in ("iterations", "max_iter", "batch"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             _parser().error(f"--{flag.replace('_', '-')} must be positive")

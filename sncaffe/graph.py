@@ -15,6 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .validate import check_fields, check_shape, located
 from .layers import create_layer
 from .layers.base import Layer, LayerError
 from .sharing import append_params, frozen_shared
@@ -172,36 +173,54 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
     None: the CPU), which each layer's setup sizes its workspaces for."""
     dtype = np.dtype(dtype)
     blobs: dict[str, BlobNode] = {}
+    seen: dict[str, tuple] = {}                  # layer name -> (LayerParameter, has parameters)
     nodes: list[LayerNode] = []
     last_writer: dict[str, LayerNode] = {}      # blob name -> the layer that wrote it last
     learnable, owners = [], {}                  # Caffe's learnable_params; ParamSpec name -> owner
     for lp in param.layer:
+        where = located(lp)
         try:
             layer = create_layer(lp, phase)
         except LayerError as e:
-            raise GraphError(str(e)) from None
+            raise GraphError(where + str(e)) from None
         missing = [b for b in lp.bottom if b not in blobs]
         if missing:
-            raise GraphError(f'layer "{lp.name}" ({lp.type}): unknown bottom blob "{missing[0]}"')
+            raise GraphError(f'{where}layer "{lp.name}" ({lp.type}): unknown bottom blob "{missing[0]}"')
         bottoms = [blobs[b] for b in lp.bottom]
         layer.inplace = any(t in lp.bottom for t in lp.top)
         layer.target, layer.dtype = target, dtype
         try:
+            check_fields(lp, layer.error)
             layer.check_counts(len(bottoms), len(lp.top))
             top_shapes = [tuple(int(d) for d in s) for s in layer.setup([b.shape for b in bottoms])]
+            for name, shape in zip(lp.top, top_shapes):
+                check_shape(shape, f'top "{name}"', layer.error)
+            for i, shape in enumerate(layer.param_shapes):
+                check_shape(tuple(shape), f"parameter {i}", layer.error)
         except LayerError as e:
             context = "; ".join("bottom " + _describe(b) for b in bottoms)
-            raise GraphError(f"{e}" + (f" [{context}]" if context else "")) from None
+            raise GraphError(f"{e}" + (f" [{context}]" if context else "")) from None   # e names file:line
+        except (ArithmeticError, ValueError, IndexError, TypeError, MemoryError) as e:  # a setting setup did not check
+            raise GraphError(f'{where}layer "{lp.name}" ({lp.type}): cannot be set up with these settings '
+                             f"({type(e).__name__}: {e})") from None
+        other = seen.get(lp.name)
+        if other is not None and (layer.param_shapes or other[1]):
+            q = other[0]
+            raise GraphError(f'{where}layer "{lp.name}" ({lp.type}) has the name of another layer ({q.type}'
+                             + (f", {q.defined_at}" if q.defined_at else "") + "), and one of them has "
+                             "parameters: weights and snapshots are matched by layer name, so a layer with "
+                             "parameters needs a name of its own")
+        seen[lp.name] = (lp, bool(layer.param_shapes))
         node = LayerNode(layer, bottoms, [])
         aliased = ALIASING.get(lp.type, ())
         for j, (name, shape) in enumerate(zip(lp.top, top_shapes)):
             if name in lp.bottom:
                 blob = blobs[name]
                 if tuple(blob.shape) != shape:
-                    raise GraphError(f'layer "{lp.name}" ({lp.type}) runs in place on "{name}" '
+                    raise GraphError(f'{where}layer "{lp.name}" ({lp.type}) runs in place on "{name}" '
                                      f"but changes its shape {tuple(blob.shape)} -> {shape}")
             elif name in blobs:
-                raise GraphError(f'layer "{lp.name}" ({lp.type}): top blob "{name}" is already '
+                raise GraphError(f'{where}layer "{lp.name}" ({lp.type}): top blob "{name}" is already '
                                  f'produced by layer "{blobs[name].producer.name}"')
             else:
                 base = bottoms[0].data if "data" in aliased else None
@@ -245,7 +264,7 @@ def _set_loss_weights(node: LayerNode, lp) -> None:
     n = len(lp.top)
     if lp.loss_weight:
         if len(lp.loss_weight) != n:
-            raise GraphError(f'layer "{lp.name}": loss_weight must be given once per top '
+            raise GraphError(f'{located(lp)}layer "{lp.name}": loss_weight must be given once per top '
                              f"({n} tops, {len(lp.loss_weight)} loss_weight)")
         node.loss_weights = [float(w) for w in lp.loss_weight]
     else:

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections import OrderedDict
@@ -21,6 +22,13 @@ from .layers.base import Blob, array_module
 from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
+
+
+log = logging.getLogger("sncaffe")
+
+
+def _some(names, n=5) -> str:
+    return ", ".join(f'"{x}"' for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 class Net:
@@ -155,7 +163,34 @@ class Net:
             rng = np.random.default_rng(child)
             layer.rng = np.random.default_rng(child.spawn(1)[0])
             if layer.blobs:
-                layer.init_params(rng)
+                try:
+                    layer.init_params(rng)
+                except ValueError as e:         # a filler setting (unknown type, bad range): name the layer
+                    raise layer.error(str(e)) from None
+
+    def _report_weights(self, src, layers, where):
+        """Say what a weights file will load: an error when it matches no layer with parameters,
+        a summary line, and warnings of its layers that match nothing and of the net's learnable
+        layers it leaves at their fillers."""
+        if src.layers:
+            return                              # V1: refused (or upgraded) by the caller
+        in_file = [lp for lp in src.layer if lp.blobs]
+        matched = [lp for lp in in_file if lp.name in layers and layers[lp.name].layer.blobs]
+        unmatched = [lp.name for lp in in_file if lp.name not in layers]
+        if not matched and any(n.layer.blobs for n in self.graph.layers):
+            raise ValueError(f"{where}no layer of the file matches a layer with parameters in the net "
+                             f"({len(in_file)} layers with parameters in the file"
+                             + (f": {_some(unmatched)}" if unmatched else "") + "); is it the weights of "
+                             "another net?")
+        log.info("%sloading %d layers (%d blobs)", where, len(matched), sum(len(lp.blobs) for lp in matched))
+        if unmatched:
+            log.warning("%s%d layers of the file match no layer of the net: %s", where, len(unmatched),
+                        _some(unmatched))
+        names = {lp.name for lp in matched}
+        left = [n.name for n in self.graph.layers if n.layer.blobs and n.layer.learnable and n.name not in names]
+        if left:
+            log.warning("%s%d learnable layers of the net are not in the file and keep their fillers' "
+                        "values: %s", where, len(left), _some(left))
 
     def copy_from(self, weights):
         """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
@@ -164,6 +199,8 @@ class Net:
             else blobproto.read_caffemodel(weights)
         where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "
         layers = {n.name: n for n in self.graph.layers}
+        if not isinstance(weights, pb.NetParameter):
+            self._report_weights(src, layers, where)    # before copying: a file matching nothing changes nothing
         for lp in list(src.layer) or []:
             node = layers.get(lp.name)
             if node is None or not lp.blobs:
@@ -173,7 +210,10 @@ class Net:
                 raise ValueError(f'{where}layer "{lp.name}" has {len(lp.blobs)} blobs in the file, '
                                  f"{len(mine)} in the net")
             for i, (bp, blob) in enumerate(zip(lp.blobs, mine)):
-                arr = blobproto.to_array(bp, blob.data.dtype)
+                try:
+                    arr = blobproto.to_array(bp, blob.data.dtype)
+                except ValueError as e:
+                    raise ValueError(f'{where}layer "{lp.name}" blob {i}: {e}') from None
                 if arr.shape != blob.data.shape:
                     if arr.size == blob.data.size and any(bp.HasField(f) for f in ("num", "channels", "height", "width")):
                         arr = arr.reshape(blob.data.shape)     # legacy 4-D shapes
@@ -190,6 +230,7 @@ class Net:
             lp = out.layer.add()
             lp.CopyFrom(node.layer.param)
             del lp.blobs[:]
+            lp.ClearField("defined_at")
             for blob in node.layer.blobs:
                 blobproto.from_array(blob.data, lp.blobs.add(), blob.diff if write_diff else None)
         return out
@@ -201,6 +242,7 @@ class Net:
             lp = pb.LayerParameter()
             lp.CopyFrom(node.layer.param)
             del lp.blobs[:]
+            lp.ClearField("defined_at")
             for blob in node.layer.blobs:
                 blobproto.from_array(blob.data, lp.blobs.add(), blob.diff if write_diff else None)
             yield blobproto.field(100, lp)        # NetParameter.layer

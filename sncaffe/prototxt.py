@@ -7,6 +7,7 @@ inserts Split layers where a blob feeds several layers (Caffe's names).
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from .proto import sncaffe_pb2 as pb
+from .validate import located
 
 TRAIN, TEST = pb.TRAIN, pb.TEST
 
@@ -60,43 +62,126 @@ def _enclosing_layer(text: str, line: int) -> str | None:
     return name
 
 
-def _explain(msg: str) -> str:
+def _enum_values(full_name: str) -> list:
+    try:
+        return [v.name for v in pb.DESCRIPTOR.pool.FindEnumTypeByName(full_name).values]
+    except KeyError:
+        return []
+
+
+def _field_before(text: str, line: int | None, column: int | None) -> str | None:
+    """The field name written just before 1-based ``column`` of ``line``."""
+    if not line or not column:
+        return None
+    rows = text.split("\n")
+    m = re.search(r"(\w+)\s*:?\s*\S*$", rows[line - 1][:column - 1]) if line <= len(rows) else None
+    return m.group(1) if m else None
+
+
+def _explain(msg: str, text: str = "", line: int | None = None, column: int | None = None) -> str:
+    msg = re.sub(r"^'.*?': (?=[A-Z])", "", msg, flags=re.S)        # protobuf quotes the whole line first
+    m = re.match(r"Value out of range: (\S+)", msg)
+    if m:
+        name = _field_before(text, line, column)
+        return (f'field "{name}": ' if name else "") + f"{m.group(1)} is out of range for its type"
     m = re.search(r'Message type "[\w.]*?(\w+)" has no field named "(\w+)"', msg)
     if m:
+        if m.group(2) in ("layer", "layers") and m.group(1) != "NetParameter":
+            opened = _open_block(text, line)
+            where = f" (the block opened at line {opened} is not closed)" if opened else ""
+            return f'a missing "}}" before this "{m.group(2)}"{where}'
         return f'unknown field "{m.group(2)}" (in {m.group(1)})'
-    m = re.search(r'Enum type "[\w.]*?(\w+)" has no value named (\w+) for field "(\w+)"', msg)
+    m = re.search(r'Enum type "([\w.]*?(\w+))" has no value named (\w+)(?: for field "(\w+)")?', msg)
     if m:
-        return f'field "{m.group(3)}": {m.group(2)} is not a value of {m.group(1)}'
+        valid = _enum_values(m.group(1))
+        name = m.group(4) or _field_before(text, line, column)
+        return ((f'field "{name}": ' if name else "") + f"{m.group(3)} is not a value of {m.group(2)}"
+                + (f" (valid: {', '.join(valid)})" if valid else ""))
     m = re.search(r'Message type "[\w.]*?(\w+)" should not have multiple "(\w+)" fields', msg)
     if m:
         return f'field "{m.group(2)}" given more than once (in {m.group(1)})'
     return msg
 
 
+def _code(raw: str) -> str:
+    """A line without its strings and comment."""
+    return re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', '""', raw).split("#")[0]
+
+
+def _open_block(text: str, line: int | None) -> int | None:
+    """The line of the outermost block still open before 1-based ``line`` (a missing "}")."""
+    depth, start = 0, None
+    for lineno, raw in enumerate(text.split("\n")[:(line or 1) - 1], 1):
+        code = _code(raw)
+        if depth == 0 and "{" in code:
+            start = lineno
+        depth += code.count("{") - code.count("}")
+    return start if depth > 0 else None
+
+
+_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|#[^\n]*|[{}<>]|\blayer\b')
+
+
+def layer_lines(text: str) -> list:
+    """The 1-based line of each top-level ``layer`` field, in order (strings and comments skipped;
+    several layers on one line, and ``<>`` blocks, counted right)."""
+    out, depth, line, pos = [], 0, 1, 0
+    for m in _TOKENS.finditer(text):
+        tok = m.group()
+        if tok == "{" or tok == "<":
+            depth += 1
+        elif tok == "}" or tok == ">":
+            depth -= 1
+        elif tok == "layer" and depth == 0:
+            line += text.count("\n", pos, m.start())
+            pos = m.start()
+            out.append(line)
+    return out
+
+
 def parse_text(text: str, message, filename: str = "<string>"):
-    """Parse prototxt ``text`` into ``message``; errors say file:line: layer "x": what."""
+    """Parse prototxt ``text`` into ``message``; errors say file:line: layer "x": what.
+    A NetParameter's layers remember their file:line (``defined_at``)."""
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as e:
         line = getattr(e, "_line", None) or getattr(e, "line", None)
         msg = str(e)
         m = re.match(r"(\d+):(\d+) : (.*)", msg, re.S)
+        column = None
         if m:
-            line, msg = int(m.group(1)), m.group(3)
+            line, column, msg = int(m.group(1)), int(m.group(2)), m.group(3)
         where = f"{filename}:{line}" if line else filename
         layer = _enclosing_layer(text, line) if line else None
         who = f' layer "{layer}":' if layer else ""
-        raise PrototxtError(f"{where}:{who} {_explain(msg)}") from None
+        raise PrototxtError(f"{where}:{who} {_explain(msg, text, line, column)}") from None
+    except (ValueError, RecursionError) as e:      # protobuf's own checks (e.g. a message nested too deep)
+        raise PrototxtError(f"{filename}: {' '.join(str(e).split()) or type(e).__name__}") from None
+    if isinstance(message, pb.NetParameter) and message.layer:
+        lines = layer_lines(text)
+        if len(lines) == len(message.layer):
+            for lp, n in zip(message.layer, lines):
+                lp.defined_at = f"{filename}:{n}"
     return message
+
+
+def decode(data: bytes, path) -> str:
+    """UTF-8 text of a prototxt; a bad byte is an error naming the file, line and byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise PrototxtError(f"{path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8 text "
+                            f"(a prototxt is UTF-8; was it saved in another encoding?)") from None
 
 
 def read_text(path, message):
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_text(text, message, str(path))
+    return parse_text(decode(data, path), message, str(path))
 
 
 def read_solver(path) -> "pb.SolverParameter":
@@ -130,7 +215,7 @@ def filter_net(param, phase=TRAIN, stages=(), level=None):
     del out.layer[:]
     for layer in param.layer:
         if layer.include and layer.exclude:
-            raise PrototxtError(f'layer "{layer.name}": specify include or exclude rules, not both')
+            raise PrototxtError(f'{located(layer)}layer "{layer.name}": specify include or exclude rules, not both')
         if layer.include:
             keep = any(state_meets_rule(state, r) for r in layer.include)
         else:
@@ -141,26 +226,32 @@ def filter_net(param, phase=TRAIN, stages=(), level=None):
     return out
 
 
+def _net_where(param) -> str:
+    """ "file:" of a net read from a prototxt (its layers know it), else "net:"."""
+    at = next((lp.defined_at for lp in param.layer if lp.defined_at), "")
+    return at.rpartition(":")[0] + ":" if at else "net:"
+
+
 def upgrade_inputs(param):
     """Net-level ``input``/``input_shape``/``input_dim`` become one Input layer named "input"."""
     if not param.input:
         return param
     if param.input_dim and param.input_shape:
-        raise PrototxtError("net: give input_shape or input_dim, not both")
+        raise PrototxtError(f"{_net_where(param)} give input_shape or input_dim, not both")
     layer = pb.LayerParameter(name="input", type="Input")
     layer.top.extend(param.input)
     if param.input_shape:
         if len(param.input_shape) not in (1, len(param.input)):
-            raise PrototxtError(f"net: {len(param.input)} inputs but {len(param.input_shape)} input_shape")
+            raise PrototxtError(f"{_net_where(param)} {len(param.input)} inputs but {len(param.input_shape)} input_shape")
         layer.input_param.shape.extend(param.input_shape)
     elif param.input_dim:
         if len(param.input_dim) != 4 * len(param.input):
-            raise PrototxtError(f"net: input_dim must give 4 values per input "
+            raise PrototxtError(f"{_net_where(param)} input_dim must give 4 values per input "
                                 f"({len(param.input)} inputs, {len(param.input_dim)} values)")
         for i in range(len(param.input)):
             layer.input_param.shape.add().dim.extend(param.input_dim[4 * i:4 * i + 4])
     else:
-        raise PrototxtError("net: `input` given without input_shape or input_dim")
+        raise PrototxtError(f"{_net_where(param)} `input` given without input_shape or input_dim")
     out = pb.NetParameter()
     out.CopyFrom(param)
     del out.input[:], out.input_shape[:], out.input_dim[:], out.layer[:]
@@ -186,12 +277,15 @@ def insert_splits(param):
     for i, layer in enumerate(param.layer):
         for j, blob in enumerate(layer.bottom):
             if blob not in last_top:
-                raise PrototxtError(f'layer "{layer.name}" ({layer.type}): unknown bottom blob "{blob}"')
+                raise PrototxtError(f'{located(layer)}layer "{layer.name}" ({layer.type}): unknown bottom blob "{blob}"')
             source[i, j] = last_top[blob]
             uses[last_top[blob]] += 1
         for j, blob in enumerate(layer.top):
             last_top[blob] = (i, j)
         for j, w in enumerate(layer.loss_weight):
+            if not math.isfinite(w):        # checked here: a Split would carry it on
+                raise PrototxtError(f'{located(layer)}layer "{layer.name}" ({layer.type}): loss_weight[{j}] is '
+                                    f"{w}; it must be a finite number")
             if w:
                 loss_weight[i, j] = w
                 uses[i, j] += 1
@@ -212,7 +306,7 @@ def insert_splits(param):
             if n <= 1:
                 continue
             split = out.layer.add(name=split_layer_name(layer.name, blob, j), type="Split",
-                                  location=layer.location)
+                                  location=layer.location, defined_at=layer.defined_at)
             split.bottom.append(blob)
             split.top.extend(split_blob_name(layer.name, blob, j, k) for k in range(n))
             w = loss_weight.get((i, j), 0.0)

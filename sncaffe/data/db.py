@@ -75,6 +75,7 @@ class LMDBReader:
         self.env = open_lmdb(path)
         self.entries = self.env.stat()["entries"]
         self._txn = self._cursor = None
+        self._last = self._resume = None
         self._release = weakref.finalize(self, _released.append, os.path.realpath(self.path))
 
     def first(self) -> tuple[bytes, bytes]:
@@ -89,12 +90,32 @@ class LMDBReader:
     def __next__(self) -> tuple[bytes, bytes]:
         # The transaction is opened by the first call, so it belongs to the reading thread.
         if self._cursor is None:
+            if self._txn is not None:
+                self._txn.abort()
             self._txn = self.env.begin(buffers=False)
             self._cursor = self._txn.cursor()
-            self._cursor.first()
+            if self._resume is None:
+                self._cursor.first()
+            else:
+                if not self._cursor.set_key(self._resume):
+                    raise ValueError(f"LMDB {self.path}: key {self._resume.decode(errors='replace')}, where the "
+                                     "snapshot stopped reading, is not in the database (was it rewritten?)")
+                self._resume = None
+                if not self._cursor.next():
+                    self._cursor.first()
         elif not self._cursor.next():
             self._cursor.first()
-        return self._cursor.key(), self._cursor.value()
+        self._last = self._cursor.key()
+        return self._last, self._cursor.value()
+
+    # The cursor interface every key-value reader offers, so a resume continues where a run stopped.
+    def tell(self) -> bytes | None:
+        """The key of the last record returned (None before the first)."""
+        return self._last
+
+    def seek(self, key: bytes | None) -> None:
+        """The next record returned is the one after ``key`` (the first if None)."""
+        self._resume, self._cursor, self._last = key, None, key
 
     def close(self):
         if self._txn is not None:

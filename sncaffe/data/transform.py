@@ -16,7 +16,11 @@ from ..proto import sncaffe_pb2 as pb
 
 def read_mean(path) -> np.ndarray:
     """A mean BlobProto file (shape (1, C, H, W), as compute_image_mean writes) as (C, H, W) float32."""
-    mean = blobproto.to_array(blobproto.read_binary(path, pb.BlobProto()), np.float32)
+    blob = blobproto.read_binary(path, pb.BlobProto())
+    try:
+        mean = blobproto.to_array(blob, np.float32)
+    except ValueError as e:
+        raise ValueError(f"mean file {path}: {e}") from None
     if mean.ndim == 4 and mean.shape[0] == 1:
         mean = mean[0]
     if mean.ndim != 3:

@@ -125,7 +125,8 @@ class Layer:
 
     # -- helpers ------------------------------------------------------------
     def error(self, msg) -> LayerError:
-        return LayerError(f'layer "{self.name}" ({self.type}): {msg}')
+        where = getattr(self.param, "defined_at", "")       # file:line of the layer's prototxt
+        return LayerError(f'{where + ": " if where else ""}layer "{self.name}" ({self.type}): {msg}')
 
     def check_counts(self, n_bottom: int, n_top: int) -> None:
         for what, n, exact, lo, hi in (

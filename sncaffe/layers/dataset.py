@@ -42,6 +42,14 @@ def _copy_to_top(top, host_arrays):
             upload(blob.data, a)
 
 
+def _permutation(values, n, error) -> np.ndarray:
+    """A resume state's order, checked to be a permutation of range(n)."""
+    a = np.asarray(values, np.int64)
+    if a.shape != (n,) or not np.array_equal(np.sort(a), np.arange(n)):
+        raise error(f"the snapshot's order is not a permutation of {n} items")
+    return a
+
+
 class _Prefetching(_Source):
     """Runs ``load_batch(batch)`` on a reader thread; ``batch`` is one host array per top."""
     depth = 4
@@ -64,6 +72,28 @@ class _Prefetching(_Source):
         super().__init__(param, phase)
         self._prefetcher = None
         self._closed = False
+        self._consumed = None       # cursor() after the last batch forward took (the reader runs ahead)
+        self._after = {}            # id(buffer) -> cursor() after the reader filled it
+
+    # -- resume: where the reader stands, as forward has consumed it --------
+    def cursor(self) -> dict | None:
+        """The read position and random stream now (on the reader thread once it runs); None: a
+        reader that cannot say, which a resume starts over (as Caffe's do)."""
+        return None
+
+    def set_cursor(self, state: dict) -> None:
+        pass
+
+    def resume_state(self) -> dict:
+        """The position after the batches forward has taken: a resumed run reads on from here."""
+        return self.cursor() if self._prefetcher is None else self._consumed
+
+    def restore_state(self, state: dict) -> None:
+        if self._prefetcher is not None:        # batches read ahead from the old position are dropped
+            self._finalizer.detach()
+            self._prefetcher.close()
+            self._prefetcher = None
+        self.set_cursor(state)
 
     @contextmanager
     def _named(self, where=""):
@@ -103,12 +133,17 @@ class _Prefetching(_Source):
             ref = weakref.ref(self)             # the thread must not keep the layer alive
 
             def fill(batch):
-                ref().load_batch(batch)
+                layer = ref()
+                layer.load_batch(batch)
+                layer._after[id(batch)] = layer.cursor()
+            self._consumed = self.cursor()
+            self._after = {}
             self._prefetcher = Prefetcher(fill, buffers, name=f"{self.type} {self.name}")
             # Collected without close(): only signal the thread (a collection must not wait or lock).
             self._finalizer = weakref.finalize(self, self._prefetcher.stop)
         with self._prefetcher.batch() as batch:
             _copy_to_top(top, batch)
+            self._consumed = self._after.pop(id(batch), self._consumed)
 
     def close(self):
         """Stop the reader thread and release the source."""
@@ -142,6 +177,7 @@ class Data(_Prefetching):
         self.datum_shape = self._decode(*self.db.first())[0].shape
         shape = self.transformer.infer_shape(self.datum_shape, f"the data in {p.source}")
         self._started = False
+        self._read = self._skip = 0             # records read; records to skip on a resume
         return [(batch, *shape), (batch,)][:len(self.param.top)]
 
     def _decode(self, key, value):
@@ -149,16 +185,40 @@ class Data(_Prefetching):
         d = datums.parse(value, what)
         return datums.to_array(d, self.transformer.color, what), d.label
 
+    def cursor(self):
+        # A reader with tell/seek resumes at a key; any other is wound forward by the records read.
+        tell = getattr(self.db, "tell", None)
+        key = tell() if callable(tell) else None
+        return {"started": self._started, "key": None if key is None else key.hex(), "records": self._read,
+                "rng": self.rng.bit_generator.state}
+
+    def set_cursor(self, state):
+        self._started = bool(state["started"])
+        self.rng.bit_generator.state = state["rng"]
+        self._read = int(state["records"])
+        if state.get("key") is not None and callable(getattr(self.db, "seek", None)):
+            self.db.seek(bytes.fromhex(state["key"]))
+        else:
+            entries = getattr(self.db, "entries", 0)
+            self._skip = self._read % entries if entries else self._read
+
+    def _next(self):
+        while self._skip:
+            self._skip -= 1
+            next(self.db)
+        self._read += 1
+        return next(self.db)
+
     def load_batch(self, batch):
         with self._named():
             if not self._started:
                 self._started = True
                 skip = self.param.data_param.rand_skip
                 for _ in range(self.rng.integers(skip) if skip else 0):
-                    next(self.db)                   # Caffe's rand_skip: start at a random record
+                    self._next()                    # Caffe's rand_skip: start at a random record
             data = batch[0]
             for i in self._records(len(data)):
-                key, value = next(self.db)
+                key, value = self._next()
                 if i is None:
                     self._skip_transform(self.datum_shape, data.shape[1:])
                     continue
@@ -220,13 +280,33 @@ class ImageData(_Prefetching):
         with self._named(f"{p.source} line {n}: "):
             return image.load(p.root_folder + path, p.new_height, p.new_width, p.is_color)
 
+    def cursor(self):
+        return {"order": self._order,            # never changed in place: shuffles make a new array
+                "pos": getattr(self, "_pos", 0), "rng": self.rng.bit_generator.state}
+
+    def set_cursor(self, state):
+        if state["order"] is not None and len(state["order"]) != len(self.lines):
+            raise self.error(f"the snapshot read a list of {len(state['order'])} images, "
+                             f"{self.param.image_data_param.source} has {len(self.lines)}")
+        order = None if state["order"] is None else _permutation(state["order"], len(self.lines), self.error)
+        pos = int(state["pos"])
+        if not 0 <= pos < len(self.lines):
+            raise self.error(f"the snapshot's position {pos} is not a line of the list")
+        self._order, self._pos = order, pos
+        self.rng.bit_generator.state = state["rng"]
+
+    def _shuffled(self, order):
+        order = order.copy()                    # a new array: cursors taken before keep theirs
+        self.rng.shuffle(order)
+        return order
+
     def load_batch(self, batch):
         p = self.param.image_data_param
         with self._named():
             if self._order is None:                 # on the reader thread: shuffle, skip
                 self._order = np.arange(len(self.lines))
                 if p.shuffle:
-                    self.rng.shuffle(self._order)
+                    self._order = self._shuffled(self._order)
                 self._pos = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
                 if self._pos >= len(self.lines):
                     raise self.error(f"rand_skip {p.rand_skip}: not enough images to skip")
@@ -248,7 +328,7 @@ class ImageData(_Prefetching):
                 if self._pos == len(self.lines):
                     self._pos = 0
                     if p.shuffle:
-                        self.rng.shuffle(self._order)
+                        self._order = self._shuffled(self._order)
 
 
 @register
@@ -276,7 +356,7 @@ class HDF5Data(_Prefetching):
             raise self.error(f"the HDF5 file list {p.source} names no file")
         self.row_shapes = None
         self.row_shapes = [a.shape[1:] for a in self._read(self.files[0])]
-        self._rows = None
+        self._files = self._current = self._order = self._row = self._arrays = None
         return [(batch, *s) for s in self.row_shapes]
 
     def _read(self, path):
@@ -302,39 +382,71 @@ class HDF5Data(_Prefetching):
                                  f"the first file {s}")
         return arrays
 
-    def _iter_rows(self):
+    def cursor(self):
+        # The arrays here are never changed in place (shuffles make new ones), so a cursor taken
+        # on the reader thread stays what it was.
+        return {"files": self._files, "current": self._current, "order": self._order, "row": self._row,
+                "rng": self.rng.bit_generator.state}
+
+    def set_cursor(self, state):
+        self.rng.bit_generator.state = state["rng"]
+        if state["files"] is None:
+            self._files = None
+            return
+        if len(state["files"]) != len(self.files):
+            raise self.error(f"the snapshot read a list of {len(state['files'])} HDF5 files, "
+                             f"{self.param.hdf5_data_param.source} names {len(self.files)}")
+        files = _permutation(state["files"], len(self.files), self.error)
+        order = _permutation(state["order"], len(state["order"]), self.error)
+        current, row = int(state["current"]), int(state["row"])
+        if not (0 <= current < len(files) and 0 <= row <= len(order)):
+            raise self.error(f"the snapshot's file {current} and row {row} are out of range")
+        self._files, self._current, self._order, self._row = files, current, order, row
+        self._arrays = None                     # read again at the next row
+
+    def _shuffled(self, a):
+        a = a.copy()
+        self.rng.shuffle(a)
+        return a
+
+    def _load(self):
+        """The current file's arrays, and its rows in order (a permutation, with shuffle)."""
+        self._arrays = self._read(self.files[self._files[self._current]])
+        self._order, self._row = np.arange(len(self._arrays[0])), 0
+        if self.param.hdf5_data_param.shuffle:
+            self._order = self._shuffled(self._order)
+
+    def _next_row(self):
         """(arrays, row) in Caffe's order, forever; on the reader thread."""
         shuffle = self.param.hdf5_data_param.shuffle
-        files = np.arange(len(self.files))
-        if shuffle:
-            self.rng.shuffle(files)
-
-        def load(i):
-            arrays = self._read(self.files[files[i]])
-            order = np.arange(len(arrays[0]))
+        if self._files is None:
+            self._files, self._current = np.arange(len(self.files)), 0
             if shuffle:
-                self.rng.shuffle(order)
-            return arrays, order
-        current = 0
-        arrays, order = load(current)
-        while True:
-            for r in range(len(order)):
-                yield arrays, order[r]
-            if len(files) > 1:
-                current += 1
-                if current == len(files):
-                    current = 0
+                self._files = self._shuffled(self._files)
+            self._load()
+        elif self._arrays is None:              # resumed: the file again, rows where they were
+            self._arrays = self._read(self.files[self._files[self._current]])
+            if len(self._arrays[0]) != len(self._order):
+                raise self.error(f"HDF5 file {self.files[self._files[self._current]]} has "
+                                 f"{len(self._arrays[0])} rows, {len(self._order)} when the snapshot was taken")
+        if self._row == len(self._order):       # the file's rows ran out
+            if len(self._files) > 1:
+                self._current += 1
+                if self._current == len(self._files):
+                    self._current = 0
                     if shuffle:
-                        self.rng.shuffle(files)
-                arrays, order = load(current)
+                        self._files = self._shuffled(self._files)
+                self._load()
             if shuffle:
-                self.rng.shuffle(order)
+                self._order = self._shuffled(self._order)
+            self._row = 0
+        row = self._order[self._row]
+        self._row += 1
+        return self._arrays, row
 
     def load_batch(self, batch):
-        if self._rows is None:
-            self._rows = self._iter_rows()
         for i in self._records(len(batch[0])):
-            arrays, r = next(self._rows)
+            arrays, r = self._next_row()
             if i is None:
                 continue
             for out, a in zip(batch, arrays):
@@ -384,3 +496,9 @@ class MemoryData(_Source):
         rows = slice(start, start + batch) if start + batch <= n else np.arange(start, start + batch) % n
         _copy_to_top(top, (self._data[rows], self._labels[rows]))
         self._pos = (self._pos + ranks * batch) % n
+
+    def resume_state(self) -> dict:
+        return {"pos": getattr(self, "_pos", 0)}
+
+    def restore_state(self, state) -> None:
+        self._pos = int(state["pos"])           # of the arrays reset() is given (again) on a resume

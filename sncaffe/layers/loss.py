@@ -57,7 +57,10 @@ def _labels(layer, xp, label, outer, inner, channels, ignore_label):
     if xp is not np:                # no device-to-host sync per iteration
         loss_gpu.check_labels(layer, bad, channels)
     elif bool(bad.any()):
-        raise layer.error(f"label out of range [0, {channels})")
+        i, j = divmod(int(bad.ravel().argmax()), inner)
+        value = float(label.reshape(outer, inner)[i, j])
+        at = f"item {i} of the batch" + (f", position {j}" if inner > 1 else "")
+        raise layer.error(f"label out of range [0, {channels}): {value:g} at {at}")
     return lab, valid
 
 

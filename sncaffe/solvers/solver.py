@@ -46,7 +46,10 @@ from ..layers.base import Blob, array_module
 from ..net import Net
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import read_solver, read_text
+from ..resume import layer_states, restore_layer_states
 from .lr_policy import SolverParamError, check_policy, learning_rate
+from .snapshot_files import clean as clean_snapshots
+from .snapshot_files import write_pair
 from .update import global_norm, make_rule, regularize
 
 log = logging.getLogger("sncaffe")
@@ -61,6 +64,9 @@ class TrainingError(RuntimeError):
 
 class SnapshotError(ValueError):
     """A .solverstate or .caffemodel that cannot be restored into this solver's net."""
+
+
+MAX_LOGGED = 10        # values of one output blob logged one per line; the rest are summarised
 
 
 def _g(x) -> str:
@@ -353,6 +359,8 @@ class Solver:
         log.info("Solving %s", self.net.name)
         log.info("Learning Rate Policy: %s", p.lr_policy)
         self._stop = False
+        if self.is_root and p.snapshot_prefix:
+            clean_snapshots(p.snapshot_prefix)      # what a killed snapshot left behind
         if resume_file:
             log.info("Restoring previous solver status from %s", resume_file)
             self.restore(resume_file)
@@ -429,10 +437,16 @@ class Solver:
         idx = 0
         for name, values in outputs.items():
             w = weights.get(name, 0.0)
-            for v in np.asarray(values).ravel():
+            values = np.asarray(values).ravel()
+            for v in values[:MAX_LOGGED]:
                 extra = f" (* {_g(w)} = {_g(w * float(v))} loss)" if w else ""
                 log.info("    %s net output #%d: %s = %s%s", which, idx, name, _g(v), extra)
                 idx += 1
+            if len(values) > MAX_LOGGED:        # Caffe prints every element: 1000 lines for a classifier
+                log.info("    %s net output #%d-#%d: %s: %d more values (of %d: min %s, mean %s, max %s)",
+                         which, idx, idx + len(values) - MAX_LOGGED - 1, name, len(values) - MAX_LOGGED,
+                         len(values), _g(values.min()), _g(values.mean(dtype=np.float64)), _g(values.max()))
+                idx += len(values) - MAX_LOGGED
 
     # -- non-finite values ----------------------------------------------------
     def _nonfinite_message(self, net, loss) -> str:
@@ -467,18 +481,22 @@ class Solver:
             if not bool(array_module(q.blob.data).isfinite(q.blob.data).all()):
                 raise TrainingError(f'iteration {self.iter}: parameter {q.index} of layer "{q.layer}" went '
                                     "non-finite in the update; not writing a snapshot" + self._kept())
-        model = self._filename(".caffemodel")
+        model, path = self._filename(".caffemodel"), self._filename(".solverstate")
         log.info("Snapshotting to binary proto file %s", model)
-        self.net.save(model, write_diff=self.param.snapshot_diff)
-        # SolverState in field order (iter, learned_net, history..., current_step), a blob at a time.
-        head = pb.SolverState(iter=self.iter, learned_net=model).SerializeToString()
-        tail = pb.SolverState(current_step=self.current_step).SerializeToString()
-        blobs = (blobproto.field(3, blobproto.from_array(_host(h))) for h in self.history)
-        path = self._filename(".solverstate")
         log.info("Snapshotting solver state to binary proto file %s", path)
-        _write_atomic(path, itertools.chain([head], blobs, [tail]))
+        # SolverState in field order (iter, learned_net, history..., current_step, sncaffe's layer
+        # states), a blob at a time; both files are written before either takes its name.
+        head = pb.SolverState(iter=self.iter, learned_net=model).SerializeToString()
+        tail = pb.SolverState(current_step=self.current_step,
+                              layer_state=layer_states(self._resume_nets())).SerializeToString()
+        blobs = (blobproto.field(3, blobproto.from_array(_host(h))) for h in self.history)
+        write_pair(model, self.net.proto_chunks(write_diff=self.param.snapshot_diff),
+                   path, itertools.chain([head], blobs, [tail]), kept=self._kept())
         self.last_snapshot = (model, path)
         return model, path
+
+    def _resume_nets(self) -> dict:
+        return {"train": self.net, **{f"test#{i}": net for i, net in enumerate(self.test_nets)}}
 
     def restore(self, path) -> None:
         """Resume from a .solverstate (and the .caffemodel it names); checked fully before anything changes."""
@@ -488,16 +506,23 @@ class Solver:
         state = blobproto.read_binary(path, pb.SolverState())
         history = self._check_history(state, path)
         model = None
+        if isinstance(state.learned_net, bytes):     # protobuf hands back a string that is not UTF-8 as bytes
+            raise SnapshotError(f"{path}: its learned_net is not a file name (not UTF-8 text)")
         if state.learned_net:
             model_path = self._find_learned_net(state.learned_net, path)
             model = blobproto.read_caffemodel(model_path)
             self._check_model(model, model_path)
         if model is not None:
-            self.net.copy_from(model)
+            try:
+                self.net.copy_from(model)
+            except ValueError as e:
+                raise SnapshotError(f"{model_path}: {e}") from None
         log.info("%sSolver: restoring history", self.rule.type)
         for h, a in zip(self.history, history):
             h[...] = a
         self.iter, self.current_step = state.iter, state.current_step
+        if state.layer_state:       # sncaffe's: data cursors and random streams (Caffe's files have none)
+            restore_layer_states(self._resume_nets(), state.layer_state, str(path))
 
     @staticmethod
     def _find_learned_net(name, state_path) -> Path:

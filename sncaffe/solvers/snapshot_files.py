@@ -1,0 +1,128 @@
+"""A snapshot is a pair, <prefix>_iter_N.caffemodel and .solverstate, written as one unit.
+
+Both files are written in full to temporary names (``.tmp<PID>``) and synced, then renamed:
+the model first, the state last, so a .solverstate on disk always has its complete
+.caffemodel, and a resume (which starts from a .solverstate) never sees half a pair. A kill
+between the two renames leaves a model without its state, newer than the newest pair; the
+next start removes it, with the temporary files of processes no longer running.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+
+log = logging.getLogger("sncaffe")
+
+_TMP = re.compile(r"\.tmp(\d+)$")
+
+
+class SnapshotWriteError(RuntimeError):
+    """A snapshot that could not be written (disk full, no permission); the previous pair is kept."""
+
+
+def _write(path, chunks) -> None:
+    with open(path, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_dir(path) -> None:
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_pair(model, model_chunks, state, state_chunks, kept="") -> None:
+    """Write both files or neither; an OSError becomes a SnapshotWriteError naming the path."""
+    tmps = [f"{model}.tmp{os.getpid()}", f"{state}.tmp{os.getpid()}"]
+    target = tmps[0]
+    try:
+        _write(tmps[0], model_chunks)
+        target = tmps[1]
+        _write(tmps[1], state_chunks)
+        target = model
+        os.replace(tmps[0], model)
+        target = state
+        os.replace(tmps[1], state)           # the commit: from here the pair exists
+        _sync_dir(state)
+    except BaseException as e:
+        for t in tmps:
+            try:
+                os.remove(t)
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            what = e.strerror or str(e)
+            raise SnapshotWriteError(f"cannot write snapshot {_final(target)}: {what}{kept}") from None
+        raise
+
+
+def _final(path: str) -> str:
+    return _TMP.sub("", path)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _iteration(path: str, ext: str) -> int | None:
+    m = re.search(r"_iter_(\d+)" + re.escape(ext) + "$", path)
+    return int(m.group(1)) if m else None
+
+
+def pairs(prefix) -> list:
+    """(iteration, caffemodel, solverstate) of the complete pairs under ``prefix``, oldest first."""
+    out = []
+    for state in glob.glob(glob.escape(prefix) + "_iter_*.solverstate"):
+        n = _iteration(state, ".solverstate")
+        model = state[:-len(".solverstate")] + ".caffemodel"
+        if n is not None and os.path.isfile(model):
+            out.append((n, model, state))
+    return sorted(out)
+
+
+def latest(prefix):
+    """The newest complete (caffemodel, solverstate) pair under ``prefix``, or None."""
+    found = pairs(prefix)
+    return found[-1][1:] if found else None
+
+
+def clean(prefix) -> list:
+    """Remove what interrupted snapshots left under ``prefix``: temporary files of processes no
+    longer running, and a model newer than the newest pair (killed between the renames)."""
+    removed = []
+    for tmp in glob.glob(glob.escape(prefix) + "_iter_*.tmp*"):
+        m = _TMP.search(tmp)
+        if m and not _alive(int(m.group(1))):
+            removed.append(tmp)
+    newest = max((n for n, _, _ in pairs(prefix)), default=-1)
+    for model in glob.glob(glob.escape(prefix) + "_iter_*.caffemodel"):
+        n = _iteration(model, ".caffemodel")
+        if n is not None and n > newest and not os.path.exists(model[:-len(".caffemodel")] + ".solverstate"):
+            removed.append(model)
+    for path in removed:
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        log.info("Removed %s, left by an interrupted snapshot", path)
+    return removed

@@ -1,0 +1,175 @@
+"""Snapshots under faults (issue 13, item 8): a pair is written as one unit, a failed write names
+its path and keeps the previous pair, leftovers are removed at the next start, SIGTERM snapshots."""
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from sncaffe import blobproto
+from sncaffe.proto import sncaffe_pb2 as pb
+from sncaffe.solvers import Solver
+from sncaffe.solvers.snapshot_files import SnapshotWriteError, clean, latest, pairs
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+NET = """name: "tiny"
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 512 } shape { dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: {outputs} weight_filler { type: "gaussian" std: 0.01 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def solver_param(prefix, outputs=4, max_iter=4, snapshot=0):
+    p = text_format.Parse(f'base_lr: 0.01 lr_policy: "fixed" random_seed: 1 max_iter: {max_iter} '
+                          f'snapshot: {snapshot} snapshot_prefix: "{prefix}"', pb.SolverParameter())
+    text_format.Parse(NET.replace("{outputs}", str(outputs)), p.net_param)
+    return p
+
+
+def temps(folder):
+    return sorted(p.name for p in Path(folder).iterdir() if ".tmp" in p.name)
+
+
+def loadable(prefix):
+    """The newest pair restores into a fresh solver."""
+    model, state = latest(str(prefix))
+    s = Solver(solver_param(prefix, outputs=_outputs(model)))
+    s.restore(state)
+    return s.iter
+
+
+def _outputs(model):
+    return len(blobproto.read_caffemodel(model).layer[1].blobs[1].data)
+
+
+def test_a_write_that_fails_names_the_path_and_keeps_the_previous_pair(tmp_path):
+    prefix = tmp_path / "snap" / "t"
+    prefix.parent.mkdir()
+    s = Solver(solver_param(prefix))
+    s.feed = lambda net, i: None
+    s.step(1)
+    s.snapshot()
+    s.step(1)
+    saved = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # a write past the limit fails with EFBIG
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, limit[1]))
+    try:
+        with pytest.raises(SnapshotWriteError) as e:
+            s.snapshot()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, saved)
+    assert str(e.value).startswith(f"cannot write snapshot {prefix}_iter_2.caffemodel: File too large")
+    assert f"the last good snapshot is {prefix}_iter_1.solverstate" in str(e.value)
+    assert sorted(p.name for p in prefix.parent.iterdir()) == ["t_iter_1.caffemodel", "t_iter_1.solverstate"]
+    assert loadable(prefix) == 1
+
+
+def test_a_snapshot_folder_that_went_away_is_named(tmp_path):
+    prefix = tmp_path / "gone" / "t"
+    prefix.parent.mkdir()
+    s = Solver(solver_param(prefix))
+    prefix.parent.rmdir()
+    with pytest.raises(SnapshotWriteError, match=f"cannot write snapshot {prefix}_iter_0.caffemodel: "
+                                                 "No such file or directory; no snapshot was written"):
+        s.snapshot()
+
+
+def test_leftovers_of_killed_snapshots_are_removed_at_start(tmp_path):
+    prefix = tmp_path / "t"
+    s = Solver(solver_param(prefix, max_iter=2))
+    s.feed = lambda net, i: None
+    s.snapshot()
+    dead = 2**22 + 12345                                       # over pid_max's default: no such process
+    while True:
+        try:
+            os.kill(dead, 0)
+            dead += 1
+        except ProcessLookupError:
+            break
+    leftovers = [f"t_iter_5.caffemodel.tmp{dead}", f"t_iter_5.solverstate.tmp{dead}",
+                 "t_iter_7.caffemodel"]                        # killed between the two renames
+    live = f"t_iter_9.caffemodel.tmp{os.getppid()}"             # another process, still writing
+    for name in leftovers + [live]:
+        (tmp_path / name).write_bytes(b"partial")
+    (tmp_path / "t_iter_0.notes").write_bytes(b"not ours")
+    s.solve()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert not set(leftovers) & set(names) and live in names and "t_iter_0.notes" in names
+    assert [n for n, _, _ in pairs(str(prefix))] == [0, 2]
+
+
+def _train(folder, resume=None):
+    argv = [sys.executable, "-m", "sncaffe.cli", "train", "solver.prototxt"]
+    if resume:
+        argv += ["--snapshot", resume]
+    return subprocess.Popen(argv, cwd=folder, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_kill_9_during_snapshots_always_leaves_a_loadable_newest_pair(tmp_path):
+    # A bigger layer (2 MB of parameters) so the kill often lands inside a write.
+    p = solver_param("snap/t", outputs=1000, max_iter=10**6, snapshot=1)
+    p.display = 1
+    (tmp_path / "solver.prototxt").write_text(text_format.MessageToString(p))
+    (tmp_path / "snap").mkdir()
+    rng = random.Random(0)
+    resume = None
+    for k in range(5):
+        job = _train(tmp_path, resume)
+        try:
+            seen, want = 0, rng.randint(1, 3)
+            for line in job.stdout:
+                seen += "Snapshotting to binary proto file" in line
+                if seen == want:
+                    break
+            assert seen == want, "training ended before its snapshots"
+            if k % 2:
+                os.kill(job.pid, signal.SIGKILL)               # inside the write
+            else:
+                import time
+                time.sleep(rng.random() * 0.05)                # near it
+                os.kill(job.pid, signal.SIGKILL)
+            job.wait(30)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait(30)
+        assert latest(str(tmp_path / "snap/t")) is not None
+        resume = latest(str(tmp_path / "snap/t"))[1]
+        state = blobproto.read_binary(tmp_path / resume, pb.SolverState())
+        assert state.iter > 0 and len(state.history) == 2
+    # The next start removes what the kills left, and resumes from the newest pair.
+    s = Solver(solver_param(tmp_path / "snap" / "t", outputs=1000, max_iter=0))
+    s.solve(str(tmp_path / resume))
+    assert temps(tmp_path / "snap") == []
+    assert s.iter == blobproto.read_binary(tmp_path / resume, pb.SolverState()).iter
+    model = [n for _, n, st in pairs(str(tmp_path / "snap" / "t")) if st.endswith(Path(resume).name)][0]
+    assert np.array_equal(s.net.params["ip"][0].data,
+                          blobproto.to_array(blobproto.read_caffemodel(model).layer[1].blobs[0]))
+
+
+def test_sigterm_snapshots_and_stops_like_sigint(tmp_path):
+    p = solver_param("snap/t", max_iter=10**6)
+    p.display = 1
+    (tmp_path / "solver.prototxt").write_text(text_format.MessageToString(p))
+    job = _train(tmp_path)
+    lines = []
+    for line in job.stdout:
+        lines.append(line)
+        if "Iteration 3 (" in line:
+            job.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + job.communicate(timeout=60)[0]
+    assert job.returncode == 0, out
+    assert "SIGTERM: snapshotting and stopping" in out and "Optimization stopped early." in out
+    assert latest(str(tmp_path / "snap" / "t")) is not None

@@ -37,6 +37,15 @@ def lmdb_layer(tmp_path):
             'batch_size: 4 backend: LMDB rand_skip: 3 } transform_param { crop_size: 4 mirror: true scale: 0.01 } }')
 
 
+def leveldb_layer(tmp_path):
+    from sncaffe.data.leveldb import LevelDBWriter
+    with LevelDBWriter(tmp_path / "ldb") as db:
+        for i, x in enumerate(images()):
+            db.put(f"{i:08d}", datums.from_array(x, i % 3).SerializeToString())
+    return (f'layer {{ name: "d" type: "Data" top: "data" top: "label" data_param {{ source: "{tmp_path / "ldb"}" '
+            'batch_size: 4 backend: LEVELDB rand_skip: 3 } transform_param { crop_size: 4 mirror: true scale: 0.01 } }')
+
+
 def image_layer(tmp_path):
     lines = []
     for i, x in enumerate(images()):
@@ -66,7 +75,7 @@ def memory_layer(tmp_path):
             'batch_size: 4 channels: 3 height: 4 width: 4 } }')
 
 
-LAYERS = {"Data": lmdb_layer, "ImageData": image_layer, "HDF5Data": hdf5_layer, "MemoryData": memory_layer}
+LAYERS = {"Data": lmdb_layer, "Data (LevelDB)": leveldb_layer, "ImageData": image_layer, "HDF5Data": hdf5_layer, "MemoryData": memory_layer}
 
 
 def solver(layer, prefix, max_iter):

@@ -14,7 +14,7 @@ import time
 from .liveness import op_tensors
 
 
-class Executor:
+class SerialExecutor:
     def __init__(self, device, binders, run_op, devices=None):
         self.device = device
         self.devices = dict(devices or {})     # location -> device (model parallelism)
@@ -175,3 +175,7 @@ class Executor:
     @property
     def busy(self) -> bool:
         return bool(self.transient or len(self.host) > len(self.home))
+
+
+# The executor nets use: the event-driven dispatcher built on the serial one above.
+from .dispatcher import Dispatcher as Executor  # noqa: E402

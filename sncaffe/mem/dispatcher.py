@@ -41,6 +41,7 @@ import time
 
 from .executor import SerialExecutor
 from .liveness import op_tensors
+from ..trace import Span
 from .streams import Event, Stream
 
 
@@ -169,7 +170,7 @@ class Dispatcher(SerialExecutor):
         if self.record is not None:
             self.record.append({"location": location, "stream": kind, "name": name, "index": index,
                                 "event": event, "bytes": nbytes})
-        if self.trace is not None:
+        if self.trace is not None and not name.startswith("fill "):     # fills: in the record only
             self._pending_trace.append((f"{location}/{kind}" if location else kind, name, event, nbytes))
 
     # -- memory -----------------------------------------------------------------------
@@ -260,14 +261,17 @@ class Dispatcher(SerialExecutor):
     def _drain(self):
         """Wait for every operator issued by this execute; the first error among them is raised."""
         issued, self._issued = self._issued, []
-        error = None
+        error, t0, collectives = None, time.perf_counter(), False
         for event, timeout, on_timeout in issued:
+            collectives = collectives or on_timeout is not None
             try:
                 event.wait(timeout)
             except TimeoutError:
                 error = error or (on_timeout() if on_timeout else TimeoutError("an operator did not finish"))
             except BaseException as exc:        # raised once all the work has stopped
                 error = error or exc
+        if collectives and self.trace is not None:
+            self.trace.append(("compute", "wait for the all-reduce", t0, time.perf_counter()))
         if error is not None:
             raise error
 
@@ -384,9 +388,12 @@ class Dispatcher(SerialExecutor):
         them wait for its event, and so does the end of this execute (the update)."""
         op = ins.op
         arrays = [self._array(id(t.root)) for t in op.tensors]
-        self.issue(op.location, "comm", op.name, [(id(t.root), True) for t in op.tensors],
-                   lambda: op.run(arrays), op.nbytes, asynchronous=True, timeout=op.timeout,
-                   on_timeout=op.timed_out)
+        rw = [(id(t.root), True) for t in op.tensors]
+        if not self._dispatching:         # on the calling thread the gradients' producers have run
+            self._wait_all(self._deps(rw))
+        token = op.before()               # e.g. a GPU's compute event after them
+        self.issue(op.location, "comm", op.name, rw, lambda: op.run(arrays, token), op.nbytes,
+                   asynchronous=True, timeout=op.timeout, on_timeout=op.timed_out)
 
     # -- traces and iteration boundaries ----------------------------------------------
     def traced(self, name, stream, event, nbytes=None):
@@ -394,16 +401,16 @@ class Dispatcher(SerialExecutor):
             self._pending_trace.append((stream, name, event, nbytes))
 
     def trace_events(self) -> list:
-        """(stream, name, start, end, args) spans: stream is "location/kind" (kind alone at the
-        default location); args has the bytes a copy moved."""
+        """(stream, name, start, end) spans: stream is "location/kind" (kind alone at the default
+        location); a copy's span has its bytes in ``args``."""
         for stream, name, event, nbytes in self._pending_trace:
             try:
                 event.wait()
             except BaseException:       # its error is raised where the work is waited for
                 pass
             if event.start is not None:
-                self.trace.append((stream, name, event.start, event.end,
-                                   {} if nbytes is None else {"bytes": nbytes}))
+                self.trace.append(Span(stream, name, event.start, event.end,
+                                       None if nbytes is None else {"bytes": nbytes}))
         self._pending_trace = []
         return sorted(self.trace, key=lambda x: x[2])
 

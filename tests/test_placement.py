@@ -175,3 +175,25 @@ def test_one_location_dispatched_to_workers_gives_the_same_bits_and_peak(mode):
     for name in ref.params:
         for x, y in zip(ref.params[name], net.params[name]):
             assert np.array_equal(x.data, y.data) and np.array_equal(x.diff, y.diff), name
+
+
+def test_trace_has_a_row_per_location_and_stream_copy_bytes_and_pool_counters(tmp_path):
+    import json
+
+    from sncaffe.trace import trace_iteration
+    net = Net(place(param(), SPLIT), "TRAIN", device=CPUDevice(64 << 20), seed=3, memory="offload",
+              devices={"cpu:0": CPUDevice(64 << 20), "cpu:1": CPUDevice(64 << 20)})
+    rng = np.random.default_rng(0)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].data.shape)
+    spans = trace_iteration(net, tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    rows = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"cpu:0/compute", "cpu:1/compute", "cpu:1/h2d", "cpu:0/h2d"} <= rows
+    assert {s[0] for s in spans} == rows
+    copy = next(e for e in events if e["ph"] == "X" and e["name"] == "pool1_to_cpu:1:forward")
+    assert copy["args"]["bytes"] == net.graph.blobs["pool1"].data.nbytes > 0
+    counters = [e for e in events if e["ph"] == "C"]
+    assert {e["name"] for e in counters} >= {"pool bytes cpu:0", "pool bytes cpu:1"}
+    top = max(e["args"]["bytes"] for e in counters if e["name"] == "pool bytes cpu:1")
+    assert top == net.plan.peaks["cpu:1"]             # the counter reaches the planned peak
+    assert net.executor.trace is None and net.executor.pool_trace is None

@@ -55,6 +55,7 @@ class AllReduce:
     def __init__(self, parallel, bucket):
         self.parallel, self.bucket = parallel, bucket
         self.name = f"all-reduce {bucket.name}"
+        self.layers = bucket.layers
         self.tensors = [s.diff for s in bucket.slots]
         self.location = self.tensors[0].location
         self.nbytes = bucket.nbytes
@@ -82,10 +83,10 @@ def insert_allreduce(schedule, ops) -> list:
             where[ins.op.node.name] = k
     placed = []
     for op in ops:
-        missing = sorted(op.bucket.layers - set(where))
+        missing = sorted(op.layers - set(where))
         if missing:
             raise ValueError(f"data parallel: layer {missing[0]} has gradients but no backward operator")
-        placed.append((max(where[name] for name in op.bucket.layers), Instr("collective", op=op)))
+        placed.append((max(where[name] for name in op.layers), Instr("collective", op=op)))
     for k, ins in sorted(placed, key=lambda x: x[0], reverse=True):
         schedule.backward.insert(k + 1, ins)
     return [ins for _, ins in placed]

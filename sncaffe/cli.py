@@ -49,7 +49,7 @@ def _label_classes(net) -> dict:
         for i, bottom in enumerate(node.bottoms[1:], 1):
             if node.layer.allow_force_backward(i):
                 continue
-            while bottom.producer.type == "Split":
+            while bottom.producer.type in ("Split", "Copy", "Slice"):     # through placement and replicas
                 bottom = bottom.producer.bottoms[0]
             if bottom.producer.type != "Input":
                 continue

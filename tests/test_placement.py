@@ -197,3 +197,20 @@ def test_trace_has_a_row_per_location_and_stream_copy_bytes_and_pool_counters(tm
     top = max(e["args"]["bytes"] for e in counters if e["name"] == "pool bytes cpu:1")
     assert top == net.plan.peaks["cpu:1"]             # the counter reaches the planned peak
     assert net.executor.trace is None and net.executor.pool_trace is None
+
+
+def test_an_error_on_a_worker_is_raised_by_forward_and_the_net_recovers():
+    net = branches(BRANCHES)
+    ex, run_op = net.executor, net.executor.run_op
+
+    def failing(op, recompute, ws, chunk):
+        if op.name == "b1:forward":
+            raise FloatingPointError("b1 failed")
+        run_op(op, recompute, ws, chunk)
+    ex.run_op = failing
+    with pytest.raises(FloatingPointError, match="b1 failed"):
+        run(net)
+    ex.run_op = run_op
+    net.devices["cpu:1"].pool.reset_peak()
+    assert run(net) == run(branches())                 # the partial pass is cleaned up
+    assert net.devices["cpu:1"].pool.peak == net.plan.peaks["cpu:1"]

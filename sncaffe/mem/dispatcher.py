@@ -241,21 +241,34 @@ class Dispatcher(SerialExecutor):
             self._finish()
 
     def _drain(self):
-        """Wait for every operator issued by this execute; the first error among them is raised."""
+        """Wait for every operator issued by this execute, collectives last (that wait is traced:
+        what the update waits for beyond backward); the first error among them is raised."""
         issued, self._issued = self._issued, []
-        error, t0, collectives = None, time.perf_counter(), False
-        for event, timeout, on_timeout in issued:
-            collectives = collectives or on_timeout is not None
+        error, t0 = None, None
+        for event, timeout, on_timeout in sorted(issued, key=lambda x: x[2] is not None):
+            if on_timeout is not None and t0 is None:
+                t0 = time.perf_counter()
             try:
                 event.wait(timeout)
             except TimeoutError:
                 error = error or (on_timeout() if on_timeout else TimeoutError("an operator did not finish"))
             except BaseException as exc:        # raised once all the work has stopped
                 error = error or exc
-        if collectives and self.trace is not None:
+        if t0 is not None and self.trace is not None:
             self.trace.append(("compute", "wait for the all-reduce", t0, time.perf_counter()))
         if error is not None:
+            self._forget_errors()
             raise error
+
+    def _forget_errors(self):
+        """Once an error is raised, failed events stop being dependencies (the next pass starts
+        afresh instead of inheriting it)."""
+        def ok(e):
+            return getattr(e, "error", None) is None
+        self._writer = {k: e for k, e in self._writer.items() if ok(e)}
+        self._readers = {k: [e for e in es if ok(e)] for k, es in self._readers.items()}
+        for location, freed in self._freed.items():
+            freed[:] = [(a, b, [e for e in es if ok(e)]) for a, b, es in freed]
 
     def _finish(self):
         """Wait for the operators issued (copies may go on), then bind blobs as the plan left them."""

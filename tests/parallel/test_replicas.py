@@ -91,3 +91,36 @@ def test_without_the_summing_operators_the_replicas_drift_apart():
     two.solve()
     a, b = two.net.params["ip2@cpu:0"][0].data, two.net.params["ip2@cpu:1"][0].data
     assert not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["offload", "all"])
+def test_replicas_meet_each_planned_peak_and_time_their_operators(mode):
+    """Two workers, offloads and prefetches in flight: every location's pool peaks where its plan
+    says, and per-operator timings (``sncaffe time``) do not wait on streams from a worker
+    (which could wait for work queued behind it: run in a thread, so a hang fails)."""
+    import threading
+
+    from sncaffe import Net
+    from sncaffe.backend import CPUDevice
+    net = Net(replicate(net_param(), LOCATIONS), "TRAIN", device=CPUDevice(64 << 20), seed=3, memory=mode)
+    assert net.plan.d2h_bytes > 0
+    timings, errors = {}, []
+
+    def work():
+        try:
+            for i in range(3):
+                feed(net, i)
+                for d in net.devices.values():
+                    d.pool.reset_peak()
+                net.forward(timings=timings)
+                net.backward(timings=timings)
+                for loc, peak in net.plan.peaks.items():
+                    assert net.devices[loc].pool.peak == peak, loc
+        except BaseException as e:
+            errors.append(e)
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "forward/backward with timings did not finish"
+    assert not errors, errors
+    assert "conv@cpu:1:backward" in timings and "conv@cpu:0:forward" in timings

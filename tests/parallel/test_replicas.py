@@ -124,3 +124,25 @@ def test_replicas_meet_each_planned_peak_and_time_their_operators(mode):
     assert not thread.is_alive(), "forward/backward with timings did not finish"
     assert not errors, errors
     assert "conv@cpu:1:backward" in timings and "conv@cpu:0:forward" in timings
+
+
+def test_cli_trains_replicas_as_one_location(tmp_path, capsys):
+    """``sncaffe train --replicas cpu:0,cpu:1``: the same weights as one location at that batch."""
+    from sncaffe import blobproto
+    from sncaffe.cli import main
+    net = tmp_path / "tiny.prototxt"
+    net.write_text('name: "tiny"\n' + LAYERS)
+    for name, extra in (("one", []), ("two", ["--replicas", "cpu:0,cpu:1"])):
+        assert main(["train", str(net), "--max-iter", "3", "--seed", "5",
+                     "--snapshot-prefix", str(tmp_path / name) + "/", *extra]) == 0
+    one = {(lp.name, i): np.asarray(b.data) for lp in blobproto.read_caffemodel(
+        tmp_path / "one" / "tiny_iter_3.caffemodel").layer for i, b in enumerate(lp.blobs)}
+    two = {(lp.name, i): np.asarray(b.data) for lp in blobproto.read_caffemodel(
+        tmp_path / "two" / "tiny_iter_3.caffemodel").layer for i, b in enumerate(lp.blobs)}
+    assert one and all((f"{name}@cpu:1", i) in two for name, i in one)
+    for (name, i), w in one.items():
+        np.testing.assert_allclose(two[f"{name}@cpu:0", i], w, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert np.array_equal(two[f"{name}@cpu:0", i], two[f"{name}@cpu:1", i])
+    assert main(["train", str(net), "--replicas", "cpu:0", "--max-iter", "1",
+                 "--snapshot-prefix", str(tmp_path / "bad") + "/"]) != 0
+    assert "replicate needs two or more distinct locations" in capsys.readouterr().err

@@ -393,7 +393,7 @@ def _train(args, comm=None) -> int:
                 if comm is not None:
                     raise ValueError("--replicas is data parallelism inside one process: not under mpiexec")
                 from .parallel.replicas import Replicas
-                replicas = Replicas(solver)
+                replicas = Replicas(solver, weights=args.weights)
             tracer = None
             if args.trace and (comm is None or comm.Get_rank() == 0):
                 from .parallel import IterationTrace

@@ -12,7 +12,8 @@ net's loss is the mean over the whole batch, as one location would compute it.
 
 ``Replicas(solver)`` (the train net built from such a parameter) makes the
 replicas start from the weights the unreplicated net gets from the solver's
-seed (``fresh=False``: from replica 0's, e.g. loaded ones) and inserts, after the last backward
+seed (``fresh=False``: from replica 0's; ``weights``: an unreplicated
+net's .caffemodel, by layer name) and inserts, after the last backward
 operator of each layer's replicas, a summing operator: it adds the replicas'
 gradients of that layer (in location order) and writes the sum into every
 replica, on the comm stream of the first location, while backward goes on.
@@ -83,6 +84,18 @@ def replicate(param, locations) -> "pb.NetParameter":
     return out
 
 
+def _renamed(weights, groups, location):
+    """A caffemodel's layers renamed to their replicas at ``location``."""
+    from .. import blobproto
+    src = weights if isinstance(weights, pb.NetParameter) else blobproto.read_caffemodel(weights)
+    out = pb.NetParameter()
+    out.CopyFrom(src)
+    for lp in out.layer:
+        if lp.name in groups:
+            lp.name = replica_name(lp.name, location)
+    return out
+
+
 class ReplicaSum:
     """The operator summing one layer's gradients over the replicas (a ``collective`` instruction)."""
     kind = "collective"
@@ -120,7 +133,7 @@ class ReplicaSum:
 class Replicas:
     """Equal starting weights and the summing operators for a solver whose train net is replicated."""
 
-    def __init__(self, solver, locations=None, fresh=True):
+    def __init__(self, solver, locations=None, fresh=True, weights=None):
         self.solver, self.net = solver, solver.net
         self.iter_size = max(1, solver.param.iter_size)
         groups = {}                         # original layer -> {location: node}
@@ -131,12 +144,15 @@ class Replicas:
         if not groups:
             raise ValueError("the train net has no replicated layers with parameters (build it with replicate())")
         self.locations = locations or sorted({loc for g in groups.values() for loc in g})
+        if fresh:           # the weights the unreplicated layers get (Net.init_params: seed and layer name)
+            for base, reps in groups.items():
+                reps[self.locations[0]].layer.init_params(np.random.default_rng(
+                    np.random.SeedSequence([solver.seed, zlib.crc32(base.encode())])))
+        if weights is not None:     # an unreplicated net's .caffemodel, by layer name, into replica 0
+            self.net.copy_from(_renamed(weights, groups, self.locations[0]))
         self.ops = []
         for base, reps in groups.items():
             nodes = [reps[loc] for loc in self.locations]
-            if fresh:       # the weights the unreplicated layer gets (Net.init_params: seed and layer name)
-                nodes[0].layer.init_params(np.random.default_rng(
-                    np.random.SeedSequence([solver.seed, zlib.crc32(base.encode())])))
             for node in nodes[1:]:          # every replica starts from replica 0's weights
                 for src, dst in zip(nodes[0].layer.blobs, node.layer.blobs):
                     np.copyto(dst.data, src.data)

@@ -143,6 +143,15 @@ def test_cli_trains_replicas_as_one_location(tmp_path, capsys):
     for (name, i), w in one.items():
         np.testing.assert_allclose(two[f"{name}@cpu:0", i], w, rtol=1e-5, atol=1e-6, err_msg=name)
         assert np.array_equal(two[f"{name}@cpu:0", i], two[f"{name}@cpu:1", i])
+    # fine-tuning from the unreplicated net's weights: every replica starts from them (and, with
+    # no learning, ends there)
+    assert main(["train", str(net), "--max-iter", "1", "--base-lr", "0", "--snapshot-prefix",
+                 str(tmp_path / "w") + "/", "--replicas", "cpu:0,cpu:1",
+                 "--weights", str(tmp_path / "one" / "tiny_iter_3.caffemodel")]) == 0
+    start = {(lp.name, i): np.asarray(b.data) for lp in blobproto.read_caffemodel(
+        tmp_path / "w" / "tiny_iter_1.caffemodel").layer for i, b in enumerate(lp.blobs)}
+    for (name, i), w in one.items():
+        assert np.array_equal(start[f"{name}@cpu:0", i], w) and np.array_equal(start[f"{name}@cpu:1", i], w)
     assert main(["train", str(net), "--replicas", "cpu:0", "--max-iter", "1",
                  "--snapshot-prefix", str(tmp_path / "bad") + "/"]) != 0
     assert "replicate needs two or more distinct locations" in capsys.readouterr().err

@@ -324,7 +324,7 @@ def test_trace_shows_all_reduce_overlapping_backward(tmp):
     # A convolution whose backward (milliseconds) outlasts the first buckets' all-reduce.
     net = tmp / "big.prototxt"
     net.write_text('name: "big"\nlayer { name: "in" type: "Input" top: "data" top: "label" input_param { '
-                   'shape { dim: 8 dim: 1 dim: 64 dim: 64 } shape { dim: 8 } } }\n'
+                   'shape { dim: 8 dim: 1 dim: 128 dim: 128 } shape { dim: 8 } } }\n'
                    + LAYERS.replace("num_output: 8 kernel_size: 3", "num_output: 32 kernel_size: 5"))
     path = tmp / "trace.json"
     out = train(2, [net.name, "--max-iter", "4", "--bucket-mb", "0.001", "--snapshot-prefix", "out_big/",

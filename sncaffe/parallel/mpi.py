@@ -141,13 +141,17 @@ class MPIReducer:
         bucket.buffer = raw[:bucket.nbytes].view(bucket.dtype)
 
     def before(self, bucket):
-        """On the issuing thread, when the all-reduce operator is issued: nothing to record on a CPU."""
-        return None
+        """On the issuing thread, when the all-reduce operator is issued: on a GPU (no NCCL), an event
+        on its compute stream after the gradients' kernels; nothing on a CPU."""
+        record = getattr(self.device, "record", None)
+        return record() if record is not None else None
 
     def reduce(self, bucket, arrays, token=None) -> None:
         """The all-reduce operator's work, on the comm stream: ``arrays`` (the bucket's gradients,
         where they are now) into the bucket's host buffer, summed over the ranks, averaged, back."""
         buf = bucket.buffer
+        if token is not None:
+            token.wait()                        # the gradients' kernels are done
         for s, a in zip(bucket.slots, arrays):
             view = buf[s.offset:s.offset + s.size].reshape(s.shape)
             if isinstance(a, np.ndarray):
@@ -162,6 +166,8 @@ class MPIReducer:
                 np.copyto(a, view)
             else:
                 a.set(view)
+        if token is not None:                   # the copies back are done before the update reads them
+            self.device.xp.cuda.get_current_stream().synchronize()
 
     def close(self) -> None:
         for off in self._blocks:

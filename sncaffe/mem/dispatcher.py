@@ -67,8 +67,8 @@ def _live(events):
 class Dispatcher(SerialExecutor):
     KINDS = ("alloc", "free", "run", "offload", "prefetch", "drop", "snapshot", "restore", "collective")
 
-    def __init__(self, device, binders, run_op, devices=None, threaded=None):
-        super().__init__(device, binders, run_op, devices)
+    def __init__(self, *args, threaded=None, **kwargs):
+        super().__init__(*args, **kwargs)      # the serial executor's arguments, whatever they become
         cpu = all(_is_cpu(d) for d in self.devices.values())
         # one worker per location where there are several CPU locations (see the module's doc)
         self.threaded = (cpu and len(self.devices) > 1) if threaded is None else threaded

@@ -6,6 +6,10 @@ for the copies it depends on: prefetches of what it touches, offloads of what
 it overwrites. A block is freed only after the copies that use it are done.
 Because allocations and frees happen exactly in the planned order, the pool's
 measured peak equals the planned one.
+
+This serial executor is the base of the one nets use, ``Executor`` below:
+the event-driven dispatcher of dispatcher.py (operators on the streams of
+their locations, each issued when the events it depends on have fired).
 """
 from __future__ import annotations
 

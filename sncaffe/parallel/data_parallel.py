@@ -82,14 +82,14 @@ def insert_allreduce(schedule, ops) -> list:
         if ins.kind == "run" and ins.op.kind == "backward" and not ins.recompute:
             where[ins.op.node.name] = k
     placed = []
-    for op in ops:
+    for i, op in enumerate(ops):
         missing = sorted(op.layers - set(where))
         if missing:
             raise ValueError(f"data parallel: layer {missing[0]} has gradients but no backward operator")
-        placed.append((max(where[name] for name in op.layers), Instr("collective", op=op)))
-    for k, ins in sorted(placed, key=lambda x: x[0], reverse=True):
+        placed.append((max(where[name] for name in op.layers), i, Instr("collective", op=op)))
+    for k, _, ins in sorted(placed, key=lambda x: x[:2], reverse=True):   # after the same op: in ops' order
         schedule.backward.insert(k + 1, ins)
-    return [ins for _, ins in placed]
+    return [ins for _, _, ins in placed]
 
 
 def _host(a):
@@ -123,7 +123,7 @@ class DataParallel:
         self.instructions = insert_allreduce(self.net.plan.schedule, self.ops)
         location = self.ops[0].location if self.ops else ""
         self.stream = self.net.executor.stream(location, "comm")
-        self._runs, self._pass = [0] * len(self.buckets), 0
+        self._runs, self._seen, self._pass = [0] * len(self.buckets), 0, 0
         solver.sync_requests = self.agree
         solver.is_root = self.rank == 0
         batch, sizes = self.net.batch_size, [f"{b.nbytes / 2**20:.2f}" for b in self.buckets]
@@ -171,13 +171,13 @@ class DataParallel:
     # -- the all-reduce operators' work (on the comm stream, in bucket order) -----------
     def reduced(self, op, arrays, token):
         """Bucket ``op.bucket``'s operator ran: all-reduce in the last pass of an iteration (its
-        gradients are complete then), nothing in the others; the last bucket ends the pass."""
-        index = op.bucket.index
+        gradients are complete then), nothing in the others."""
         if self._pass % self.iter_size == self.iter_size - 1:
             self.reducer.reduce(op.bucket, arrays, token)
-            self._runs[index] += 1
-        if index == len(self.buckets) - 1:
-            self._pass += 1
+            self._runs[op.bucket.index] += 1
+        self._seen += 1
+        if self._seen == len(self.buckets):     # every bucket's operator of this pass has run
+            self._seen, self._pass = 0, self._pass + 1
 
     # -- for callers driving the net themselves -----------------------------------------
     def wait(self) -> None:

@@ -49,7 +49,7 @@ def _label_classes(net) -> dict:
         for i, bottom in enumerate(node.bottoms[1:], 1):
             if node.layer.allow_force_backward(i):
                 continue
-            while bottom.producer.type == "Split":
+            while bottom.producer.type in ("Split", "Copy", "Slice"):     # through placement and replicas
                 bottom = bottom.producer.bottoms[0]
             if bottom.producer.type != "Input":
                 continue
@@ -212,6 +212,22 @@ def _materialize_nets(p, batch, spec=None):
         q.CopyFrom(_placed(set_batch(q, batch) if batch else q, spec))
 
 
+def _replicate_nets(p, args):
+    """``--replicas cpu:0,cpu:1``: the solver's nets replicated over those locations (data parallel
+    in one process; see sncaffe.parallel.replicas)."""
+    from .parallel.replicas import replicate
+    if args.place:
+        raise ValueError("--replicas places the layers itself: give --place or --replicas, not both")
+    locations = [x.strip() for x in args.replicas.split(",") if x.strip()]
+    if not (args.batch or args.place):
+        _materialize_nets(p, None)
+    for field in ("net_param", "train_net_param"):
+        if p.HasField(field):
+            getattr(p, field).CopyFrom(replicate(getattr(p, field), locations))
+    for q in p.test_net_param:
+        q.CopyFrom(replicate(q, locations))
+
+
 def _solver_param(args):
     """The SolverParameter to train with: the file's (or the defaults for a net), then the flags."""
     from google.protobuf import text_format
@@ -241,6 +257,8 @@ def _solver_param(args):
         _materialize_nets(p, args.batch, args.place)
     elif args.place:
         _materialize_nets(p, None, args.place)
+    if getattr(args, "replicas", None):
+        _replicate_nets(p, args)
     if p.HasField("snapshot_prefix") and (p.snapshot or p.snapshot_after_train):
         if p.snapshot_prefix.endswith(("/", os.sep)):      # a directory: files named after the solver
             os.makedirs(p.snapshot_prefix, exist_ok=True)
@@ -392,6 +410,12 @@ def _train(args, comm=None) -> int:
                 parallel = DataParallel(solver, comm, bucket_bytes=int(args.bucket_mb * 2**20),
                                         timeout=args.comm_timeout)
                 progress.images *= comm.Get_size()
+            replicas = None
+            if getattr(args, "replicas", None):
+                if comm is not None:
+                    raise ValueError("--replicas is data parallelism inside one process: not under mpiexec")
+                from .parallel.replicas import Replicas
+                replicas = Replicas(solver, weights=args.weights)
             tracer = None
             if args.trace and (comm is None or comm.Get_rank() == 0):
                 from .parallel import IterationTrace
@@ -406,6 +430,8 @@ def _train(args, comm=None) -> int:
                     progress.bar.close()
             if parallel is not None:
                 parallel.close()
+            if replicas is not None:
+                replicas.close()
             if tracer is not None and tracer.spans is None:
                 log.warning("--trace: iteration %d was not trained (iterations %d to %d were), no trace written",
                             args.trace_iter, progress.start if progress.start is not None else solver.iter,
@@ -668,6 +694,9 @@ def _parser():
     memory_flag(t, default=None)
     t.add_argument("--host-params", action="store_true",
                    help="keep parameters, gradients and solver history in host memory, brought in per layer")
+    t.add_argument("--replicas", metavar="LOC,LOC,...",
+                   help="data parallel in one process: the net replicated at these locations (cpu:0,cpu:1), "
+                        "the batch cut among them, gradients summed; snapshots hold every replica's layers")
     t.add_argument("--trace", metavar="JSON", help="write a Chrome trace (chrome://tracing, Perfetto) of one "
                                                   "iteration: compute, d2h, h2d and comm streams (rank 0)")
     t.add_argument("--trace-iter", type=int, default=1, metavar="N",

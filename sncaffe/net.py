@@ -294,7 +294,8 @@ class Net:
             self.step_hook(op, recompute)
         timings = self._timings
         if timings is not None:
-            self.device.synchronize()
+            if not self.executor.threaded:      # a worker's op is done here; waiting on streams could deadlock
+                self.device.synchronize()
             name = op.name + (" (recompute)" if recompute else "")
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 

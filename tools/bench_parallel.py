@@ -1,18 +1,27 @@
-"""Weak scaling of data-parallel training on the CPU, and how much all-reduce hides behind backward.
+"""Weak scaling of data-parallel training on the CPU: 2 ranks (MPI) and 2 locations of one process,
+and how much gradient exchange hides behind backward.
 
-    python tools/bench_parallel.py [--ranks 1 2] [--iters 30] [--nets lenet mlp]
+    python tools/bench_parallel.py [--nets lenet cifar_resnet resnet50] [--batch 8] [--iters 5]
 
-For each net and number of ranks N it runs ``mpiexec -n N`` (the venv's
-own) on this script in worker mode, one BLAS thread per rank, each rank at
-the same batch (weak scaling: N times the images per iteration). A worker
-trains with synthetic inputs through the Solver and DataParallel, times
-``--iters`` iterations after a warm-up, and traces ``--traces`` more. The
-table: ms per iteration, images/s, weak-scaling efficiency (time at 1 rank /
-time at N ranks), the same for N processes that train alone (no gradient
-exchange: the ceiling the machine allows, since ranks share its cores and
-memory), and from the traces the all-reduce time per iteration and the
-share of it that ran while backward was computing (medians), for each
-gradient bucket size of ``--bucket-mb``.
+For each net, each configuration runs in a process of its own (the venv's
+``mpiexec`` for ranks), one BLAS thread per rank or location, synthetic inputs:
+
+- ``1 rank``: one process at batch B (the base);
+- ``2 ranks alone``: two processes at B that do not exchange gradients (the
+  ceiling this machine allows, since they share its cores and memory);
+- ``2 ranks``: data parallel over MPI, B per rank, all-reduce operators on
+  the comm stream (``--bucket-mb``);
+- ``2 locations``: one process, the net replicated on cpu:0 and cpu:1
+  (``sncaffe.parallel.replicas``), B per location, summing operators on
+  cpu:0's comm stream, each location on its own worker thread;
+- ``1 rank, 2B``: one process at the summed batch on one thread, what the
+  2 locations are measured against (``vs 2B``: its time over theirs).
+
+Weak-scaling efficiency is the time per iteration at 1 rank over that of the
+configuration (1.00: twice the images in the same time). ``hidden``: of the
+time some gradient exchange (all-reduce or sum) was running, the share during
+which a backward operator was computing, from ``--traces`` traced iterations
+(median).
 """
 from __future__ import annotations
 
@@ -43,7 +52,10 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip3" bottom: "label" top: 
 """
 
 
-def net_param(name, batch):
+NETS = ("lenet", "cifar_resnet", "resnet50", "mlp")
+
+
+def net_param(name, batch, hw=None):
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import filter_net, parse_text, read_text, replace_data_layers, set_batch
     if name == "lenet":
@@ -52,7 +64,19 @@ def net_param(name, batch):
         return param
     if name == "mlp":
         return set_batch(parse_text(MLP, pb.NetParameter()), batch)
-    raise ValueError(f"unknown net {name!r} (lenet, mlp)")
+    if name in ("cifar_resnet", "resnet50"):
+        file = "cifar10_resnet.prototxt" if name == "cifar_resnet" else "resnet50.prototxt"
+        param = set_batch(read_text(ROOT / "prototxt" / file, pb.NetParameter()), batch)
+        if hw and name == "resnet50":       # smaller images; the final 7x7 average pooling made global
+            for layer in param.layer:
+                if layer.type == "Input":
+                    layer.input_param.shape[0].dim[2] = layer.input_param.shape[0].dim[3] = hw
+                elif layer.type == "Pooling" and layer.pooling_param.kernel_size == 7 \
+                        and layer.pooling_param.pool == pb.PoolingParameter.AVE:
+                    layer.pooling_param.ClearField("kernel_size")
+                    layer.pooling_param.global_pooling = True
+        return param
+    raise ValueError(f"unknown net {name!r} ({', '.join(NETS)})")
 
 
 def worker(args) -> None:
@@ -63,18 +87,26 @@ def worker(args) -> None:
 
     from sncaffe.cli import SyntheticInputs
     from sncaffe.parallel import DataParallel, IterationTrace, overlap, world
+    from sncaffe.parallel.replicas import Replicas, replicate
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.solvers import Solver
     logging.getLogger("sncaffe").setLevel(logging.WARNING)
-    comm = world()
+    comm = None if args.replicas else world()
     p = pb.SolverParameter(base_lr=0.01, momentum=0.9, lr_policy="fixed", max_iter=10**6, random_seed=1,
                            snapshot_after_train=False)
-    p.net_param.CopyFrom(net_param(args.net, args.batch))
+    param = net_param(args.net, args.batch, args.hw)
+    if args.replicas:
+        from sncaffe.prototxt import set_batch
+        param = replicate(set_batch(param, args.batch * args.replicas),
+                          [f"cpu:{k}" for k in range(args.replicas)])
+    p.net_param.CopyFrom(param)
     solver = Solver(p, device="cpu")
     solver.feed = SyntheticInputs(1)
     parallel = None
     if comm is not None and comm.Get_size() > 1 and not args.alone:
         parallel = DataParallel(solver, comm, bucket_bytes=int(args.bucket_mb[0] * 2**20))
+    elif args.replicas:
+        parallel = Replicas(solver)
     solver.step(args.warmup)
     root = comm is None or comm.Get_rank() == 0
     tracers = [IterationTrace(solver, f"{args.trace}.{k}", args.warmup + k) for k in range(args.traces) if root]
@@ -88,20 +120,21 @@ def worker(args) -> None:
     if root:
         shares = [overlap(t.spans) for t in tracers]
         median = {k: float(np.median([o[k] for o in shares])) for k in shares[0]}
-        print(json.dumps({"ms": seconds * 1e3, "cpu_ms": cpu * 1e3, "buckets": len(parallel.buckets) if parallel else 0,
+        print(json.dumps({"ms": seconds * 1e3, "cpu_ms": cpu * 1e3, "buckets": len(parallel.ops) if parallel else 0,
                           **median}), flush=True)
 
 
-def run(net, ranks, args, bucket_mb=25.0, alone=False) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+def run(net, ranks, args, bucket_mb=1.0, alone=False, replicas=0, batch=None) -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [str(mpiexec), "-n", str(ranks), sys.executable, __file__, "--worker", "--net", net,
-               "--batch", str(args.batch), "--iters", str(args.iters), "--warmup", str(args.warmup),
-               "--traces", str(args.traces),
+        cmd = [sys.executable, __file__, "--worker", "--net", net,
+               "--batch", str(batch or args.batch), "--iters", str(args.iters), "--warmup", str(args.warmup),
+               "--traces", str(args.traces), "--hw", str(args.hw),
                "--bucket-mb", str(bucket_mb), "--trace", os.path.join(tmp, "trace.json")] + \
-            (["--alone"] if alone else [])
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            (["--alone"] if alone else []) + (["--replicas", str(replicas)] if replicas else [])
+        if not replicas:
+            cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks)] + cmd
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout}{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -109,41 +142,45 @@ def run(net, ranks, args, bucket_mb=25.0, alone=False) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nets", nargs="+", default=["lenet", "mlp"])
-    ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--batch", type=int, default=64, help="images per rank (default: %(default)s)")
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--traces", type=int, default=5, help="iterations traced (default: %(default)s)")
-    ap.add_argument("--bucket-mb", type=float, nargs="+", default=[25.0, 1.0],
-                    help="bucket sizes to try at N > 1 ranks (default: %(default)s)")
+    ap.add_argument("--nets", nargs="+", default=["lenet", "cifar_resnet", "resnet50"], choices=NETS)
+    ap.add_argument("--batch", type=int, default=8, help="images per rank or location (default: %(default)s)")
+    ap.add_argument("--hw", type=int, default=224, help="ResNet-50's image size (default: %(default)s)")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--traces", type=int, default=2, help="iterations traced (default: %(default)s)")
+    ap.add_argument("--bucket-mb", type=float, nargs="+", default=[1.0],
+                    help="bucket size for 2 ranks (default: %(default)s)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--net", help=argparse.SUPPRESS)
     ap.add_argument("--trace", help=argparse.SUPPRESS)
     ap.add_argument("--alone", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--replicas", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    print(f"weak scaling on the CPU ({os.cpu_count()} cores), batch {args.batch} per rank, "
-          f"{args.iters} iterations timed after {args.warmup + args.traces}, 1 BLAS thread per rank")
-    print("efficiency: ms/iter at 1 rank / ms/iter at N ranks (1.00: perfect weak scaling); 'alone': the same N\n"
-          "processes training without exchanging gradients, the ceiling this machine allows; all-reduce ms and\n"
-          "hidden: per traced iteration (median), the time some all-reduce ran and the share of it under backward")
-    print(f"{'net':<7}{'ranks':>6}{'bucket MB':>10}{'buckets':>8}{'ms/iter':>9}{'images/s':>10}{'efficiency':>11}"
-          f"{'alone eff':>10}{'all-reduce ms':>14}{'hidden':>8}")
+    load = os.getloadavg()
+    print(f"weak scaling on the CPU ({os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} "
+          f"{load[2]:.1f} at the start), batch {args.batch} per rank or location, {args.iters} iterations "
+          f"timed after {args.warmup + args.traces}, 1 BLAS thread per rank or location; ResNet-50 at "
+          f"{args.hw}x{args.hw}")
+    print(f"{'net':<13}{'configuration':<16}{'ops':>5}{'ms/iter':>10}{'images/s':>10}{'efficiency':>11}"
+          f"{'vs 2B':>7}{'exchange ms':>12}{'hidden':>8}")
     for net in args.nets:
-        base = None
-        for n in args.ranks:
-            alone = run(net, n, args, alone=True)["ms"] if n > 1 else None
-            for mb in (args.bucket_mb if n > 1 else [None]):
-                r = run(net, n, args, mb or 25.0)
-                base = r["ms"] if base is None else base
-                alone_eff = f"{base / alone:.2f}" if alone else "-"
-                comm = f"{r['comm_s'] * 1e3:.1f}" if n > 1 else "-"
-                hidden = f"{100 * r['hidden_share']:.0f}%" if n > 1 else "-"
-                images = n * args.batch / r["ms"] * 1e3
-                print(f"{net:<7}{n:>6}{mb or '-':>10}{r['buckets']:>8}{r['ms']:>9.1f}{images:>10.0f}"
-                      f"{base / r['ms']:>11.2f}{alone_eff:>10}{comm:>14}{hidden:>8}", flush=True)
+        base = run(net, 1, args)
+        rows = [("1 rank", base), ("2 ranks alone", run(net, 2, args, alone=True)),
+                ("2 ranks", run(net, 2, args, args.bucket_mb[0])), ("2 locations", run(net, 1, args, replicas=2)),
+                ("1 rank, 2B", run(net, 1, args, batch=2 * args.batch))]
+        double = rows[-1][1]["ms"]
+        for name, r in rows:
+            n = 1 if name == "1 rank" else 2
+            exchange = name in ("2 ranks", "2 locations")
+            print(f"{net:<13}{name:<16}{r['buckets']:>5}{r['ms']:>10.1f}{n * args.batch / r['ms'] * 1e3:>10.1f}"
+                  + (f"{base['ms'] / r['ms']:>11.2f}" if name != "1 rank, 2B" else f"{'-':>11}")
+                  + (f"{double / r['ms']:>7.2f}" if name == "2 locations" else f"{'-':>7}")
+                  + (f"{r['comm_s'] * 1e3:>12.1f}{100 * r['hidden_share']:>7.0f}%" if exchange else f"{'-':>12}{'-':>8}"),
+                  flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

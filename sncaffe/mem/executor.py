@@ -11,6 +11,10 @@ after the wait on the compute stream. The host itself waits only where it
 reuses memory the copies touch: a host block dropped or released.
 Because allocations and frees happen exactly in the planned order, the pool's
 measured peak equals the planned one.
+
+This serial executor is the base of the one nets use, ``Executor`` below:
+the event-driven dispatcher of dispatcher.py (operators on the streams of
+their locations, each issued when the events it depends on have fired).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import time
 from .liveness import op_tensors
 
 
-class Executor:
+class SerialExecutor:
     def __init__(self, device, binders, run_op, devices=None):
         self.device = device
         self.devices = dict(devices or {})     # location -> device (model parallelism)
@@ -198,3 +202,7 @@ class Executor:
     @property
     def busy(self) -> bool:
         return bool(self.transient or len(self.host) > len(self.home))
+
+
+# The executor nets use: the event-driven dispatcher built on the serial one above.
+from .dispatcher import Dispatcher as Executor  # noqa: E402

@@ -1,9 +1,11 @@
 """Streams and events on the CPU device: worker threads standing in for CUDA streams.
 
 A stream runs the work submitted to it in order, on its own thread; ``submit``
-returns an event that fires when that work is done. NumPy copies of large
-arrays release the GIL, so a copy on the device-to-host stream really overlaps
-the computation on the compute stream, as on a GPU.
+returns an event that fires when that work is done. Work may first wait for
+events of other streams (``after``, CUDA's cudaStreamWaitEvent): the stream
+holds there, and an error in one of them becomes this work's error without
+running it. NumPy copies and BLAS calls on large arrays release the GIL, so
+work on one stream really overlaps work on another, as on a GPU.
 """
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ class Event:
     def query(self) -> bool:
         return self._done.is_set()
 
-    def wait(self):
-        self._done.wait()
+    def wait(self, timeout=None):
+        """Block until the work is done (``TimeoutError`` after ``timeout`` seconds); raise its error."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"not done within {timeout:g} s")
         if self.error is not None:
             raise self.error
 
@@ -40,18 +44,22 @@ class Stream:
 
     def _work(self):
         while True:
-            fn, event = self._queue.get()
-            event.start = time.perf_counter()
+            fn, event, after = self._queue.get()
             try:
+                for e in after:
+                    e.wait()
+                event.start = time.perf_counter()
                 fn()
             except BaseException as e:     # handed to whoever waits on the event
                 event.error = e
             event.end = time.perf_counter()
             event.set()
 
-    def submit(self, fn) -> Event:
+    def submit(self, fn, after=()) -> Event:
+        """Run ``fn`` after the work before it on this stream and the events ``after``;
+        ``event.start`` is when ``fn`` began (after the waits)."""
         event = Event()
-        self._queue.put((fn, event))
+        self._queue.put((fn, event, tuple(after)))
         self._last = event
         return event
 

@@ -25,6 +25,7 @@ class Slot:
     shape: tuple
     offset: int                 # in elements, into the bucket's buffer
     size: int
+    diff: object = None         # the graph tensor of that gradient (what the all-reduce operator writes)
 
 
 @dataclass(eq=False)
@@ -63,7 +64,7 @@ def make_buckets(net, bucket_bytes=BUCKET_BYTES) -> list:
             if not buckets or (buckets[-1].size and (buckets[-1].size + size) * dtype.itemsize > bucket_bytes):
                 buckets.append(Bucket(len(buckets), dtype))
             b = buckets[-1]
-            b.slots.append(Slot(node.name, i, node.layer.blobs[i], tuple(diff.shape), b.size, size))
+            b.slots.append(Slot(node.name, i, node.layer.blobs[i], tuple(diff.shape), b.size, size, diff))
             b.size += size
     return buckets
 

@@ -1,33 +1,36 @@
-"""Data parallelism: one process per device, gradients averaged over the ranks while backward runs.
+"""Data parallelism: one process per device, gradients averaged over the ranks by operators of the graph.
 
 ``DataParallel(solver, comm)`` joins a Solver to the other ranks of an MPI
-job (every rank builds the same solver and calls ``solve()``):
+job (every rank builds the same solver and calls ``solve()``). It is process
+set-up plus one graph pass:
 
-- rank 0's parameters and solver history are broadcast, so all ranks start
-  from the same weights (whatever their seeds);
+- rank 0's training state (``solver.state_arrays()``) and iteration are
+  broadcast, so all ranks start from the same weights (whatever their seeds);
 - each data layer and the solver's feed take this rank's shard: of every
   global batch of N*B records, rank r keeps records [r*B, (r+1)*B), so N
   ranks at batch B see exactly what one process sees at batch N*B;
-- after each layer's backward operator (``net.step_hook``) the buckets that
-  have all their gradients start their all-reduce on the comm thread, while
-  backward goes on; ``solver.before_update`` waits for them all and writes
-  the averaged gradients back, so every rank applies the same update;
-- only rank 0 tests and snapshots; stop and snapshot requests (signals) are
-  agreed by all ranks after each iteration.
+- the pass (``insert_allreduce``) puts one all-reduce operator per gradient
+  bucket into the train net's backward schedule, right after the last
+  backward operator that produces one of its gradients. The dispatcher runs
+  it on the comm stream once those gradients' events have fired, while
+  backward goes on; whatever touches the gradients next (an offload, the
+  update at the end of the pass) waits for its event. With iter_size > 1 it
+  all-reduces only in the last pass of an iteration;
+- only rank 0 tests and snapshots (``solver.is_root``); stop and snapshot
+  requests (signals) are agreed by all ranks after each iteration
+  (``solver.sync_requests``).
 
-Every MPI call after start-up is made on the comm thread, one at a time.
+No hook of the solver or the net is replaced. Every MPI call after start-up
+is made on the comm stream, one at a time.
 """
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
 import zlib
 
 import numpy as np
 
-from ..solvers.solver import _host
+from ..mem.schedule import Instr
 from .buckets import BUCKET_BYTES, describe, make_buckets
 from .mpi import MPIReducer, allreduce_max
 
@@ -39,57 +42,58 @@ class CommTimeout(RuntimeError):
     """Another rank did not join a collective in time: it stopped or is stuck."""
 
 
-class CommEvent:
-    """Done when the comm thread has run the work; ``start``/``end`` (perf_counter) for traces."""
-
-    def __init__(self, name):
-        self.name = name
-        self._done = threading.Event()
-        self.error = None
-        self.start = self.end = None
-
-    def query(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout=None) -> None:
-        if not self._done.wait(timeout):
-            raise CommTimeout(f"{self.name} did not finish within {timeout:g} s: another rank has stopped "
-                              "or is stuck (the limit is --comm-timeout)")
-        if self.error is not None:
-            raise self.error
+def comm_timeout(name, timeout) -> CommTimeout:
+    return CommTimeout(f"{name} did not finish within {timeout:g} s: another rank has stopped "
+                       "or is stuck (the limit is --comm-timeout)")
 
 
-class CommStream:
-    """The communication stream: one thread running collectives in the order they are submitted."""
+class AllReduce:
+    """The all-reduce operator of one bucket (a ``collective`` instruction's op): it writes the
+    bucket's gradients in place, on the comm stream of their location."""
+    kind = "collective"
 
-    def __init__(self):
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="sncaffe-comm", daemon=True)
-        self._thread.start()
+    def __init__(self, parallel, bucket):
+        self.parallel, self.bucket = parallel, bucket
+        self.name = f"all-reduce {bucket.name}"
+        self.layers = bucket.layers
+        self.tensors = [s.diff for s in bucket.slots]
+        self.location = self.tensors[0].location
+        self.nbytes = bucket.nbytes
+        self.timeout = parallel.timeout
 
-    def _work(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, event = item
-            event.start = time.perf_counter()
-            try:
-                fn(event)
-            except BaseException as e:           # raised again by whoever waits on the event
-                event.error = e
-            event.end = time.perf_counter()
-            event._done.set()
+    def before(self):
+        return self.parallel.reducer.before(self.bucket)
 
-    def submit(self, name, fn) -> CommEvent:
-        """Run ``fn(event)`` on the comm thread; it may move ``event.start`` past what it waited for."""
-        event = CommEvent(name)
-        self._queue.put((fn, event))
-        return event
+    def run(self, arrays, token=None):
+        self.parallel.reduced(self, arrays, token)
 
-    def close(self):
-        self._queue.put(None)
-        self._thread.join(10)
+    def timed_out(self) -> CommTimeout:
+        return comm_timeout(self.name, self.timeout)
+
+    def __repr__(self):
+        return self.name
+
+
+def insert_allreduce(schedule, ops) -> list:
+    """The graph pass: each all-reduce operator into ``schedule.backward`` right after the last
+    backward operator of a layer of its bucket. Returns the instructions inserted."""
+    where = {}
+    for k, ins in enumerate(schedule.backward):
+        if ins.kind == "run" and ins.op.kind == "backward" and not ins.recompute:
+            where[ins.op.node.name] = k
+    placed = []
+    for i, op in enumerate(ops):
+        missing = sorted(op.layers - set(where))
+        if missing:
+            raise ValueError(f"data parallel: layer {missing[0]} has gradients but no backward operator")
+        placed.append((max(where[name] for name in op.layers), i, Instr("collective", op=op)))
+    for k, _, ins in sorted(placed, key=lambda x: x[:2], reverse=True):   # after the same op: in ops' order
+        schedule.backward.insert(k + 1, ins)
+    return [ins for _, _, ins in placed]
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else a
 
 
 def make_reducer(comm, device):
@@ -115,17 +119,11 @@ class DataParallel:
         self.reducer = reducer or make_reducer(comm, solver.device)
         for b in self.buckets:
             self.reducer.allocate(b)
-        self._of_layer = {}
-        for b in self.buckets:
-            for name in b.layers:
-                self._of_layer.setdefault(name, []).append(b)
-        self._n_backward = sum(1 for ins in self.net.plan.schedule.backward
-                               if ins.kind == "run" and ins.op.kind == "backward")
-        self.stream = CommStream()
-        self._reset()
-        self._previous_hook = self.net.step_hook
-        self.net.step_hook = self._after_op
-        solver.before_update = self.wait
+        self.ops = [AllReduce(self, b) for b in self.buckets]
+        self.instructions = insert_allreduce(self.net.plan.schedule, self.ops)
+        location = self.ops[0].location if self.ops else ""
+        self.stream = self.net.executor.stream(location, "comm")
+        self._runs, self._seen, self._pass = [0] * len(self.buckets), 0, 0
         solver.sync_requests = self.agree
         solver.is_root = self.rank == 0
         batch, sizes = self.net.batch_size, [f"{b.nbytes / 2**20:.2f}" for b in self.buckets]
@@ -139,7 +137,7 @@ class DataParallel:
     def _broadcast_state(self):
         """Rank 0's parameters, solver history and iteration on every rank."""
         solver = self.solver
-        arrays = [q.blob.data for q in solver._learnable] + list(solver.history)
+        arrays = solver.state_arrays()
         hosts = [np.ascontiguousarray(_host(a)) for a in arrays]
         crc = 0
         for h in hosts:
@@ -170,66 +168,43 @@ class DataParallel:
         if unsharded and self.rank == 0:
             log.warning("%s layers are not sharded: every rank reads the same batches", ", ".join(unsharded))
 
-    # -- backward: buckets start as their gradients are ready --------------------------
-    def _reset(self):
-        self._waiting = [set(b.layers) for b in self.buckets]
-        self._events = [None] * len(self.buckets)
-        self._done = self._pass = 0
+    # -- the all-reduce operators' work (on the comm stream, in bucket order) -----------
+    def reduced(self, op, arrays, token):
+        """Bucket ``op.bucket``'s operator ran: all-reduce in the last pass of an iteration (its
+        gradients are complete then), nothing in the others."""
+        if self._pass % self.iter_size == self.iter_size - 1:
+            self.reducer.reduce(op.bucket, arrays, token)
+            self._runs[op.bucket.index] += 1
+        self._seen += 1
+        if self._seen == len(self.buckets):     # every bucket's operator of this pass has run
+            self._seen, self._pass = 0, self._pass + 1
 
-    def _after_op(self, op, recompute):
-        if self._previous_hook is not None:
-            self._previous_hook(op, recompute)
-        if op.kind != "backward":
-            return
-        if self._pass % self.iter_size == self.iter_size - 1:   # the gradients are complete
-            for b in self._of_layer.get(op.node.name, ()):
-                waiting = self._waiting[b.index]
-                waiting.discard(op.node.name)
-                if not waiting:
-                    self._start(b)
-        self._done += 1
-        if self._done == self._n_backward:
-            self._done, self._pass = 0, self._pass + 1
-
-    def _start(self, bucket):
-        previous = self._events[bucket.index]
-        if previous is not None:         # a backward without an update since: its all-reduce is not used
-            previous.wait(self.timeout)
-        packed = self.reducer.pack(bucket)
-        event = self.stream.submit(f"all-reduce of gradient {bucket.name}",
-                                   lambda ev: self.reducer.allreduce(bucket, packed, ev))
-        self._events[bucket.index] = event
-        self.net.executor.traced(f"all-reduce {bucket.name}", "comm", event)
-
-    # -- solver hooks ---------------------------------------------------------------
+    # -- for callers driving the net themselves -----------------------------------------
     def wait(self) -> None:
-        """Before the update: every bucket all-reduced, the averages in the parameters' diffs."""
-        t0 = time.perf_counter()
-        missing = [b.name for b, e in zip(self.buckets, self._events) if e is None]
+        """Check that every bucket was all-reduced since the last check (a full backward ran):
+        the solver needs no such call, its passes always run backward to the end."""
+        self.net.executor.synchronize()
+        missing = [b.name for b, n in zip(self.buckets, self._runs) if n == 0]
         if missing:
             raise RuntimeError(f"data parallel: gradient {missing[0]} was not all-reduced in iteration "
                                f"{self.solver.iter} (a backward pass did not run to the end)")
-        for event in self._events:
-            event.wait(self.timeout)
-        for b in self.buckets:
-            self.reducer.unpack(b)
-        self._reset()
-        trace = self.net.executor.trace
-        if trace is not None:
-            trace.append(("compute", "wait for the all-reduce", t0, time.perf_counter()))
+        self._runs = [0] * len(self.buckets)
 
     def agree(self, stop: bool, snapshot: bool):
         """Stop and snapshot requests of any rank, on every rank (after an iteration)."""
         flags = np.array([stop, snapshot], np.int32)
-        self.stream.submit("agreeing on stop and snapshot requests",
-                           lambda ev: allreduce_max(self.comm, flags)).wait(self.timeout)
+        event = self.stream.submit(lambda: allreduce_max(self.comm, flags))
+        try:
+            event.wait(self.timeout)
+        except TimeoutError:
+            raise comm_timeout("agreeing on stop and snapshot requests", self.timeout) from None
         return bool(flags[0]), bool(flags[1])
 
     def close(self) -> None:
-        """After training: give the hooks back, stop the comm thread, free the buffers. (After an
-        error, don't: a collective the other ranks never join would keep the comm thread.)"""
-        self.stream.close()
-        self.net.step_hook = self._previous_hook
-        self.solver.before_update = self.solver.sync_requests = None
+        """After training: the all-reduce operators out of the schedule, the buffers freed. (After
+        an error, don't: a collective the other ranks never join would keep the comm stream.)"""
+        self.net.executor.synchronize()
+        backward = self.net.plan.schedule.backward
+        backward[:] = [ins for ins in backward if not any(ins is x for x in self.instructions)]
+        self.solver.sync_requests = None
         self.reducer.close()
-

@@ -140,32 +140,34 @@ class MPIReducer:
         self._blocks.append(off)
         bucket.buffer = raw[:bucket.nbytes].view(bucket.dtype)
 
-    def pack(self, bucket) -> list:
-        """Copy the bucket's gradients into its buffer on the device's d2h stream; the copies' events.
-        On that stream they come before any offload of the same gradients (host_params), so the
-        executor cannot free a gradient's block before it is copied."""
-        raw = bucket.buffer.view(np.uint8)
-        size = bucket.dtype.itemsize
-        return [self.device.copy_to_host(raw[s.offset * size:(s.offset + s.size) * size], s.blob.diff)
-                for s in bucket.slots]
+    def before(self, bucket):
+        """On the issuing thread, when the all-reduce operator is issued: on a GPU (no NCCL), an event
+        on its compute stream after the gradients' kernels; nothing on a CPU."""
+        record = getattr(self.device, "record", None)
+        return record() if record is not None else None
 
-    def allreduce(self, bucket, packed, event) -> None:
-        """On the comm thread: wait for the packing copies, sum over the ranks, average."""
-        for e in packed:
-            e.wait()
-        event.start = time.perf_counter()         # the all-reduce itself, after the copies
-        wait_polling(self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.buffer, op=self.MPI.SUM))
-        bucket.buffer *= bucket.dtype.type(1.0 / self.size)
-
-    def unpack(self, bucket) -> None:
-        """The averaged gradients back into the parameters' diffs (where they are after backward)."""
-        for s in bucket.slots:
-            view = bucket.buffer[s.offset:s.offset + s.size].reshape(s.shape)
-            diff = s.blob.diff
-            if isinstance(diff, np.ndarray):
-                np.copyto(diff, view)
+    def reduce(self, bucket, arrays, token=None) -> None:
+        """The all-reduce operator's work, on the comm stream: ``arrays`` (the bucket's gradients,
+        where they are now) into the bucket's host buffer, summed over the ranks, averaged, back."""
+        buf = bucket.buffer
+        if token is not None:
+            token.wait()                        # the gradients' kernels are done
+        for s, a in zip(bucket.slots, arrays):
+            view = buf[s.offset:s.offset + s.size].reshape(s.shape)
+            if isinstance(a, np.ndarray):
+                np.copyto(view, a)
             else:
-                diff.set(view)                  # a CuPy array: host to device on the current stream
+                a.get(out=view)                 # a CuPy array: device to host
+        wait_polling(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM))
+        buf *= bucket.dtype.type(1.0 / self.size)
+        for s, a in zip(bucket.slots, arrays):
+            view = buf[s.offset:s.offset + s.size].reshape(s.shape)
+            if isinstance(a, np.ndarray):
+                np.copyto(a, view)
+            else:
+                a.set(view)
+        if token is not None:                   # the copies back are done before the update reads them
+            self.device.xp.cuda.get_current_stream().synchronize()
 
     def close(self) -> None:
         for off in self._blocks:

@@ -10,7 +10,6 @@ library CuPy loads (``pip install nvidia-nccl-cu12``, or -cu13).
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -52,33 +51,32 @@ class NCCLReducer:
         self._blocks.append(off)
         bucket.buffer = arr
 
-    def pack(self, bucket) -> list:
-        """Copy the gradients into the bucket's buffer on the compute stream; an event after them."""
-        for s in bucket.slots:
-            bucket.buffer[s.offset:s.offset + s.size].reshape(s.shape)[...] = s.blob.diff
-        return [self.device.record()]
+    def before(self, bucket):
+        """On the issuing thread, right after the bucket's last backward operator was launched:
+        an event on the compute stream the all-reduce waits for."""
+        return self.device.record()
 
-    def allreduce(self, bucket, packed, event) -> None:
-        """On the comm thread: the all-reduce on the comm stream after the packing; wait for it."""
+    def reduce(self, bucket, arrays, token=None) -> None:
+        """The all-reduce operator's work, on the comm thread: pack, all-reduce, average and unpack
+        on the NCCL stream after ``token`` (the gradients' compute event); wait for it."""
         self.device.gpu.use()
-        for e in packed:
-            self.stream.wait_event(e.event)
-        event.start = time.perf_counter()
+        if token is not None:
+            self.stream.wait_event(token.event)
         buf = bucket.buffer
-        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._types[bucket.dtype],
-                            self.nccl.NCCL_SUM, self.stream.ptr)
         with self.stream:
+            for s, a in zip(bucket.slots, arrays):
+                view = buf[s.offset:s.offset + s.size].reshape(s.shape)
+                view[...] = self.cp.asarray(a)
+            self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._types[bucket.dtype],
+                                self.nccl.NCCL_SUM, self.stream.ptr)
             buf *= bucket.dtype.type(1.0 / self.size)
+            for s, a in zip(bucket.slots, arrays):
+                view = buf[s.offset:s.offset + s.size].reshape(s.shape)
+                if isinstance(a, np.ndarray):     # parameters kept on the host (host_params)
+                    view.get(out=a, stream=self.stream)
+                else:
+                    a[...] = view
         self.stream.synchronize()
-
-    def unpack(self, bucket) -> None:
-        for s in bucket.slots:
-            view = bucket.buffer[s.offset:s.offset + s.size].reshape(s.shape)
-            diff = s.blob.diff
-            if isinstance(diff, np.ndarray):     # parameters kept on the host (host_params)
-                view.get(out=diff)
-            else:
-                diff[...] = view
 
     def close(self) -> None:
         self.stream.synchronize()

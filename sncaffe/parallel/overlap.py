@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..trace import write_chrome_trace
+from ..trace import start_tracing, stop_tracing, write_chrome_trace
 
 log = logging.getLogger("sncaffe")
 
@@ -43,14 +43,18 @@ def _intersection(a, b) -> float:
     return total
 
 
+def _kind(stream) -> str:
+    return stream.rpartition("/")[2]
+
+
 def overlap(spans) -> dict:
     """Seconds of all-reduce (``comm``), of backward compute, and how much of the first hid behind the second.
 
     ``hidden_share`` is the all-reduce time during which a backward operator
     was running, over all the all-reduce time (1.0: none of it delays the update).
     """
-    comm = _union((s, e) for stream, _, s, e in spans if stream == "comm")
-    backward = _union((s, e) for stream, name, s, e in spans if stream == "compute" and name.endswith(":backward"))
+    comm = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "comm")
+    backward = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "compute" and s[1].endswith(":backward"))
     comm_s = _length(comm)
     hidden = _intersection(comm, backward)
     return {"comm_s": comm_s, "backward_s": _length(backward), "hidden_s": hidden,
@@ -69,19 +73,16 @@ class IterationTrace:
             self._arm()
 
     def _arm(self):
-        executor = self.solver.net.executor
-        executor.trace, executor._pending_trace = [], []
+        start_tracing(self.solver.net.executor)
 
     def __call__(self, iteration, loss, lr):
         if iteration == self.iteration:          # the update before the traced iteration is done
             self._arm()
         elif iteration == self.iteration + 1:
-            executor = self.solver.net.executor
-            spans = executor.trace_events()
-            executor.trace = None
-            last = max((e for stream, _, _, e in spans if stream == "compute"), default=time.perf_counter())
+            spans, counters = stop_tracing(self.solver.net.executor)
+            last = max((s[3] for s in spans if _kind(s[0]) == "compute"), default=time.perf_counter())
             spans.append(("compute", "update", last, time.perf_counter()))
-            write_chrome_trace(spans, self.path)
+            write_chrome_trace(spans, self.path, counters=counters)
             self.spans = spans
             o = overlap(spans)
             comm = (f"; all-reduce {o['comm_s'] * 1e3:.1f} ms, {100 * o['hidden_share']:.0f}% of it hidden behind "

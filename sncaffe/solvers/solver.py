@@ -256,6 +256,11 @@ class Solver:
                              self.dtype.type(q.decay_mult)))
         return out
 
+    def state_arrays(self) -> list:
+        """The arrays that are the training state: every parameter's data (net order), then the
+        history (what data parallelism broadcasts from rank 0)."""
+        return [q.blob.data for q in self._learnable] + list(self.history)
+
     def _alloc_history(self):
         alloc = self.net.alloc_state          # the device pool, or the host pool with host parameters
         history = [alloc(q.blob.shape, self.dtype, f"history{k}/{q.layer}[{q.index}]")

@@ -43,3 +43,21 @@ def test_buckets_close_before_they_would_exceed_the_limit():
     one_each = make_buckets(net(), bucket_bytes=1)        # a parameter larger than the limit goes alone
     assert [len(b.slots) for b in one_each] == [1] * 5
     assert describe(buckets).startswith("bucket 0 (0.00 MB): ip2[0], ip2[1]; bucket 1")
+
+
+def test_the_pass_puts_each_all_reduce_after_its_last_producer_in_bucket_order():
+    """Operators after the same backward operator keep their buckets' order (every rank issues
+    the same collectives in the same order)."""
+    from types import SimpleNamespace
+
+    from sncaffe.mem.schedule import Instr, Schedule
+    from sncaffe.parallel.data_parallel import insert_allreduce
+
+    def run(name):
+        return Instr("run", op=SimpleNamespace(kind="backward", node=SimpleNamespace(name=name)))
+    schedule = Schedule(backward=[run("c"), run("b"), run("a")])
+    ops = [SimpleNamespace(name=n, layers=set(ls)) for n, ls in
+           (("0", {"c"}), ("1", {"c"}), ("2", {"b", "c"}), ("3", {"a"}))]
+    insert_allreduce(schedule, ops)
+    assert [ins.op.name if ins.kind == "collective" else ins.op.node.name for ins in schedule.backward] == \
+        ["c", "0", "1", "b", "2", "a", "3"]

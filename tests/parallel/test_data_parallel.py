@@ -124,11 +124,19 @@ def test_one_rank_data_parallel_trains_exactly_as_without(iter_size, host_params
     parallel.feed.shard = None              # DataParallel must set it
     dp = DataParallel(parallel, MPI.COMM_SELF, bucket_bytes=600)
     assert len(dp.buckets) == 3 and parallel.feed.shard == (0, 1)
-    assert parallel.net.step_hook == dp._after_op and parallel.before_update == dp.wait
+    # no hook replaced: the all-reduce operators are in the backward schedule, after their producers
+    assert parallel.net.step_hook is None and parallel.before_update is None
+    backward = parallel.net.plan.schedule.backward
+    kinds = [ins.kind for ins in backward]
+    assert kinds.count("collective") == 3
+    for ins in dp.instructions:
+        k = next(i for i, x in enumerate(backward) if x is ins)
+        last = max(i for i, x in enumerate(backward) if x.kind == "run" and x.op.node.name in ins.op.bucket.layers)
+        assert last < k
     plain.solve()
     parallel.solve()
     dp.close()
-    assert parallel.net.step_hook is None and parallel.before_update is None
+    assert "collective" not in [ins.kind for ins in parallel.net.plan.schedule.backward]
     for q, r in zip(plain._learnable, parallel._learnable):
         np.testing.assert_array_equal(q.blob.data, r.blob.data)
 
@@ -145,15 +153,29 @@ def test_an_update_without_a_full_backward_is_an_error():
 
 
 def test_a_collective_that_does_not_finish_times_out():
-    from sncaffe.parallel.data_parallel import CommStream, CommTimeout
-    stream = CommStream()
-    event = stream.submit("all-reduce of gradient bucket 3", lambda ev: time.sleep(0.5))
+    """An all-reduce operator that outlasts its timeout ends the pass with CommTimeout; one that
+    fails raises its error; the comm stream goes on."""
+    from types import SimpleNamespace
+
+    from sncaffe.backend import CPUDevice
+    from sncaffe.graph import Tensor
+    from sncaffe.mem.executor import Executor
+    from sncaffe.mem.schedule import Instr
+    from sncaffe.parallel.data_parallel import CommTimeout, comm_timeout
+    device = CPUDevice("1MiB")
+    ex = Executor(device, {}, lambda *a: None)
+    grad = Tensor("g", (4,), np.dtype(np.float32), "param_diff")
+    ex.alloc(grad, fill=0, persistent=True)
+
+    def op(name, work, timeout):
+        return SimpleNamespace(name=name, tensors=[grad], location="", nbytes=16, timeout=timeout,
+                               before=lambda: None, run=lambda arrays, token: work(),
+                               timed_out=lambda: comm_timeout(name, timeout))
     with pytest.raises(CommTimeout, match="bucket 3 did not finish within 0.05 s: another rank"):
-        event.wait(0.05)
-    failing = stream.submit("x", lambda ev: 1 / 0)
+        ex.execute([Instr("collective", op=op("all-reduce of gradient bucket 3", lambda: time.sleep(0.5), 0.05))])
     with pytest.raises(ZeroDivisionError):
-        failing.wait(5)
-    stream.close()
+        ex.execute([Instr("collective", op=op("x", lambda: 1 / 0, 5))])
+    ex.stream("", "comm").submit(lambda: None).wait(5)
 
 
 @needs_mpi4py
@@ -298,7 +320,7 @@ def test_trace_shows_all_reduce_overlapping_backward(tmp):
     # A convolution whose backward (milliseconds) outlasts the first buckets' all-reduce.
     net = tmp / "big.prototxt"
     net.write_text('name: "big"\nlayer { name: "in" type: "Input" top: "data" top: "label" input_param { '
-                   'shape { dim: 8 dim: 1 dim: 64 dim: 64 } shape { dim: 8 } } }\n'
+                   'shape { dim: 8 dim: 1 dim: 128 dim: 128 } shape { dim: 8 } } }\n'
                    + LAYERS.replace("num_output: 8 kernel_size: 3", "num_output: 32 kernel_size: 5"))
     path = tmp / "trace.json"
     out = train(2, [net.name, "--max-iter", "4", "--bucket-mb", "0.001", "--snapshot-prefix", "out_big/",

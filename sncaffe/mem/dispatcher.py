@@ -1,0 +1,426 @@
+"""The dispatcher: issues a schedule's operators to the streams of their locations, each when
+the events it depends on have fired.
+
+Every instruction of the plan is an operator on a stream of one location:
+layers' forward and backward, recomputation, snapshot/restore and the fill of
+a fresh block on the location's compute stream; offload on its d2h stream,
+prefetch on its h2d stream; a Copy between locations on the copy stream of
+the location the data moves into; a gradient all-reduce (``collective``) on
+its comm stream. An operator waits for
+
+- the last writer of every tensor it reads (read after write),
+- the last writer and the readers since of every tensor it writes
+  (write after write, write after read: an offload still reading a block),
+- through those, the users of the memory its tensors reuse: a freed block's
+  pending events pass to whatever is allocated over it.
+
+Allocation and free are not operators: the issuing thread does them in the
+plan's order, without waiting, so each pool sees exactly the sequence the
+planner simulated and the measured peak equals the planned one; the memory a
+block reuses is protected by events, not by blocking the issuer.
+
+Threads: with several CPU locations each location's compute stream is its
+own worker thread, so independent branches at different locations run at the
+same time. With one location (or a GPU: its kernels are already asynchronous
+on the device's own streams) compute runs on the calling thread, in plan
+order, waiting on the events of copies and collectives as a CUDA stream does.
+
+Between operators of different locations the layers' blobs must point at the
+right blocks: each operator carries the arrays of its tensors from the issuing
+thread and binds them just before it runs; when ``execute`` returns, every
+blob points where the serial executor would have left it.
+
+``record``: when a list, the dispatcher appends one plain dict per operator
+(location, stream, name, issue index, start, end, bytes for copies): what ran
+where and in which order, for traces and for tests that check concurrency by
+the order of events rather than by time.
+"""
+from __future__ import annotations
+
+import time
+
+from ..trace import Span
+from .executor import SerialExecutor
+from .liveness import op_tensors
+from .streams import Event, Stream
+
+
+class AllOf:
+    """Fires when all of several events have; waiting raises the first error among them."""
+
+    def __init__(self, events):
+        self.events = list(events)
+
+    def query(self) -> bool:
+        return all(e.query() for e in self.events)
+
+    def wait(self, timeout=None):
+        for e in self.events:
+            e.wait()
+
+
+def _live(events):
+    """The events still worth waiting for: not fired, or fired with an error to pass on."""
+    return [e for e in events if not e.query() or getattr(e, "error", None) is not None]
+
+
+class Dispatcher(SerialExecutor):
+    KINDS = ("alloc", "free", "run", "offload", "prefetch", "drop", "snapshot", "restore", "collective")
+
+    def __init__(self, *args, threaded=None, **kwargs):
+        super().__init__(*args, **kwargs)      # the serial executor's arguments, whatever they become
+        cpu = all(_is_cpu(d) for d in self.devices.values())
+        # one worker per location where there are several CPU locations (see the module's doc)
+        self.threaded = (cpu and len(self.devices) > 1) if threaded is None else threaded
+        self._writer = {}           # id(root) -> event of the last operator that wrote it
+        self._readers = {}          # id(root) -> events of operators that read it since
+        self._freed = {}            # location -> [(start, end, events)]: blocks freed with work pending
+        self._issued = []           # (event, timeout, on_timeout) of the current execute's operators
+        self._dispatching = False   # inside a threaded execute: operators go to the workers
+        self._dirty = set()         # roots whose blobs are bound again when execute returns
+        self._own_streams = {}      # (location, kind) -> Stream where the device has none of its own
+        self._issue_index = 0
+        self.record = None          # a list to append one dict per operator into (see the module's doc)
+        self.pool_trace = None      # a list to append (location, time, bytes in use) into
+
+    # -- streams ----------------------------------------------------------------------
+    def stream(self, location, kind):
+        """The location's stream ``kind`` (compute, d2h, h2d, comm): a CPU device's own worker;
+        for other devices a host thread of this dispatcher (collectives, which wait on the host)."""
+        device = self.devices[location]
+        if _is_cpu(device):
+            return device.stream(kind)
+        key = (location, kind)
+        if key not in self._own_streams:
+            self._own_streams[key] = Stream(f"{location or 'default'}-{kind}")
+        return self._own_streams[key]
+
+    # -- dependencies -----------------------------------------------------------------
+    def _deps(self, rw):
+        out = []
+        for key, write in rw:
+            w = self._writer.get(key)
+            if w is not None:
+                out.append(w)
+            if write:
+                out.extend(self._readers.get(key, ()))
+        return _live(out)
+
+    def _touched(self, rw, event):
+        for key, write in rw:
+            if write:
+                self._writer[key] = event
+                self._readers[key] = []
+            else:
+                readers = self._readers.setdefault(key, [])
+                if len(readers) > 8:
+                    readers[:] = _live(readers)
+                readers.append(event)
+
+    def _wait_all(self, events):
+        for e in events:
+            self._wait(e)           # counts the waits that block (tools/bench_memory.py times them)
+
+    def issue(self, location, kind, name, rw, fn, nbytes=None, asynchronous=False, timeout=None,
+              on_timeout=None):
+        """Run ``fn`` on the location's stream ``kind`` once the events of ``rw`` ((id(root), write)
+        pairs) have fired; its event becomes those tensors' event. On the calling thread when not
+        dispatching to workers, unless ``asynchronous`` (a collective). Returns the event."""
+        deps = self._deps(rw)
+        index, self._issue_index = self._issue_index, self._issue_index + 1
+        if self._dispatching or asynchronous:
+            if any(not d.query() for d in deps):
+                self.stats["waits"] += 1
+            event = self.stream(location, kind).submit(fn, deps)
+            self._issued.append((event, timeout, on_timeout))
+        else:
+            self._wait_all(deps)
+            start = time.perf_counter()
+            fn()
+            if self.trace is not None and hasattr(self.devices[location], "synchronize_compute"):
+                self.devices[location].synchronize_compute()
+            event = Event()
+            event.start, event.end = start, time.perf_counter()
+            event.set()
+        self._touched(rw, event)
+        self._log(location, kind, name, event, nbytes, index)
+        return event
+
+    def _log(self, location, kind, name, event, nbytes, index=None):
+        if index is None:
+            index, self._issue_index = self._issue_index, self._issue_index + 1
+        if self.record is not None:
+            self.record.append({"location": location, "stream": kind, "name": name, "index": index,
+                                "event": event, "bytes": nbytes})
+        if self.trace is not None and not name.startswith("fill "):     # fills: in the record only
+            self._pending_trace.append((f"{location}/{kind}" if location else kind, name, event, nbytes))
+
+    # -- memory -----------------------------------------------------------------------
+    def alloc(self, t, fill=None, persistent=False):
+        key = id(t)
+        if not self._dispatching:
+            arr = super().alloc(t, None, persistent)
+        else:                       # bound per operator (see the module's doc)
+            off, arr = self.devices[t.location].alloc(t.shape, t.dtype, t.name)
+            self.offsets[key], self.arrays[key] = off, arr
+            if not persistent:
+                self.transient[key] = t
+            self._dirty.add(key)
+        # the block may be one that work still uses: that work's events are this tensor's readers now
+        reused = self._reused(t.location, self.offsets[key], t.nbytes)
+        if reused:
+            self._readers.setdefault(key, []).extend(reused)
+        if fill is not None:
+            self.issue(t.location, "compute", "fill " + t.name, [(key, True)],
+                       lambda: arr.__setitem__(Ellipsis, fill))
+        self._count_pool(t.location)
+        return arr
+
+    def _reused(self, location, off, nbytes):
+        freed = self._freed.get(location)
+        if not freed:
+            return []
+        end, out, keep = off + max(nbytes, 1), [], []
+        for start, stop, events in freed:
+            live = _live(events)
+            if not live:
+                continue
+            keep.append((start, stop, live))
+            if start < end and off < stop:
+                out.extend(live)
+        freed[:] = keep
+        return out
+
+    def free(self, t):
+        key = id(t)
+        device = self.devices[t.location]
+        pending = self._deps([(key, True)])
+        self.d2h.pop(key, None)
+        self.h2d.pop(key, None)
+        off = self.offsets.pop(key)
+        if pending:                 # the next tensor allocated over this block waits for them
+            size = device.pool.size_of(off) if hasattr(device, "pool") else max(t.nbytes, 1)
+            self._freed.setdefault(t.location, []).append((off, off + size, pending))
+        device.free(off)
+        del self.arrays[key]
+        self.transient.pop(key, None)
+        if self._dispatching:
+            self._dirty.add(key)
+        else:
+            home = self.home.get(key)
+            for bind in self.binders.get(key, ()):
+                bind(home)
+        self._count_pool(t.location)
+
+    def _count_pool(self, location):
+        device = self.devices[location]
+        if self.pool_trace is not None and hasattr(device, "pool"):
+            self.pool_trace.append((location, time.perf_counter(), device.pool.in_use))
+
+    def _array(self, key):
+        a = self.arrays.get(key)
+        return self.home.get(key) if a is None else a
+
+    # -- instructions -----------------------------------------------------------------
+    def execute(self, instrs):
+        self._dispatching = self.threaded
+        try:
+            for i, ins in enumerate(instrs):
+                if ins.kind not in self.KINDS:    # a newer planner's instruction: run it serially
+                    self._drain()
+                try:
+                    getattr(self, "_" + ins.kind)(ins)
+                except MemoryError as e:          # the pool's OutOfMemory, or a library's (cuDNN, CuPy)
+                    from .planner import MemoryExhausted
+                    if isinstance(e, MemoryExhausted):
+                        raise
+                    step = next((x.op.name for x in instrs[i:] if x.kind == "run"), "the end")
+                    raise MemoryExhausted(f"at step {step}: {e}; memory was taken outside the plan "
+                                          f"(another net or buffer on this device?)") from None
+        finally:
+            self._finish()
+
+    def _drain(self):
+        """Wait for every operator issued by this execute, collectives last (that wait is traced:
+        what the update waits for beyond backward); the first error among them is raised."""
+        issued, self._issued = self._issued, []
+        error, t0 = None, None
+        for event, timeout, on_timeout in sorted(issued, key=lambda x: x[2] is not None):
+            if on_timeout is not None and t0 is None:
+                t0 = time.perf_counter()
+            try:
+                event.wait(timeout)
+            except TimeoutError:
+                error = error or (on_timeout() if on_timeout else TimeoutError("an operator did not finish"))
+            except BaseException as exc:        # raised once all the work has stopped
+                error = error or exc
+        if t0 is not None and self.trace is not None:
+            self.trace.append(("compute", "wait for the all-reduce", t0, time.perf_counter()))
+        if error is not None:
+            self._forget_errors()
+            raise error
+
+    def _forget_errors(self):
+        """Once an error is raised, failed events stop being dependencies (the next pass starts
+        afresh instead of inheriting it)."""
+        def ok(e):
+            return getattr(e, "error", None) is None
+        self._writer = {k: e for k, e in self._writer.items() if ok(e)}
+        self._readers = {k: [e for e in es if ok(e)] for k, es in self._readers.items()}
+        for location, freed in self._freed.items():
+            freed[:] = [(a, b, [e for e in es if ok(e)]) for a, b, es in freed]
+
+    def _finish(self):
+        """Wait for the operators issued (copies may go on), then bind blobs as the plan left them."""
+        try:
+            self._drain()
+        finally:
+            if self._dispatching:
+                self._dispatching = False
+                for key in self._dirty:
+                    arr = self._array(key)
+                    for bind in self.binders.get(key, ()):
+                        bind(arr)
+                self._dirty = set()
+
+    @staticmethod
+    def _rw(op):
+        """(id(root), write) for every tensor the operator touches, its workspaces included."""
+        rw = [(id(r), w) for r, w in op_tensors(op)]
+        rw += [(id(t.root), True) for t in op.writes if t.kind == "workspace"]
+        return rw
+
+    def _run(self, ins):
+        op = ins.op
+        node = op.node
+        if ins.workspace is not None:
+            names = ins.workspace
+        else:
+            names = node.workspace if op.kind == "forward" else node.backward_workspace
+        ws = {k: self.arrays[id(t)] for k, t in names.items()}
+        recompute, chunk, run_op = ins.recompute, ins.chunk, self.run_op
+        location, kind, nbytes = self._where(op)
+        bindings = [(self.binders[id(r)], self._array(id(r))) for r, _ in op_tensors(op)
+                    if id(r) in self.binders] if self._dispatching else ()
+
+        def work():
+            for binds, arr in bindings:
+                for bind in binds:
+                    bind(arr)
+            run_op(op, recompute, ws, chunk)
+        name = op.name + (" (recompute)" if recompute else "")
+        self.issue(location, kind, name, self._rw(op), work, nbytes)
+
+    @staticmethod
+    def _where(op):
+        """The location and stream of an operator: a Copy runs on the copy stream of the
+        location its data moves into (forward: its top's; backward: its bottom's)."""
+        node = op.node
+        param = getattr(getattr(node, "layer", None), "param", None)
+        if getattr(node, "type", None) == "Copy" and op.writes:
+            moved = op.writes[0]
+            return moved.location, "h2d", moved.nbytes
+        if param is not None:
+            return param.location, "compute", None
+        tensors = op.writes or op.reads
+        return (tensors[0].location if tensors else ""), "compute", None
+
+    def _after(self, location, deps):
+        """What a copy on ``location``'s streams waits for: the events, where its device takes
+        ours; else they are waited for here."""
+        deps = [d for d in deps if d is not None]
+        if not deps:
+            return None
+        if _is_cpu(self.devices[location]):
+            return AllOf(deps) if len(deps) > 1 else deps[0]
+        if len(deps) == 1 and not isinstance(deps[0], Event):
+            return deps[0]          # the device's own event (a copy before this one)
+        self._wait_all(deps)
+        return None
+
+    def _offload(self, ins):
+        value, dev = ins.tensor, ins.source or ins.tensor
+        if id(value) not in self.host:
+            self.host[id(value)] = self.devices[dev.location].host_alloc(max(value.nbytes, 1), value.name)
+            self.host_loc[id(value)] = dev.location
+        after = self._after(dev.location, self._deps([(id(dev), False)]))
+        event = self.devices[dev.location].copy_to_host(self.host[id(value)][1][:value.nbytes],
+                                                        self.arrays[id(dev)], after)
+        self._touched([(id(dev), False)], event)
+        self._log(dev.location, "d2h", "offload " + value.name, event, value.nbytes)
+        self.d2h[id(dev)] = event
+        self.host_events.setdefault(id(value), []).append(event)
+        self.stats["d2h_bytes"] += value.nbytes
+
+    def _prefetch(self, ins):
+        value, dev = ins.tensor, ins.source or ins.tensor
+        events = self.host_events.get(id(value), [])
+        deps = self._deps([(id(dev), True)]) + events[-1:]   # its block free of work; its host bytes written
+        after = self._after(dev.location, deps)
+        event = self.devices[dev.location].copy_to_device(self.arrays[id(dev)],
+                                                          self.host[id(value)][1][:value.nbytes], after)
+        self._touched([(id(dev), True)], event)
+        self._log(dev.location, "h2d", "prefetch " + value.name, event, value.nbytes)
+        self.h2d[id(dev)] = event
+        self.host_events.setdefault(id(value), []).append(event)
+        self.stats["h2d_bytes"] += value.nbytes
+
+    def _snapshot(self, ins):
+        dst, src = self.arrays[id(ins.source)], self.arrays[id(ins.tensor)]
+        xp = self.devices[ins.tensor.location].xp
+        self.issue(ins.tensor.location, "compute", "snapshot " + ins.tensor.name,
+                   [(id(ins.tensor), False), (id(ins.source), True)], lambda: xp.copyto(dst, src))
+
+    def _restore(self, ins):
+        src, dst = self.arrays[id(ins.source)], self.arrays[id(ins.tensor)]
+        xp = self.devices[ins.tensor.location].xp
+        self.issue(ins.tensor.location, "compute", "restore " + ins.tensor.name,
+                   [(id(ins.source), False), (id(ins.tensor), True)], lambda: xp.copyto(dst, src))
+
+    def _collective(self, ins):
+        """A collective over processes (a bucket's gradient all-reduce): asynchronous on the comm
+        stream, in place on the arrays its tensors have now; the operators after it that touch
+        them wait for its event, and so does the end of this execute (the update)."""
+        op = ins.op
+        arrays = [self._array(id(t.root)) for t in op.tensors]
+        rw = [(id(t.root), True) for t in op.tensors]
+        if not self._dispatching:         # on the calling thread the gradients' producers have run
+            self._wait_all(self._deps(rw))
+        token = op.before()               # e.g. a GPU's compute event after them
+        self.issue(op.location, "comm", op.name, rw, lambda: op.run(arrays, token), op.nbytes,
+                   asynchronous=True, timeout=op.timeout, on_timeout=op.timed_out)
+
+    # -- traces and iteration boundaries ----------------------------------------------
+    def traced(self, name, stream, event, nbytes=None):
+        if self.trace is not None:
+            self._pending_trace.append((stream, name, event, nbytes))
+
+    def trace_events(self) -> list:
+        """(stream, name, start, end) spans: stream is "location/kind" (kind alone at the default
+        location); a copy's span has its bytes in ``args``."""
+        for stream, name, event, nbytes in self._pending_trace:
+            try:
+                event.wait()
+            except BaseException:       # its error is raised where the work is waited for
+                pass
+            if event.start is not None:
+                self.trace.append(Span(stream, name, event.start, event.end,
+                                       None if nbytes is None else {"bytes": nbytes}))
+        self._pending_trace = []
+        return sorted(self.trace, key=lambda x: x[2])
+
+    def synchronize(self):
+        """Wait for every operator issued so far, copies and collectives included."""
+        events = list(self._writer.values()) + [e for rs in self._readers.values() for e in rs]
+        for e in _live(events):
+            e.wait()
+
+    def reset(self):
+        self.synchronize()
+        super().reset()
+        self._freed = {}
+
+
+def _is_cpu(device) -> bool:
+    from ..backend.cpu import CPUDevice
+    return isinstance(device, CPUDevice)

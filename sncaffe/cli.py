@@ -385,7 +385,8 @@ def _train(args, comm=None) -> int:
                      "weight_decay %s, lr_policy %s, max_iter %d), snapshots to %s", args.path, _g(p.base_lr),
                      _g(p.momentum), _g(p.weight_decay), p.lr_policy, p.max_iter, p.snapshot_prefix)
         try:
-            solver = Solver(p, device=device, weights=args.weights)
+            # replicas take an unreplicated net's weights themselves (Replicas, below), renamed
+            solver = Solver(p, device=device, weights=None if getattr(args, "replicas", None) else args.weights)
         except SolverParamError as e:
             raise SolverParamError(f"{args.path}: {e}") from None
         nets = [solver.net] + solver.test_nets

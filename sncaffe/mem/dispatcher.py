@@ -80,6 +80,7 @@ class Dispatcher(SerialExecutor):
         self._dirty = set()         # roots whose blobs are bound again when execute returns
         self._own_streams = {}      # (location, kind) -> Stream where the device has none of its own
         self._issue_index = 0
+        self._copies = {}           # id(event) -> event: the device's copy events (stream-side waits)
         self.record = None          # a list to append one dict per operator into (see the module's doc)
         self.pool_trace = None      # a list to append (location, time, bytes in use) into
 
@@ -125,20 +126,34 @@ class Dispatcher(SerialExecutor):
               on_timeout=None):
         """Run ``fn`` on the location's stream ``kind`` once the events of ``rw`` ((id(root), write)
         pairs) have fired; its event becomes those tensors' event. On the calling thread when not
-        dispatching to workers, unless ``asynchronous`` (a collective). Returns the event."""
+        dispatching to workers, unless ``asynchronous`` (a collective). Returns the event.
+        ``fn`` runs under its location's device (``device.active()``: that GPU current, its
+        stream and cuDNN handle), on whichever thread runs it."""
         deps = self._deps(rw)
         index, self._issue_index = self._issue_index, self._issue_index + 1
+        device = self.devices[location]
+        work = fn
+
+        def fn():
+            with device.active():
+                work()
         if self._dispatching or asynchronous:
             if any(not d.query() for d in deps):
                 self.stats["waits"] += 1
             event = self.stream(location, kind).submit(fn, deps)
             self._issued.append((event, timeout, on_timeout))
         else:
-            self._wait_all(deps)
+            # the device's own copies are waited for on the device (the host goes on queueing
+            # kernels); the rest (host threads' events) on the host
+            for d in deps:
+                if id(d) in self._copies:
+                    self._stream_wait(location, d)
+                else:
+                    self._wait(d)
             start = time.perf_counter()
             fn()
-            if self.trace is not None and hasattr(self.devices[location], "synchronize_compute"):
-                self.devices[location].synchronize_compute()
+            if self.trace is not None and hasattr(device, "synchronize_compute"):
+                device.synchronize_compute()
             event = Event()
             event.start, event.end = start, time.perf_counter()
             event.set()
@@ -195,8 +210,12 @@ class Dispatcher(SerialExecutor):
         key = id(t)
         device = self.devices[t.location]
         pending = self._deps([(key, True)])
-        self.d2h.pop(key, None)
-        self.h2d.pop(key, None)
+        if self._dispatching:       # the block's next users wait for them (see _reused)
+            self.d2h.pop(key, None)
+            self.h2d.pop(key, None)
+        else:                       # as the serial executor: its device's compute waits for them
+            self._stream_wait(t.location, self.d2h.pop(key, None))
+            self._stream_wait(t.location, self.h2d.pop(key, None))
         off = self.offsets.pop(key)
         if pending:                 # the next tensor allocated over this block waits for them
             size = device.pool.size_of(off) if hasattr(device, "pool") else max(t.nbytes, 1)
@@ -300,6 +319,11 @@ class Dispatcher(SerialExecutor):
         ws = {k: self.arrays[id(t)] for k, t in names.items()}
         recompute, chunk, run_op = ins.recompute, ins.chunk, self.run_op
         location, kind, nbytes = self._where(op)
+        if not self._dispatching:       # the copies it depends on, waited for on its device
+            for r, write in op_tensors(op):
+                self._stream_wait(location, self.h2d.pop(id(r), None))
+                if write:
+                    self._stream_wait(location, self.d2h.pop(id(r), None))
         bindings = [(self.binders[id(r)], self._array(id(r))) for r, _ in op_tensors(op)
                     if id(r) in self.binders] if self._dispatching else ()
 
@@ -347,6 +371,7 @@ class Dispatcher(SerialExecutor):
         event = self.devices[dev.location].copy_to_host(self.host[id(value)][1][:value.nbytes],
                                                         self.arrays[id(dev)], after)
         self._touched([(id(dev), False)], event)
+        self._copy_event(event)
         self._log(dev.location, "d2h", "offload " + value.name, event, value.nbytes)
         self.d2h[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
@@ -360,10 +385,16 @@ class Dispatcher(SerialExecutor):
         event = self.devices[dev.location].copy_to_device(self.arrays[id(dev)],
                                                           self.host[id(value)][1][:value.nbytes], after)
         self._touched([(id(dev), True)], event)
+        self._copy_event(event)
         self._log(dev.location, "h2d", "prefetch " + value.name, event, value.nbytes)
         self.h2d[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
         self.stats["h2d_bytes"] += value.nbytes
+
+    def _copy_event(self, event):
+        if len(self._copies) > 64:
+            self._copies = {k: e for k, e in self._copies.items() if not e.query()}
+        self._copies[id(event)] = event
 
     def _snapshot(self, ins):
         dst, src = self.arrays[id(ins.source)], self.arrays[id(ins.tensor)]

@@ -3,6 +3,7 @@ each layer runs under its own device (model parallelism over GPUs), copy depende
 waited for on the device (stream side) and the host waits only where it reuses host memory,
 and a traced operator is waited for before its span ends."""
 import sys
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -32,10 +33,15 @@ SPLIT = {"input": "cpu:0", "conv1": "cpu:0", "relu1": "cpu:0", "pool1": "cpu:0",
          "conv2": "cpu:1", "relu2": "cpu:1", "ip": "cpu:1", "loss": "cpu:1"}
 
 
+class _Current(threading.local):
+    value = None
+
+
 class RecordingDevice(CPUDevice):
     """A CPU device that says which device is current (as CUDADevice.active() makes its GPU
-    current) and counts the device-side waits and compute synchronizations it is asked for."""
-    current = [None]
+    current: per host thread, as CUDA's current device is) and counts the device-side waits and
+    compute synchronizations it is asked for."""
+    current = _Current()
 
     def __init__(self, label, *a, **k):
         super().__init__(*a, **k)
@@ -43,11 +49,11 @@ class RecordingDevice(CPUDevice):
 
     @contextmanager
     def active(self):
-        previous, RecordingDevice.current[0] = RecordingDevice.current[0], self.label
+        previous, RecordingDevice.current.value = RecordingDevice.current.value, self.label
         try:
             yield self
         finally:
-            RecordingDevice.current[0] = previous
+            RecordingDevice.current.value = previous
 
     def wait_event(self, event, stream="compute"):
         self.stream_waits += 1
@@ -70,11 +76,14 @@ def test_each_layer_runs_under_its_own_device():
     net = Net(place(parse_text(NET, pb.NetParameter()), SPLIT), "TRAIN", device=RecordingDevice("", 64 << 20),
               devices=devices)
     seen = []
-    net.step_hook = lambda op, recompute: seen.append((op.node.layer.param.location, RecordingDevice.current[0]))
+    # a Copy runs on the streams of the location its data moves into (backward: its bottom's)
+    net.step_hook = lambda op, recompute: seen.append(
+        (op.writes[0].location if op.node.type == "Copy" else op.node.layer.param.location,
+         RecordingDevice.current.value))
     run(net)
     assert seen and {loc for loc, _ in seen} == {"cpu:0", "cpu:1"}
     assert all(loc == active for loc, active in seen), [s for s in seen if s[0] != s[1]][:4]
-    assert RecordingDevice.current[0] is None                # restored after each layer
+    assert RecordingDevice.current.value is None             # restored after each layer
 
 
 def test_copy_dependencies_are_waited_for_on_the_device(monkeypatch):

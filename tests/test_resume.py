@@ -57,6 +57,18 @@ def image_layer(tmp_path):
             'transform_param { crop_size: 4 mirror: true scale: 0.01 } }')
 
 
+def window_layer(tmp_path):
+    lines = []
+    for k, x in enumerate(images(shape=(3, 12, 10))[:2]):
+        (tmp_path / f"w{k}.png").write_bytes(encode(x))
+        windows = ["1 0.9 1 1 6 6", "2 0.8 2 2 8 9", "0 0.1 0 0 4 4", "0 0.2 3 5 9 11"]
+        lines += [f"# {k}", f"w{k}.png", "3", "12", "10", str(len(windows)), *windows]
+    (tmp_path / "windows.txt").write_text("\n".join(lines) + "\n")
+    return (f'layer {{ name: "d" type: "WindowData" top: "data" top: "label" window_data_param {{ '
+            f'source: "{tmp_path / "windows.txt"}" root_folder: "{tmp_path}/" batch_size: 4 fg_fraction: 0.5 }} '
+            'transform_param { crop_size: 4 mirror: true scale: 0.01 } }')
+
+
 def hdf5_layer(tmp_path):
     rng = np.random.default_rng(1)
     names = []
@@ -75,7 +87,7 @@ def memory_layer(tmp_path):
             'batch_size: 4 channels: 3 height: 4 width: 4 } }')
 
 
-LAYERS = {"Data": lmdb_layer, "Data (LevelDB)": leveldb_layer, "ImageData": image_layer, "HDF5Data": hdf5_layer, "MemoryData": memory_layer}
+LAYERS = {"Data": lmdb_layer, "Data (LevelDB)": leveldb_layer, "ImageData": image_layer, "HDF5Data": hdf5_layer, "WindowData": window_layer, "MemoryData": memory_layer}
 
 
 def solver(layer, prefix, max_iter):

@@ -184,6 +184,13 @@ class WindowData(_Prefetching):
             self._cache[index] = img
         return img
 
+    # -- resume: every window is drawn from the layer's random stream -----------------
+    def cursor(self):
+        return {"rng": self.rng.bit_generator.state}
+
+    def set_cursor(self, state):
+        self.rng.bit_generator.state = state["rng"]
+
     # -- batches ------------------------------------------------------------------------
     def load_batch(self, batch):
         data, labels = batch

@@ -10,8 +10,11 @@ declares the top shapes the memory plan is made for; ``reshape`` again before
 every ``forward(bottom, top)`` (a top may not change shape then), and
 ``backward(top, propagate_down, bottom)``. Its tops, bottoms and learnable
 blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors planned like
-any other; it is never recomputed (recompute.CHEAP does not list it), and
-what the object keeps on itself is its own Python memory.
+any other, and what the object keeps on itself is its own Python memory. It
+is never recomputed unless its class says ``recomputable = True``: then the
+memory runtime may drop its tops after forward and call ``reshape`` and
+``forward`` again in backward (as for ReLU or Pooling), so its forward must be
+a pure function of its bottoms and blobs.
 """
 from __future__ import annotations
 
@@ -91,6 +94,9 @@ class BlobVec(list):
 class PythonLayerBase:
     """The base class pycaffe calls ``caffe.Layer``: a Python layer derives from it."""
     type = "Python"
+    # True: forward depends on the bottoms and blobs alone, and costs little, so the memory
+    # runtime may drop the tops after forward and run forward again in backward (mem/recompute.py).
+    recomputable = False
 
     def __init__(self, param=None):
         self.param = param
@@ -149,6 +155,10 @@ class Python(Layer):
             obj.blobs = BlobVec()
         obj.param_str, obj.phase = param.python_param.param_str, phase
         self.obj = obj
+        self.cheap = bool(getattr(obj, "recomputable", False))     # read by mem/recompute.is_cheap
+        if self.cheap and not param.bottom:
+            raise LayerError(f"{self.label}: recomputable = True, but a layer without bottoms (a data layer) "
+                             f"would draw new data when forward runs again")
 
     def _call(self, what, *args):
         try:

@@ -122,10 +122,24 @@ layer { name: "b" type: "InnerProduct" bottom: "a" top: "b" param { name: "w" } 
     np.testing.assert_array_equal(fresh.params["b"][0].data, net.params["a"][0].data)
 
 
+CONV = """name: "conv"
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 3 dim: 6 dim: 6 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "relu1" }
+layer { name: "pool1" type: "Pooling" bottom: "relu1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
 @pytest.mark.parametrize("memory", ["none", "recompute"])
-def test_forward_and_backward_callbacks(lenet, memory):
-    net = caffe.Net(str(lenet["train_val"]), caffe.TRAIN, memory=memory)
-    assert (memory == "recompute") == bool(net.memory_plan.dropped)     # pool1, relu1 ... recomputed in backward
+def test_forward_and_backward_callbacks(tmp_path, memory):
+    (tmp_path / "conv.prototxt").write_text(CONV)
+    net = caffe.Net(str(tmp_path / "conv.prototxt"), caffe.TRAIN, memory=memory)
+    assert (memory == "recompute") == bool(net.memory_plan.dropped)     # relu1, pool1 recomputed in backward
+    net.blobs["data"].data[...] = np.random.default_rng(0).standard_normal((4, 3, 6, 6))
     seen = []
     for when in ("before_forward", "after_forward", "before_backward", "after_backward"):
         getattr(net, when)(lambda i, when=when: seen.append((when, i)))
@@ -134,6 +148,7 @@ def test_forward_and_backward_callbacks(lenet, memory):
     assert seen == [(w, i) for i in range(n) for w in ("before_forward", "after_forward")]  # never for recomputations
     seen.clear()
     net.backward()
+    assert {w for w, _ in seen} == {"before_backward", "after_backward"}    # replays call none
     order = [i for w, i in seen if w == "before_backward"]
     assert order == sorted(order, reverse=True) and net._layer_names.index("conv1") in order
     assert [i for w, i in seen if w == "after_backward"] == order

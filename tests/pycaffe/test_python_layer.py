@@ -165,3 +165,106 @@ def test_import_failures_name_the_layer_and_module(tmp_path, pymod):
     with pytest.raises(LayerError, match=r'layer "x" \(Python\): cannot import python_param.module "bad": '
                                          r"ImportError: needs yaml"):
         make_layer('name: "x" type: "Python" python_param { module: "bad" layer: "L" }')
+
+
+RELU_MODULE = '''
+import numpy as np
+
+import sncaffe.pycaffe as caffe
+
+CALLS = {"forward": 0}
+
+
+class PyReLU(caffe.Layer):
+    """max(x, 0); it may be recomputed instead of kept."""
+    recomputable = True
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        CALLS["forward"] += 1
+        top[0].data[...] = np.maximum(bottom[0].data, 0)
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = top[0].diff * (bottom[0].data > 0)
+
+
+class KeptReLU(PyReLU):
+    recomputable = False
+
+
+class RecomputedData(caffe.Layer):
+    recomputable = True
+
+    def reshape(self, bottom, top):
+        top[0].reshape(2, 3)
+'''
+
+CONV_NET = """name: "pyrelu"
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 3 dim: 6 dim: 6 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "Python" bottom: "conv1" top: "relu1" python_param { module: "pyrelu" layer: "%s" } }
+layer { name: "pool1" type: "Pooling" bottom: "relu1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _train_two_steps(proto, mode):
+    """Two SGD steps on fixed data in a pool of its own: (plan, [(pool peak, state)])."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.net import Net
+    device = CPUDevice("64MiB")
+    net = Net(proto, "TRAIN", device=device, memory=mode, seed=1)
+    rng = np.random.default_rng(0)
+    steps = []
+    for _ in range(2):
+        net.blobs["data"].data[...] = rng.standard_normal((4, 3, 6, 6))
+        net.blobs["label"].data[...] = rng.integers(0, 3, 4)
+        net.clear_param_diffs()
+        device.pool.reset_peak()
+        loss = net.forward()
+        net.backward()
+        state = {"loss": np.float64(loss).tobytes()}
+        for name, blobs in net.params.items():
+            for i, b in enumerate(blobs):
+                state[f"{name}[{i}]"], state[f"{name}[{i}].diff"] = b.data.tobytes(), b.diff.tobytes()
+        steps.append((device.pool.peak, state))
+        for blobs in net.params.values():
+            for b in blobs:
+                b.data -= np.float32(0.1) * b.diff
+    return net.plan, steps
+
+
+@pytest.fixture
+def pyrelu(tmp_path, monkeypatch):
+    (tmp_path / "pyrelu.py").write_text(RELU_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pyrelu
+    yield pyrelu
+    sys.modules.pop("pyrelu", None)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "all"])
+def test_a_recomputable_python_layer_is_recomputed_with_the_same_bits(pyrelu, tmp_path, mode):
+    for cls in ("PyReLU", "KeptReLU"):
+        (tmp_path / f"{cls}.prototxt").write_text(CONV_NET % cls)
+    _, ref = _train_two_steps(str(tmp_path / "PyReLU.prototxt"), "none")
+    pyrelu.CALLS["forward"] = 0
+    plan, steps = _train_two_steps(str(tmp_path / "PyReLU.prototxt"), mode)
+    assert "relu1" in plan.dropped                          # its top is dropped and made again in backward
+    assert pyrelu.CALLS["forward"] == 4                     # two forwards and two replays
+    assert [s for _, s in steps] == [s for _, s in ref]     # mode none's bits
+    assert [p for p, _ in steps] == [plan.peak] * 2         # measured pool peak == planned peak
+    kept, _ = _train_two_steps(str(tmp_path / "KeptReLU.prototxt"), mode)
+    assert "relu1" not in kept.dropped                       # the default: never recomputed
+
+
+def test_a_recomputable_data_layer_is_refused(pyrelu):
+    with pytest.raises(LayerError, match=r'layer "d" \(Python pyrelu.RecomputedData\): recomputable = True, '
+                                         r"but a layer without bottoms"):
+        make_layer('name: "d" type: "Python" top: "x" python_param { module: "pyrelu" layer: "RecomputedData" }',
+                   n_bottoms=0)

@@ -7,8 +7,12 @@ it. The object gets pycaffe's calls with pycaffe's blobs (``BlobView``):
 ``setup(bottom, top)`` and ``reshape(bottom, top)`` once at build time (the
 blobs carry shapes and read-only zeros), where ``top[i].reshape(...)``
 declares the top shapes the memory plan is made for; ``reshape`` again before
-every ``forward(bottom, top)`` (a top may not change shape then), and
-``backward(top, propagate_down, bottom)``. Its tops, bottoms and learnable
+every ``forward(bottom, top)``, and ``backward(top, propagate_down, bottom)``.
+A top may get a new shape in that ``reshape`` (a batch of another size): the
+layer is ``data_dependent``, so sncaffe.dynamic views the top in its new shape
+inside its planned block and sets the later layers up again. The planned block
+bounds it: a top may shrink below its first shape, never grow beyond it (a
+clear error then), and ``forward`` may not reshape a top. Its tops, bottoms and learnable
 blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors planned like
 any other, and what the object keeps on itself is its own Python memory. It
 is never recomputed unless its class says ``recomputable = True``: then the
@@ -198,10 +202,43 @@ class Python(Layer):
     def _views(self, blobs):
         return [BlobView(b) for b in blobs]
 
+    data_dependent = True       # reshape may give the tops new shapes at every forward (sncaffe.dynamic)
+    _reshaped = False
+
+    def top_shapes(self, bottom):
+        """This forward's top shapes: the object's reshape with this forward's bottoms (sncaffe.dynamic
+        calls it before forward; forward then does not call reshape again)."""
+        tops = [_Shaped(n, s, np.float32) for n, s in zip(self.param.top, self.shapes)]
+
+        def setter(blob):
+            def set_shape(shape):
+                blob.data = blob.diff = np.broadcast_to(np.zeros((), np.float32), shape)
+            return set_shape
+        self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
+        self._call("reshape", self._views(bottom), [BlobView(t, setter(t)) for t in tops])
+        for t, planned in zip(tops, self.shapes):
+            n, room = int(np.prod(t.shape, dtype=np.int64)), int(np.prod(planned, dtype=np.int64))
+            if n > room:
+                raise self.error(f'reshape gave top "{t.name}" the shape {t.shape} ({n} elements), more than '
+                                 f"the {room} of its planned shape {planned}: memory is planned for the shapes "
+                                 f"the first reshape gives (at setup); a top may shrink at run time, not grow")
+        self._reshaped = True
+        return [t.shape for t in tops]
+
     def forward(self, bottom, top):
         self.obj.blobs[:] = [BlobView(b) for b in self.blobs]     # rebound by the memory runtime
-        bottoms, tops = self._views(bottom), self._views(top)
-        self._call("reshape", bottoms, tops)
+        bottoms = self._views(bottom)
+
+        def in_forward(blob):
+            def refuse(shape):
+                if shape != tuple(blob.shape):
+                    raise self.error(f'forward reshaped top "{blob.name}" from {tuple(blob.shape)} to {shape}: '
+                                     f"set top shapes in reshape(), which runs before every forward")
+            return refuse
+        tops = [BlobView(b, in_forward(b)) for b in top]
+        if not self._reshaped:          # not run by sncaffe.dynamic just before (the gradient checker)
+            self._call("reshape", bottoms, [BlobView(b) for b in top])
+        self._reshaped = False
         self._call("forward", bottoms, tops)
 
     def backward(self, top, propagate_down, bottom):

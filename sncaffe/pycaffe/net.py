@@ -72,7 +72,10 @@ class Blob(BlobView):
     @property
     def shape(self):
         staged = self._pynet._staged.get(self._name)
-        return tuple(staged.shape) if staged is not None else tuple(self._shape())
+        if staged is not None:
+            return tuple(staged.shape)
+        data = self._get().data         # this forward's shape where a layer reshaped it (sncaffe.dynamic)
+        return tuple(data.shape) if data is not None else tuple(self._shape())
 
     def reshape(self, *shape):
         shape = tuple(int(d) for d in (shape[0] if len(shape) == 1 and not np.isscalar(shape[0]) else shape))

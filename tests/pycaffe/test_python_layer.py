@@ -268,3 +268,90 @@ def test_a_recomputable_data_layer_is_refused(pyrelu):
                                          r"but a layer without bottoms"):
         make_layer('name: "d" type: "Python" top: "x" python_param { module: "pyrelu" layer: "RecomputedData" }',
                    n_bottoms=0)
+
+
+BATCHES_MODULE = '''
+import numpy as np
+
+import sncaffe.pycaffe as caffe
+
+
+class Batches(caffe.Layer):
+    """A data layer whose batches differ in size (param_str: the sizes, in turn), set in reshape
+    as Caffe's FCN data layers do: reshape reads the current item, forward moves on."""
+
+    def setup(self, bottom, top):
+        self.sizes = [int(n) for n in self.param_str.split(",")]
+        self.idx = 0
+        self.rng = np.random.default_rng(5)
+
+    def reshape(self, bottom, top):
+        n = self.sizes[self.idx % len(self.sizes)]
+        self.x = self.rng.standard_normal((n, 3)).astype(np.float32)
+        self.y = (np.arange(n) % 2).astype(np.float32)
+        top[0].reshape(n, 3)
+        top[1].reshape(n)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self.x
+        top[1].data[...] = self.y
+        self.idx += 1
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+class ReshapesInForward(Batches):
+    def forward(self, bottom, top):
+        top[0].reshape(1, 3)
+'''
+
+BATCHES_NET = """name: "batches"
+layer { name: "data" type: "Python" top: "data" top: "label"
+  python_param { module: "batches" layer: "%s" param_str: "%s" } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.fixture
+def batches(tmp_path, monkeypatch):
+    (tmp_path / "batches.py").write_text(BATCHES_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("batches", None)
+
+
+@pytest.mark.parametrize("memory", ["none", "all"])
+def test_python_data_layer_with_batches_of_changing_size(batches, memory):
+    (batches / "net.prototxt").write_text(BATCHES_NET % ("Batches", "6,4,5,6"))
+    net = caffe.Net(str(batches / "net.prototxt"), caffe.TRAIN, memory=memory, keep=True)
+    layer = net.layer_dict["data"]
+    for n in (6, 4, 5, 6):          # the first reshape (at setup) gave 6: later batches fit its block
+        loss = net.forward()["loss"]
+        net.clear_param_diffs()         # backward adds into them, as in Caffe
+        net.backward()
+        x, y = layer.x, layer.y.astype(int)
+        assert net.blobs["data"].shape == (n, 3) and net.blobs["ip"].data.shape == (n, 2)
+        np.testing.assert_array_equal(net.blobs["data"].data, x)
+        w, b = net.params["ip"][0].data, net.params["ip"][1].data
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert loss == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-5)
+        p[np.arange(n), y] -= 1
+        np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
+
+
+def test_python_top_growing_or_reshaped_in_forward_is_a_clear_error(batches):
+    (batches / "grow.prototxt").write_text(BATCHES_NET % ("Batches", "4,6"))
+    net = caffe.Net(str(batches / "grow.prototxt"), caffe.TRAIN)
+    net.forward()                   # 4 items, as planned; the next batch has 6
+    with pytest.raises(LayerError, match=r'layer "data" \(Python\): reshape gave top "data" the shape \(6, 3\) '
+                                         r"\(18 elements\), more than the 12 of its planned shape \(4, 3\)"):
+        net.forward()
+    (batches / "fwd.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4"))
+    with pytest.raises(LayerError, match=r'forward reshaped top "data" from \(4, 3\) to \(1, 3\): set top '
+                                         r"shapes in reshape\(\)"):
+        caffe.Net(str(batches / "fwd.prototxt"), caffe.TRAIN).forward()

@@ -163,3 +163,18 @@ def test_after_backward_on_a_solvers_net(lenet):
                               if i == conv1 else None)
     solver.step(2)
     assert len(grads) == 2 and all(g > 0 for g in grads)
+
+
+def test_solver_add_callback_and_share_weights(lenet):
+    solver = caffe.SGDSolver(str(lenet["solver"]))
+    events = []
+    solver.add_callback(lambda: events.append(("start", solver.iter)),
+                        lambda: events.append(("ready", solver.iter,
+                                               float(np.abs(solver.net.params["ip2"][0].diff).sum()))))
+    solver.step(2)
+    assert [e[:2] for e in events] == [("start", 0), ("ready", 0), ("start", 1), ("ready", 1)]
+    assert all(e[2] > 0 for e in events if e[0] == "ready")          # the gradients are there
+    deploy = caffe.Net(str(lenet["deploy"]), caffe.TEST)
+    solver.share_weights(deploy)
+    solver.step(1)                                                   # the deploy net sees the update
+    np.testing.assert_array_equal(deploy.params["conv1"][0].data, solver.net.params["conv1"][0].data)

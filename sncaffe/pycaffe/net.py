@@ -20,7 +20,8 @@ from ..layers.python_layer import BlobView
 from ..layers.structure import transfer
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import _phase, read_text, upgrade_inputs
-from . import _caffe, hdf5
+from .. import hdf5_weights as hdf5
+from . import _caffe
 
 
 class KeptNet(_sn.Net):
@@ -230,10 +231,7 @@ class Net:
     # -- weights ----------------------------------------------------------------
     def copy_from(self, filename):
         """Caffe's CopyTrainedLayersFrom: a .caffemodel, or HDF5 weights (told apart as Caffe does)."""
-        if hdf5.is_hdf5(filename):
-            hdf5.load(self._net, filename)
-        else:
-            self._net.copy_from(str(filename))
+        self._net.copy_from(str(filename))
 
     def save(self, filename):
         self._net.save(str(filename))

@@ -1,6 +1,8 @@
 """pycaffe scripts feeding a MemoryData layer with set_input_arrays, saving and loading Caffe's HDF5
 weights (save_hdf5, load_hdf5, Net(proto, weights.h5, phase)) and hooking layers with
 before_forward/after_forward/before_backward/after_backward."""
+import re
+
 import h5py
 import numpy as np
 import pytest
@@ -74,7 +76,7 @@ def test_solver_trains_from_set_input_arrays(memnet, tmp_path):
     assert float(solver.net.blobs["loss"].data) < 0.7 * first
 
 
-def test_hdf5_weights_round_trip(lenet, trained, tmp_path):
+def test_hdf5_weights_round_trip(lenet, trained, tmp_path, capsys):
     net = caffe.Net(str(lenet["deploy"]), str(trained), caffe.TEST)
     h5 = tmp_path / "lenet.caffemodel.h5"
     net.save_hdf5(str(h5))
@@ -93,6 +95,13 @@ def test_hdf5_weights_round_trip(lenet, trained, tmp_path):
             for a, b in zip(net.params[name], n.params[name]):
                 np.testing.assert_array_equal(a.data, b.data)
         np.testing.assert_array_equal(n.forward(data=x)["prob"], want)
+    from sncaffe.cli import main                    # Caffe's command line takes them too, to the same result
+    scores = []
+    for weights in (h5, trained):
+        capsys.readouterr()
+        assert main(["test", "-model", str(lenet["train_val"]), "-weights", str(weights), "-iterations", "1"]) == 0
+        scores.append(re.findall(r"\] (accuracy|loss) = ([0-9.e-]+)", capsys.readouterr().out))
+    assert scores[0] == scores[1] and len(scores[0]) == 2
     with h5py.File(h5, "a") as f:
         del f["data/ip1/0"]
         f["data/ip1/0"] = np.zeros((500, 10), np.float32)

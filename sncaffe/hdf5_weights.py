@@ -3,7 +3,8 @@
 A parameter shared by ParamSpec name is written by its owner only, and a
 sharer without a dataset is fine on load, as in Caffe; shapes must match
 exactly (Caffe loads with reshape off). ``diff/<layer>/<index>`` holds the
-gradients when asked for.
+gradients when asked for. ``Net.copy_from`` reads such a file wherever a
+.caffemodel goes (Caffe's CopyTrainedLayersFrom tells them apart by content).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 
 import numpy as np
 
-from ..layers.structure import transfer
+from .layers.structure import transfer
 
 log = logging.getLogger("sncaffe")
 

@@ -12,9 +12,9 @@ A top may get a new shape in that ``reshape`` (a batch of another size): the
 layer is ``data_dependent``, so sncaffe.dynamic views the top in its new shape
 inside its planned block and sets the later layers up again. The planned block
 bounds it: a top may shrink below its first shape, never grow beyond it (a
-clear error then), and ``forward`` may not reshape a top. Its tops, bottoms and learnable
-blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors planned like
-any other, and what the object keeps on itself is its own Python memory. It
+clear error then), and ``forward`` may not reshape a top. Its tops, bottoms
+and learnable blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors
+planned like any other, and what the object keeps on itself is its own Python memory. It
 is never recomputed unless its class says ``recomputable = True``: then the
 memory runtime may drop its tops after forward and call ``reshape`` and
 ``forward`` again in backward (as for ReLU or Pooling), so its forward must be
@@ -75,15 +75,21 @@ class BlobView:
 
 class _Shaped:
     """A build-time blob: a shape (zero data that costs nothing) and a settable shape for tops."""
-    __slots__ = ("name", "data", "diff")
+    __slots__ = ("name", "data", "diff", "dtype")
 
     def __init__(self, name, shape, dtype):
-        self.name = name
+        self.name, self.dtype = name, dtype
         self.data = self.diff = None if shape is None else np.broadcast_to(np.zeros((), dtype), shape)
 
     @property
     def shape(self):
         return () if self.data is None else self.data.shape
+
+    def view(self):
+        """A pycaffe blob whose ``reshape`` sets this blob's shape."""
+        def set_shape(shape):
+            self.data = self.diff = np.broadcast_to(np.zeros((), self.dtype), shape)
+        return BlobView(self, set_shape)
 
 
 class BlobVec(list):
@@ -143,6 +149,8 @@ def load_class(lp):
 @register
 class Python(Layer):
     type = "Python"
+    data_dependent = True       # reshape may give the tops new shapes at every forward (sncaffe.dynamic)
+    _reshaped = False           # top_shapes has just called the object's reshape
 
     def __init__(self, param, phase=0):
         super().__init__(param, phase)
@@ -176,12 +184,7 @@ class Python(Layer):
         dtype = np.float32
         bottoms = [BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes)]
         tops = [_Shaped(n, None, dtype) for n in self.param.top]
-
-        def setter(blob):
-            def set_shape(shape):
-                blob.data = blob.diff = np.broadcast_to(np.zeros((), dtype), shape)
-            return set_shape
-        top_views = [BlobView(t, setter(t)) for t in tops]
+        top_views = [t.view() for t in tops]
         self._call("setup", bottoms, top_views)
         self._call("reshape", bottoms, top_views)
         unset = [t.name for t in tops if t.data is None]
@@ -202,20 +205,12 @@ class Python(Layer):
     def _views(self, blobs):
         return [BlobView(b) for b in blobs]
 
-    data_dependent = True       # reshape may give the tops new shapes at every forward (sncaffe.dynamic)
-    _reshaped = False
-
     def top_shapes(self, bottom):
         """This forward's top shapes: the object's reshape with this forward's bottoms (sncaffe.dynamic
         calls it before forward; forward then does not call reshape again)."""
         tops = [_Shaped(n, s, np.float32) for n, s in zip(self.param.top, self.shapes)]
-
-        def setter(blob):
-            def set_shape(shape):
-                blob.data = blob.diff = np.broadcast_to(np.zeros((), np.float32), shape)
-            return set_shape
         self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
-        self._call("reshape", self._views(bottom), [BlobView(t, setter(t)) for t in tops])
+        self._call("reshape", self._views(bottom), [t.view() for t in tops])
         for t, planned in zip(tops, self.shapes):
             n, room = int(np.prod(t.shape, dtype=np.int64)), int(np.prod(planned, dtype=np.int64))
             if n > room:

@@ -261,6 +261,8 @@ def test_a_recomputable_python_layer_is_recomputed_with_the_same_bits(pyrelu, tm
     assert [p for p, _ in steps] == [plan.peak] * 2         # measured pool peak == planned peak
     kept, _ = _train_two_steps(str(tmp_path / "KeptReLU.prototxt"), mode)
     assert "relu1" not in kept.dropped                       # the default: never recomputed
+    check_gradient(make_layer('type: "Python" python_param { module: "pyrelu" layer: "PyReLU" }'),
+                   [np.random.default_rng(3).standard_normal((3, 4))])
 
 
 def test_a_recomputable_data_layer_is_refused(pyrelu):

@@ -195,6 +195,9 @@ class Net:
     def copy_from(self, weights):
         """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
         from .upgrade import upgrade_net     # V0/V1 caffemodels, as Caffe
+        from . import hdf5_weights
+        if not isinstance(weights, pb.NetParameter) and hdf5_weights.is_hdf5(weights):
+            return hdf5_weights.load(self, weights)     # Caffe's HDF5 weights (told apart by content)
         src = upgrade_net(weights, binary=True) if isinstance(weights, pb.NetParameter) \
             else blobproto.read_caffemodel(weights)
         where = "" if isinstance(weights, pb.NetParameter) else f"{weights}: "

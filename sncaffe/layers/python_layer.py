@@ -7,11 +7,18 @@ it. The object gets pycaffe's calls with pycaffe's blobs (``BlobView``):
 ``setup(bottom, top)`` and ``reshape(bottom, top)`` once at build time (the
 blobs carry shapes and read-only zeros), where ``top[i].reshape(...)``
 declares the top shapes the memory plan is made for; ``reshape`` again before
-every ``forward(bottom, top)`` (a top may not change shape then), and
-``backward(top, propagate_down, bottom)``. Its tops, bottoms and learnable
-blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors planned like
-any other; it is never recomputed (recompute.CHEAP does not list it), and
-what the object keeps on itself is its own Python memory.
+every ``forward(bottom, top)``, and ``backward(top, propagate_down, bottom)``.
+A top may get a new shape in that ``reshape`` (a batch of another size): the
+layer is ``data_dependent``, so sncaffe.dynamic views the top in its new shape
+inside its planned block and sets the later layers up again. The planned block
+bounds it: a top may shrink below its first shape, never grow beyond it (a
+clear error then), and ``forward`` may not reshape a top. Its tops, bottoms
+and learnable blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors
+planned like any other, and what the object keeps on itself is its own Python memory. It
+is never recomputed unless its class says ``recomputable = True``: then the
+memory runtime may drop its tops after forward and call ``reshape`` and
+``forward`` again in backward (as for ReLU or Pooling), so its forward must be
+a pure function of its bottoms and blobs.
 """
 from __future__ import annotations
 
@@ -68,15 +75,21 @@ class BlobView:
 
 class _Shaped:
     """A build-time blob: a shape (zero data that costs nothing) and a settable shape for tops."""
-    __slots__ = ("name", "data", "diff")
+    __slots__ = ("name", "data", "diff", "dtype")
 
     def __init__(self, name, shape, dtype):
-        self.name = name
+        self.name, self.dtype = name, dtype
         self.data = self.diff = None if shape is None else np.broadcast_to(np.zeros((), dtype), shape)
 
     @property
     def shape(self):
         return () if self.data is None else self.data.shape
+
+    def view(self):
+        """A pycaffe blob whose ``reshape`` sets this blob's shape."""
+        def set_shape(shape):
+            self.data = self.diff = np.broadcast_to(np.zeros((), self.dtype), shape)
+        return BlobView(self, set_shape)
 
 
 class BlobVec(list):
@@ -91,6 +104,9 @@ class BlobVec(list):
 class PythonLayerBase:
     """The base class pycaffe calls ``caffe.Layer``: a Python layer derives from it."""
     type = "Python"
+    # True: forward depends on the bottoms and blobs alone, and costs little, so the memory
+    # runtime may drop the tops after forward and run forward again in backward (mem/recompute.py).
+    recomputable = False
 
     def __init__(self, param=None):
         self.param = param
@@ -133,6 +149,8 @@ def load_class(lp):
 @register
 class Python(Layer):
     type = "Python"
+    data_dependent = True       # reshape may give the tops new shapes at every forward (sncaffe.dynamic)
+    _reshaped = False           # top_shapes has just called the object's reshape
 
     def __init__(self, param, phase=0):
         super().__init__(param, phase)
@@ -149,6 +167,10 @@ class Python(Layer):
             obj.blobs = BlobVec()
         obj.param_str, obj.phase = param.python_param.param_str, phase
         self.obj = obj
+        self.cheap = bool(getattr(obj, "recomputable", False))     # read by mem/recompute.is_cheap
+        if self.cheap and not param.bottom:
+            raise LayerError(f"{self.label}: recomputable = True, but a layer without bottoms (a data layer) "
+                             f"would draw new data when forward runs again")
 
     def _call(self, what, *args):
         try:
@@ -162,12 +184,7 @@ class Python(Layer):
         dtype = np.float32
         bottoms = [BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes)]
         tops = [_Shaped(n, None, dtype) for n in self.param.top]
-
-        def setter(blob):
-            def set_shape(shape):
-                blob.data = blob.diff = np.broadcast_to(np.zeros((), dtype), shape)
-            return set_shape
-        top_views = [BlobView(t, setter(t)) for t in tops]
+        top_views = [t.view() for t in tops]
         self._call("setup", bottoms, top_views)
         self._call("reshape", bottoms, top_views)
         unset = [t.name for t in tops if t.data is None]
@@ -188,10 +205,35 @@ class Python(Layer):
     def _views(self, blobs):
         return [BlobView(b) for b in blobs]
 
+    def top_shapes(self, bottom):
+        """This forward's top shapes: the object's reshape with this forward's bottoms (sncaffe.dynamic
+        calls it before forward; forward then does not call reshape again)."""
+        tops = [_Shaped(n, s, np.float32) for n, s in zip(self.param.top, self.shapes)]
+        self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
+        self._call("reshape", self._views(bottom), [t.view() for t in tops])
+        for t, planned in zip(tops, self.shapes):
+            n, room = int(np.prod(t.shape, dtype=np.int64)), int(np.prod(planned, dtype=np.int64))
+            if n > room:
+                raise self.error(f'reshape gave top "{t.name}" the shape {t.shape} ({n} elements), more than '
+                                 f"the {room} of its planned shape {planned}: memory is planned for the shapes "
+                                 f"the first reshape gives (at setup); a top may shrink at run time, not grow")
+        self._reshaped = True
+        return [t.shape for t in tops]
+
     def forward(self, bottom, top):
         self.obj.blobs[:] = [BlobView(b) for b in self.blobs]     # rebound by the memory runtime
-        bottoms, tops = self._views(bottom), self._views(top)
-        self._call("reshape", bottoms, tops)
+        bottoms = self._views(bottom)
+
+        def in_forward(blob):
+            def refuse(shape):
+                if shape != tuple(blob.shape):
+                    raise self.error(f'forward reshaped top "{blob.name}" from {tuple(blob.shape)} to {shape}: '
+                                     f"set top shapes in reshape(), which runs before every forward")
+            return refuse
+        tops = [BlobView(b, in_forward(b)) for b in top]
+        if not self._reshaped:          # not run by sncaffe.dynamic just before (the gradient checker)
+            self._call("reshape", bottoms, [BlobView(b) for b in top])
+        self._reshaped = False
         self._call("forward", bottoms, tops)
 
     def backward(self, top, propagate_down, bottom):

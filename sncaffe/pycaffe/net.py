@@ -20,6 +20,7 @@ from ..layers.python_layer import BlobView
 from ..layers.structure import transfer
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import _phase, read_text, upgrade_inputs
+from .. import hdf5_weights as hdf5
 from . import _caffe
 
 
@@ -33,6 +34,25 @@ class KeptNet(_sn.Net):
     def _make_plan(self, memory, reserve):
         self.graph.keep = frozenset(self.graph.blobs) if self._keep is True else frozenset(self._keep or ())
         return super()._make_plan(memory, reserve)
+
+
+def _install_callbacks(sn_net):
+    """Run ``sn_net.pycaffe_callbacks`` around every operator the executor runs (the executor's
+    ``run_op`` is where each layer's forward or backward starts; recomputations are skipped)."""
+    run_op = sn_net.executor.run_op
+    index = {n.name: i for i, n in enumerate(sn_net.graph.layers)}
+
+    def with_callbacks(op, recompute=False, *args):
+        i = None if recompute else index.get(getattr(op.node, "name", None))
+        callbacks = sn_net.pycaffe_callbacks
+        if i is not None:
+            for run in callbacks.get(f"before_{op.kind}", ()):
+                run(i)
+        run_op(op, recompute, *args)
+        if i is not None:
+            for run in callbacks.get(f"after_{op.kind}", ()):
+                run(i)
+    sn_net.executor.run_op = with_callbacks
 
 
 class Blob(BlobView):
@@ -53,7 +73,10 @@ class Blob(BlobView):
     @property
     def shape(self):
         staged = self._pynet._staged.get(self._name)
-        return tuple(staged.shape) if staged is not None else tuple(self._shape())
+        if staged is not None:
+            return tuple(staged.shape)
+        data = self._get().data         # this forward's shape where a layer reshaped it (sncaffe.dynamic)
+        return tuple(data.shape) if data is not None else tuple(self._shape())
 
     def reshape(self, *shape):
         shape = tuple(int(d) for d in (shape[0] if len(shape) == 1 and not np.isscalar(shape[0]) else shape))
@@ -207,10 +230,69 @@ class Net:
 
     # -- weights ----------------------------------------------------------------
     def copy_from(self, filename):
+        """Caffe's CopyTrainedLayersFrom: a .caffemodel, or HDF5 weights (told apart as Caffe does)."""
         self._net.copy_from(str(filename))
 
     def save(self, filename):
         self._net.save(str(filename))
+
+    def save_hdf5(self, filename):
+        """Caffe's Net::ToHDF5: the parameters as ``data/<layer>/<index>`` datasets."""
+        hdf5.save(self._net, filename)
+
+    def load_hdf5(self, filename):
+        hdf5.load(self._net, filename)
+
+    def set_input_arrays(self, data, labels):
+        """Hand arrays to the net's first layer, a MemoryData layer, without copying them (pycaffe's
+        checks: float32, C-contiguous, 4-D, the layer's channels/height/width; labels 1-D or 4-D)."""
+        if labels.ndim == 1:
+            labels = np.ascontiguousarray(labels[:, np.newaxis, np.newaxis, np.newaxis])
+        return self._set_input_arrays(data, labels)
+
+    def _set_input_arrays(self, data, labels):
+        layer = self._net.graph.layers[0].layer
+        if layer.type != "MemoryData":
+            raise RuntimeError("set_input_arrays may only be called if the first layer is a MemoryDataLayer "
+                               f'(layer "{layer.name}" is {layer.type})')
+        _, channels, height, width = layer.shape
+        for arr, what, dims in ((data, "data array", (channels, height, width)), (labels, "labels array", (1, 1, 1))):
+            if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+                raise RuntimeError(f"{what} must be C contiguous")
+            if arr.ndim != 4:
+                raise RuntimeError(f"{what} must be 4-d")
+            if arr.dtype != np.float32:
+                raise RuntimeError(f"{what} must be float32")
+            for axis, want, name in zip((1, 2, 3), dims, ("channels", "height", "width")):
+                if arr.shape[axis] != want:
+                    raise RuntimeError(f"{what} has wrong {name} ({arr.shape[axis]}; the layer has {want})")
+        if data.shape[0] != labels.shape[0]:
+            raise RuntimeError("data and labels must have the same first dimension")
+        if data.shape[0] % layer.shape[0] != 0:
+            raise RuntimeError(f"first dimensions of input arrays must be a multiple of batch size "
+                               f"({data.shape[0]} items, batch {layer.shape[0]})")
+        layer.reset(data, labels)
+
+    # -- callbacks (pycaffe's Net.before_forward ... after_backward) ----------------
+    def before_forward(self, run):
+        """Call ``run(layer_index)`` before each layer's forward (never for a recomputation)."""
+        self._add_callback("before_forward", run)
+
+    def after_forward(self, run):
+        self._add_callback("after_forward", run)
+
+    def before_backward(self, run):
+        """Call ``run(layer_index)`` before the backward of each layer that has one."""
+        self._add_callback("before_backward", run)
+
+    def after_backward(self, run):
+        self._add_callback("after_backward", run)
+
+    def _add_callback(self, when, run):
+        callbacks = self._net.__dict__.setdefault("pycaffe_callbacks", {})
+        if not callbacks:
+            _install_callbacks(self._net)
+        callbacks.setdefault(when, []).append(run)
 
     def share_with(self, other):
         """Caffe's ShareTrainedLayersWith: layers named alike use ``other``'s parameter arrays."""
@@ -262,6 +344,10 @@ class Net:
         old.release()
         self._raw = raw
         self._bind(self._build(raw))
+        callbacks = old.__dict__.get("pycaffe_callbacks")
+        if callbacks:                   # the rebuilt net calls them too
+            self._net.pycaffe_callbacks = callbacks
+            _install_callbacks(self._net)
         for name, arrays in params.items():
             for blob, a in zip(self._net.params.get(name, []), arrays):
                 transfer(blob.data, a)

@@ -74,6 +74,28 @@ class Solver:
     def test_all(self):
         return self._solver.test_all()
 
+    def share_weights(self, net):
+        """``net`` uses this solver's trained parameters (pycaffe's share_weights)."""
+        net.share_with(self.net)
+
+    def add_callback(self, on_start, on_gradients_ready):
+        """Caffe's Solver callback: ``on_start()`` before each iteration's first forward,
+        ``on_gradients_ready()`` after its backward, before the update."""
+        started = [None]
+
+        def start(layer_index):
+            if layer_index == 0 and started[0] != self._solver.iter:     # once per iteration (iter_size)
+                started[0] = self._solver.iter
+                on_start()
+        self.net.before_forward(start)
+        previous = self._solver.before_update           # a data-parallel wait, if any, runs first
+
+        def ready():
+            if previous is not None:
+                previous()
+            on_gradients_ready()
+        self._solver.before_update = ready
+
 
 def _solver_class(name, rule):
     return type(name, (Solver,), {"type": rule, "__doc__": f"pycaffe's {name}: the {rule} update rule."})

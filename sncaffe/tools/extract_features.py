@@ -1,6 +1,6 @@
 """Caffe's extract_features: blobs of a trained net, image by image, into databases of Datum records.
 
-    extract_features PRETRAINED.caffemodel NET.prototxt BLOB1[,BLOB2,...] DB1[,DB2,...] NUM_MINI_BATCHES lmdb [CPU|GPU] [DEVICE_ID]
+    extract_features PRETRAINED.caffemodel NET.prototxt BLOB1[,BLOB2,...] DB1[,DB2,...] NUM_MINI_BATCHES lmdb|leveldb [CPU|GPU] [DEVICE_ID]
 
 The net runs in the TEST phase (its data layers read the images); for each
 mini-batch every named blob is written, one Datum per item (float_data,
@@ -20,11 +20,11 @@ USAGE = ("usage: extract_features pretrained_net_param feature_extraction_proto_
 
 def extract(weights, proto, blob_names, db_names, batches, db_type="lmdb", mode="CPU", device_id=0, log=print):
     import sncaffe.pycaffe as caffe
-    from ..data.db import LMDBWriter
+    from ..data.leveldb import writer
     if len(blob_names) != len(db_names):
         raise ValueError(f"{len(blob_names)} blob names but {len(db_names)} dataset names: give one dataset per blob")
-    if db_type != "lmdb":
-        raise ValueError(f"db_type {db_type}: only lmdb is supported")
+    if db_type not in ("lmdb", "leveldb"):
+        raise ValueError(f"db_type {db_type}: lmdb or leveldb, as Caffe's db::GetDB")
     if mode.upper() == "GPU":
         caffe.set_device(device_id)
         caffe.set_mode_gpu()
@@ -34,7 +34,14 @@ def extract(weights, proto, blob_names, db_names, batches, db_type="lmdb", mode=
     missing = [b for b in blob_names if b not in net.blobs]
     if missing:
         raise ValueError(f'{proto}: unknown feature blob name "{missing[0]}" in the network')
-    writers = [LMDBWriter(d) for d in db_names]
+    writers = []
+    try:
+        for d in db_names:
+            writers.append(writer(d, db_type))
+    except Exception:
+        for w in writers:
+            w.close()
+        raise
     counts = [0] * len(blob_names)
     log("Extracting Features")
     try:
@@ -70,7 +77,7 @@ def main(argv=None) -> int:
     try:
         extract(weights, proto, blobs.split(","), dbs.split(","), int(n), db_type, mode,
                 int(argv[7]) if len(argv) > 7 else 0)
-    except (ValueError, OSError, RuntimeError) as e:
+    except (ValueError, OSError, RuntimeError, ImportError) as e:
         print(f"extract_features: error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -168,6 +168,30 @@ def test_extract_features(lenet, trained, tmp_path, capsys):
     assert LMDBReader(tmp_path / "ip2").entries == 200
     assert extract_features(["w", "n", "a,b", "x", "1", "lmdb"]) == 1
     assert "one dataset per blob" in capsys.readouterr().err
+    assert extract_features([str(trained), str(lenet["train_val"]), "ip2", str(tmp_path / "ip2"), "1", "lmdb"]) == 1
+    assert "ip2 already exists" in capsys.readouterr().err
+
+
+def test_extract_features_to_leveldb(lenet, trained, tmp_path, capsys):
+    pytest.importorskip("plyvel", reason="LevelDB needs plyvel (the leveldb extra)")
+    from sncaffe.data.datum import parse
+    from sncaffe.data.leveldb import LevelDBReader
+    from sncaffe.tools.extract_features import main as extract_features
+    assert extract_features([str(trained), str(lenet["train_val"]), "ip2", str(tmp_path / "ip2_leveldb"),
+                             "1", "leveldb"]) == 0
+    import sncaffe.pycaffe as caffe
+    net = caffe.Net(str(lenet["train_val"]), caffe.TEST, weights=str(trained))
+    ip2 = net.forward(blobs=["ip2"])["ip2"]
+    db = LevelDBReader(tmp_path / "ip2_leveldb")
+    records = [next(db) for _ in range(8)]        # Caffe's cursor: it starts over after the last
+    n = db.entries
+    db.close()
+    assert n == 100 and records[7][0] == b"0000000007"
+    datum = parse(records[7][1])
+    assert (datum.channels, datum.height, datum.width) == (10, 1, 1)
+    np.testing.assert_allclose(datum.float_data, ip2[7], rtol=1e-5)
+    assert extract_features(["w", "n", "a", "x", "1", "rocksdb"]) == 1
+    assert "lmdb or leveldb" in capsys.readouterr().err
 
 
 def test_train_stage_and_level(lenet, run, capsys, tmp_path):

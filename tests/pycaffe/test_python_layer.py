@@ -165,3 +165,195 @@ def test_import_failures_name_the_layer_and_module(tmp_path, pymod):
     with pytest.raises(LayerError, match=r'layer "x" \(Python\): cannot import python_param.module "bad": '
                                          r"ImportError: needs yaml"):
         make_layer('name: "x" type: "Python" python_param { module: "bad" layer: "L" }')
+
+
+RELU_MODULE = '''
+import numpy as np
+
+import sncaffe.pycaffe as caffe
+
+CALLS = {"forward": 0}
+
+
+class PyReLU(caffe.Layer):
+    """max(x, 0); it may be recomputed instead of kept."""
+    recomputable = True
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        CALLS["forward"] += 1
+        top[0].data[...] = np.maximum(bottom[0].data, 0)
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = top[0].diff * (bottom[0].data > 0)
+
+
+class KeptReLU(PyReLU):
+    recomputable = False
+
+
+class RecomputedData(caffe.Layer):
+    recomputable = True
+
+    def reshape(self, bottom, top):
+        top[0].reshape(2, 3)
+'''
+
+CONV_NET = """name: "pyrelu"
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 3 dim: 6 dim: 6 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "Python" bottom: "conv1" top: "relu1" python_param { module: "pyrelu" layer: "%s" } }
+layer { name: "pool1" type: "Pooling" bottom: "relu1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _train_two_steps(proto, mode):
+    """Two SGD steps on fixed data in a pool of its own: (plan, [(pool peak, state)])."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.net import Net
+    device = CPUDevice("64MiB")
+    net = Net(proto, "TRAIN", device=device, memory=mode, seed=1)
+    rng = np.random.default_rng(0)
+    steps = []
+    for _ in range(2):
+        net.blobs["data"].data[...] = rng.standard_normal((4, 3, 6, 6))
+        net.blobs["label"].data[...] = rng.integers(0, 3, 4)
+        net.clear_param_diffs()
+        device.pool.reset_peak()
+        loss = net.forward()
+        net.backward()
+        state = {"loss": np.float64(loss).tobytes()}
+        for name, blobs in net.params.items():
+            for i, b in enumerate(blobs):
+                state[f"{name}[{i}]"], state[f"{name}[{i}].diff"] = b.data.tobytes(), b.diff.tobytes()
+        steps.append((device.pool.peak, state))
+        for blobs in net.params.values():
+            for b in blobs:
+                b.data -= np.float32(0.1) * b.diff
+    return net.plan, steps
+
+
+@pytest.fixture
+def pyrelu(tmp_path, monkeypatch):
+    (tmp_path / "pyrelu.py").write_text(RELU_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pyrelu
+    yield pyrelu
+    sys.modules.pop("pyrelu", None)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "all"])
+def test_a_recomputable_python_layer_is_recomputed_with_the_same_bits(pyrelu, tmp_path, mode):
+    for cls in ("PyReLU", "KeptReLU"):
+        (tmp_path / f"{cls}.prototxt").write_text(CONV_NET % cls)
+    _, ref = _train_two_steps(str(tmp_path / "PyReLU.prototxt"), "none")
+    pyrelu.CALLS["forward"] = 0
+    plan, steps = _train_two_steps(str(tmp_path / "PyReLU.prototxt"), mode)
+    assert "relu1" in plan.dropped                          # its top is dropped and made again in backward
+    assert pyrelu.CALLS["forward"] == 4                     # two forwards and two replays
+    assert [s for _, s in steps] == [s for _, s in ref]     # mode none's bits
+    assert [p for p, _ in steps] == [plan.peak] * 2         # measured pool peak == planned peak
+    kept, _ = _train_two_steps(str(tmp_path / "KeptReLU.prototxt"), mode)
+    assert "relu1" not in kept.dropped                       # the default: never recomputed
+    check_gradient(make_layer('type: "Python" python_param { module: "pyrelu" layer: "PyReLU" }'),
+                   [np.random.default_rng(3).standard_normal((3, 4))])
+
+
+def test_a_recomputable_data_layer_is_refused(pyrelu):
+    with pytest.raises(LayerError, match=r'layer "d" \(Python pyrelu.RecomputedData\): recomputable = True, '
+                                         r"but a layer without bottoms"):
+        make_layer('name: "d" type: "Python" top: "x" python_param { module: "pyrelu" layer: "RecomputedData" }',
+                   n_bottoms=0)
+
+
+BATCHES_MODULE = '''
+import numpy as np
+
+import sncaffe.pycaffe as caffe
+
+
+class Batches(caffe.Layer):
+    """A data layer whose batches differ in size (param_str: the sizes, in turn), set in reshape
+    as Caffe's FCN data layers do: reshape reads the current item, forward moves on."""
+
+    def setup(self, bottom, top):
+        self.sizes = [int(n) for n in self.param_str.split(",")]
+        self.idx = 0
+        self.rng = np.random.default_rng(5)
+
+    def reshape(self, bottom, top):
+        n = self.sizes[self.idx % len(self.sizes)]
+        self.x = self.rng.standard_normal((n, 3)).astype(np.float32)
+        self.y = (np.arange(n) % 2).astype(np.float32)
+        top[0].reshape(n, 3)
+        top[1].reshape(n)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self.x
+        top[1].data[...] = self.y
+        self.idx += 1
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+class ReshapesInForward(Batches):
+    def forward(self, bottom, top):
+        top[0].reshape(1, 3)
+'''
+
+BATCHES_NET = """name: "batches"
+layer { name: "data" type: "Python" top: "data" top: "label"
+  python_param { module: "batches" layer: "%s" param_str: "%s" } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.fixture
+def batches(tmp_path, monkeypatch):
+    (tmp_path / "batches.py").write_text(BATCHES_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("batches", None)
+
+
+@pytest.mark.parametrize("memory", ["none", "all"])
+def test_python_data_layer_with_batches_of_changing_size(batches, memory):
+    (batches / "net.prototxt").write_text(BATCHES_NET % ("Batches", "6,4,5,6"))
+    net = caffe.Net(str(batches / "net.prototxt"), caffe.TRAIN, memory=memory, keep=True)
+    layer = net.layer_dict["data"]
+    for n in (6, 4, 5, 6):          # the first reshape (at setup) gave 6: later batches fit its block
+        loss = net.forward()["loss"]
+        net.clear_param_diffs()         # backward adds into them, as in Caffe
+        net.backward()
+        x, y = layer.x, layer.y.astype(int)
+        assert net.blobs["data"].shape == (n, 3) and net.blobs["ip"].data.shape == (n, 2)
+        np.testing.assert_array_equal(net.blobs["data"].data, x)
+        w, b = net.params["ip"][0].data, net.params["ip"][1].data
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert loss == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-5)
+        p[np.arange(n), y] -= 1
+        np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
+
+
+def test_python_top_growing_or_reshaped_in_forward_is_a_clear_error(batches):
+    (batches / "grow.prototxt").write_text(BATCHES_NET % ("Batches", "4,6"))
+    net = caffe.Net(str(batches / "grow.prototxt"), caffe.TRAIN)
+    net.forward()                   # 4 items, as planned; the next batch has 6
+    with pytest.raises(LayerError, match=r'layer "data" \(Python\): reshape gave top "data" the shape \(6, 3\) '
+                                         r"\(18 elements\), more than the 12 of its planned shape \(4, 3\)"):
+        net.forward()
+    (batches / "fwd.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4"))
+    with pytest.raises(LayerError, match=r'forward reshaped top "data" from \(4, 3\) to \(1, 3\): set top '
+                                         r"shapes in reshape\(\)"):
+        caffe.Net(str(batches / "fwd.prototxt"), caffe.TRAIN).forward()

@@ -125,9 +125,11 @@ def _net_param(args):
     return _placed(param, getattr(args, "place", None))
 
 
-def _device(args):
+def _device(args, param=None):
+    """The device of --device, sized by --device-memory, else by the net's memory_param."""
     from .backend import make_device
-    return make_device(args.device, args.device_memory)
+    given = param.memory_param.device_memory if param is not None else None
+    return make_device(args.device, args.device_memory or given or None)
 
 
 def _peak(device) -> str:
@@ -408,7 +410,8 @@ def cmd_test(args) -> int:
     with args.console as con:
         if not args.weights:
             log.warning("no --weights: scoring the net's initial (random) parameters")
-        net = Net(param, args.phase, device=_device(args), weights=args.weights, seed=args.seed or 0)
+        net = Net(param, args.phase, device=_device(args, param), weights=args.weights, seed=args.seed or 0,
+                  memory=args.memory)
         try:
             feed = None
             if net.inputs:
@@ -452,7 +455,7 @@ def cmd_time(args) -> int:
     from .net import Net
     param = _net_param(args)
     param.force_backward = True           # time every layer's backward, as caffe time does
-    net = Net(param, args.phase, device=_device(args), weights=args.weights, memory=args.memory)
+    net = Net(param, args.phase, device=_device(args, param), weights=args.weights, memory=args.memory)
     SyntheticInputs(0)(net)
     rng = np.random.default_rng(0)
     for name in net.outputs:
@@ -579,9 +582,10 @@ def _parser():
     p = argparse.ArgumentParser(prog="sncaffe", description="Train and run Caffe networks.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def memory_flag(q, default="none"):
-        q.add_argument("--memory", default=default, choices=MEMORY_MODES,
-                       help="memory mode (default: %(default)s; auto: the cheapest that fits the device)")
+    def memory_flag(q):
+        q.add_argument("--memory", default=None, choices=MEMORY_MODES,
+                       help="memory mode (default: the net's or solver's memory_param, else auto: none when "
+                            "it fits, else the cheapest mode that fits)")
 
     def device_flags(q, default="cpu"):
         q.add_argument("--place", metavar="LAYER=LOC,...",
@@ -609,7 +613,7 @@ def _parser():
                    help="on Ctrl-C: stop (snapshot and exit; again to abort), snapshot (and go on), none")
     t.add_argument("--sighup-effect", default="snapshot", choices=SIGNAL_EFFECTS, help="on SIGHUP (as Caffe)")
     device_flags(t, default=None)
-    memory_flag(t, default=None)
+    memory_flag(t)
     t.add_argument("--host-params", action="store_true",
                    help="keep parameters, gradients and solver history in host memory, brought in per layer")
     t.add_argument("--trace", metavar="JSON", help="write a Chrome trace (chrome://tracing, Perfetto) of one "
@@ -632,6 +636,7 @@ def _parser():
     s.add_argument("--batch", type=int, help="override the batch size")
     s.add_argument("--seed", type=int, help="seed for synthetic inputs and unset weights")
     device_flags(s)
+    memory_flag(s)
     s.set_defaults(func=cmd_test)
 
     m = sub.add_parser("time", help="time forward and backward per layer (like caffe time)")

@@ -22,13 +22,23 @@ from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
 
 
+def memory_mode(*params) -> str:
+    """The first ``memory_param.mode`` set among ``params`` (solver, then net), else ``auto``."""
+    for p in params:
+        if p is not None and p.HasField("memory_param") and p.memory_param.HasField("mode"):
+            return p.memory_param.mode
+    return "auto"
+
+
 class Net:
     """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
-    ``offload``, ``recompute``, ``all`` or ``auto``); ``reserve`` is pool bytes that
-    others take beside the net (the solver's history), so the plan accounts for them."""
+    ``offload``, ``recompute``, ``all`` or ``auto``); None takes the net's own
+    ``memory_param`` and, without one, ``auto`` (``none`` when it fits, else the cheapest
+    mode that fits). ``reserve`` is pool bytes that others take beside the net (the
+    solver's history), so the plan accounts for them."""
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
-                 weights=None, seed=0, dtype=np.float32, memory="none", reserve=0, host_params=False,
+                 weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
                  devices=None):
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
@@ -42,6 +52,9 @@ class Net:
             device = default_device()
         self.device = device
         self.phase = phase
+        if memory is None:              # standalone: the net's own memory_param, else auto
+            memory = memory_mode(param)
+            host_params = host_params or param.memory_param.host_params
         from .backend import cuda_ops
         with cuda_ops.building_for(device):      # a GPU's layers size cuDNN's workspaces in setup
             self.graph = build_graph(param, phase, dtype)

@@ -114,7 +114,7 @@ class Planner:
             self.plans[key] = SimpleNamespace(
                 peak=p.peak, lower_bound=p.lower_bound, fits=p.fits, history=p.extra_bytes,
                 peak_step=next((name for i, name in reversed(t.steps) if i <= at), "the start"),
-                peak_instr=t.labels[at], bound_step=p.lower_bound_step,
+                peak_instr=str(t.labels[at]), bound_step=p.lower_bound_step,
                 chunked=sum(1 for ins in p.schedule if ins.kind == "run" and getattr(ins, "chunk", None)),
                 params=sum(d.nbytes for n in g.layers for d, _ in n.params) // 4)
             self.count += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -93,6 +93,7 @@ class Plan:
     recomputed_ops: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    chunk_trials: int = 0             # workspace sizes tried while choosing chunks (bounded by log batch)
     offloaded: list = field(default_factory=list)
     dropped: list = field(default_factory=list)
     host_params: list = field(default_factory=list)   # roots kept on the host, brought in per step
@@ -126,10 +127,11 @@ def layer_flops(node) -> int:
 
 
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
-              host_params=False, cost_aware=True) -> Plan:
+              host_params=False, cost_aware=True, built=None) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
-    ``cost_aware``: recomputation is used only where it lowers the plan's cost."""
+    ``cost_aware``: recomputation is used only where it lowers the plan's cost.
+    ``built``: plans already made with the same arguments, by mode (auto's), reused."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     args = (capacity, extra_bytes, lookahead, min_gap, host_params)
@@ -137,11 +139,64 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     if mode in ("recompute", "all") and cost_aware:
         # Cost-aware: recomputation keeps a segment's checkpoint alive until its replay, which
         # on some nets costs more than it saves; then the plan without it is the better one.
-        alt = _Builder(graph, {"recompute": "liveness", "all": "offload"}[mode], *args).build()
+        other = {"recompute": "liveness", "all": "offload"}[mode]
+        alt = (built or {}).get(other)
+        if alt is None and quick_bound(graph, other, extra_bytes, host_params) > plan.peak:
+            return plan                 # the plan without recomputation cannot have a lower peak
+        alt = alt or _Builder(graph, other, *args).build()
         if _cost(alt) < _cost(plan):
-            alt.mode, alt.note = mode, "recomputation would not lower the peak: not used"
+            alt = replace(alt, mode=mode, note="recomputation would not lower the peak: not used")
             return alt
     return plan
+
+
+def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
+    """A lower bound of ``mode``'s peak at any capacity, without building its plan: for
+    ``none`` every tensor at once, for ``liveness`` the most bytes whose lives overlap (its
+    workspaces left out: a plan under a capacity may chunk them); 0 for the others."""
+    if mode not in ("none", "liveness") or host_params:
+        return 0
+    extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
+    key = ("_quick_bound", mode)
+    if key not in graph.__dict__:
+        ops = graph.forward_ops + graph.backward_ops
+        if "_liveness" not in graph.__dict__:
+            roots = persistent_roots(graph)
+            graph.__dict__["_liveness"] = (roots, analyze(ops, roots))
+        roots, uses = graph.__dict__["_liveness"]
+        always = sum(align(r.nbytes) for r in roots)
+        if mode == "none":
+            bound = always + sum(align(r.nbytes) for r, _ in uses.values())
+        else:
+            delta = [0] * (len(ops) + 1)
+            for r, u in uses.values():
+                steps = u.reads + u.writes
+                delta[min(steps)] += align(r.nbytes)
+                delta[max(steps) + 1] -= align(r.nbytes)
+            live = most = 0
+            for d in delta:
+                live += d
+                most = max(most, live)
+            bound = always + most
+        graph.__dict__[key] = bound
+    return graph.__dict__[key] + extra
+
+
+def _times(graph, uses, nf):
+    """Per scheduled root: the sorted steps that use it, and (last forward write, last forward
+    use), -1 where none. The same for every mode: computed once per graph."""
+    if not uses:
+        return {}, {}
+    key = ("_times", id(uses))
+    if key not in graph.__dict__:
+        times, last = {}, {}
+        for k, (r, u) in uses.items():
+            times[k] = sorted(set(u.reads + u.writes))
+            w = [x for x in u.writes if x < nf]
+            f = [x for x in times[k] if x < nf]
+            last[k] = (max(w, default=-1), max(f, default=-1))
+        graph.__dict__[key] = (times, last)
+    return graph.__dict__[key]
 
 
 def _cost(plan):
@@ -149,15 +204,19 @@ def _cost(plan):
 
 
 def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
-    """The cheapest mode whose plan fits ``capacity``; then ``all`` with parameters on the host."""
+    """The cheapest mode whose plan fits ``capacity``; then ``all`` with parameters on the host.
+    Modes that cannot fit by a cheap bound are not planned (ResNet-2500: a plan takes seconds)."""
+    built, plan = {}, None
     for mode in AUTO_ORDER:
-        plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
+        if capacity is not None and quick_bound(graph, mode, extra_bytes, kw.get("host_params")) > capacity:
+            continue
+        plan = built[mode] = make_plan(graph, mode, capacity, extra_bytes, built=built, **kw)
         if plan.fits:
             return plan
     if not kw.get("host_params"):
         kw["host_params"] = True
         return make_plan(graph, "all", capacity, 0, **kw)
-    return plan
+    return plan if plan is not None else make_plan(graph, "all", capacity, extra_bytes, **kw)
 
 
 class _Builder:
@@ -224,16 +283,7 @@ class _Builder:
         sim = self.sims.get(loc)
         if sim is None:
             return self.in_use.get(loc, 0) + sum(align(n) for n in sizes) <= self.capacity
-        taken, ok = [], True
-        for n in sizes:             # a trial on the allocator, undone at once
-            try:
-                taken.append(sim.alloc(n))
-            except OutOfMemory:
-                ok = False
-                break
-        for off in taken:
-            sim.free(off)
-        return ok
+        return sim.can_place(sizes)         # a trial on the allocator, undone at once
 
     def make_room(self, tensor=None, sizes=None, loc=None):
         """LRU: evict cached copies until ``tensor`` (or blocks of ``sizes``) can be placed."""
@@ -271,8 +321,11 @@ class _Builder:
     # -- analysis ---------------------------------------------------------------
     def analyze(self):
         g = self.graph
-        roots = persistent_roots(g)
-        self.uses = analyze(self.ops, roots)
+        if "_liveness" not in g.__dict__:       # the same for every mode: analysed once per graph
+            roots = persistent_roots(g)
+            g.__dict__["_liveness"] = (roots, analyze(self.ops, roots))
+        roots, self.uses = g.__dict__["_liveness"]
+        roots = list(roots)
         if self.mode == "none":
             roots += [r for r, _ in self.uses.values()]
             self.uses = {}
@@ -338,15 +391,14 @@ class _Builder:
                 self.snap_at.setdefault(point, []).append((r, ckpt))
             seg.snapshots = [(r, ckpt) for r, ckpt, _ in seg.snapshots]
         self.plan.dropped = [r.name for seg in self.segs for r in seg.dropped]
-        self.times = {}
-        for key, (r, u) in self.uses.items():
-            t = u.reads + u.writes
-            self.times[key] = [x for x in t if x >= self.nf] if key in self.dropped else t
+        base, self.fwd_last = _times(self.graph, self.uses, self.nf)
+        self.times = dict(base)                 # lists shared with the graph's cache: replaced, never changed
+        for key in self.dropped:
+            self.times[key] = [x for x in base[key] if x >= self.nf]
         for seg in self.segs:
             if seg.needed_by:
                 for r in seg.externals:
-                    self.times[id(r)].append(seg.needed_by[0])
-        self.times = {k: sorted(set(v)) for k, v in self.times.items()}
+                    self.times[id(r)] = sorted(set(self.times[id(r)]) | {seg.needed_by[0]})
         # Offload candidates: needed again in backward, long after forward is done with them.
         self.offloaded = {}
         if self.offload:
@@ -437,12 +489,10 @@ class _Builder:
             key = id(r)
             if key in self.persistent_ids:
                 continue
-            u = self.uses[key][1]
-            fwd_writes = [w for w in u.writes if w < self.nf]
-            if key in self.offloaded and fwd_writes and max(fwd_writes) == i:
+            last_write, last_use = self.fwd_last[key]
+            if key in self.offloaded and last_write == i:
                 self.emit("offload", r)
-            fwd = [x for x in u.reads + u.writes if x < self.nf]
-            if max(fwd) != i:
+            if last_use != i:
                 continue
             if not self.need_times(r, self.nf - 1):
                 self.emit("free", r)                  # liveness: dead after forward
@@ -469,17 +519,35 @@ class _Builder:
         self.release(j)
 
     def chunked(self, op):
-        """The largest batch chunk whose workspace fits now: (chunk, workspace tensors)."""
-        layer, node = op.node.layer, op.node
+        """The largest batch chunk whose workspace fits now: (chunk, workspace tensors). A
+        workspace grows with the chunk, so the chunk is found by bisection: O(log batch) trials,
+        whatever the batch (a batch of a million is 20 trials, not a million)."""
+        node = op.node
         n = node.bottoms[0].shape[0] if node.bottoms and node.bottoms[0].shape else 0
-        for chunk in range(n - 1, 0, -1):
-            specs = layer.workspace_for_chunk(chunk)
-            if specs is None:
-                return None
-            ws = list(_workspace(node.name, specs, op.writes[0].dtype, node.layer.param.location).values())
-            if self.fits_now([t.nbytes for t in ws], node.layer.param.location):
-                return chunk, ws
-        return None
+        loc = node.layer.param.location
+        lo, hi, best = 1, n - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            ws = self.chunk_workspace(node, mid, op.writes[0].dtype)
+            if ws is None:
+                return None             # the layer cannot work in chunks
+            self.plan.chunk_trials += 1
+            if self.fits_now([t.nbytes for t in ws], loc):
+                best, lo = (mid, ws), mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    def chunk_workspace(self, node, chunk, dtype):
+        """The workspace tensors of ``node`` working ``chunk`` images a pass (kept with the graph:
+        every mode's plan asks for the same ones)."""
+        cache = self.graph.__dict__.setdefault("_chunk_workspaces", {})
+        key = (id(node), chunk)
+        if key not in cache:
+            specs = node.layer.workspace_for_chunk(chunk)
+            cache[key] = None if specs is None else list(
+                _workspace(node.name, specs, dtype, node.layer.param.location).values())
+        return cache[key]
 
     def bring_params(self, i, end):
         """Host parameters of this step and the next few, prefetched (the copies overlap compute)."""
@@ -564,13 +632,16 @@ class _Builder:
 
     def lower_bound(self):
         """max over steps of what that step itself touches, beside what always lives (any mode)."""
-        best, where = 0, ""
-        always = [r for r in persistent_roots(self.graph) if id(r) not in self.param_ids]
-        keep = {id(r) for r in always}           # host parameters count where they are brought in
-        base = sum(align(r.nbytes) for r in always) + self.extra
-        for op in self.ops:
-            need = base + sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in keep)
-            need += sum(align(t.nbytes) for t in workspaces(op))
-            if need > best:
-                best, where = need, op.name
-        return best, where
+        key = ("_lower_bound", bool(self.param_ids))
+        if key not in self.graph.__dict__:      # the same for every mode: computed once per graph
+            always = [r for r in persistent_roots(self.graph) if id(r) not in self.param_ids]
+            keep = {id(r) for r in always}       # host parameters count where they are brought in
+            best, where = 0, ""
+            for op in self.ops:
+                need = sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in keep)
+                need += sum(align(t.nbytes) for t in workspaces(op))
+                if need > best:
+                    best, where = need, op.name
+            self.graph.__dict__[key] = (sum(align(r.nbytes) for r in always) + best, where)
+        best, where = self.graph.__dict__[key]
+        return best + self.extra, where

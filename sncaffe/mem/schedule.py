@@ -57,7 +57,7 @@ class Timeline:
     """The simulated device and host bytes in use after every instruction."""
     device: list
     host: list
-    labels: list                 # the instruction behind each point
+    labels: list                 # the instruction behind each point (an Instr: its repr is the label)
     steps: list                  # (index into device/host, op name) where each run starts
     backward_start: int = 0      # index where backward begins
 
@@ -96,5 +96,5 @@ def simulate(schedule: Schedule, persistent: int, location: str = "") -> Timelin
             continue
         d.append(dev)
         h.append(host)
-        labels.append(repr(ins))
+        labels.append(ins)
     return Timeline(d, h, labels, steps, len(d) - 1 if backward_start is None else backward_start)

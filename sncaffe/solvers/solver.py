@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import blobproto
 from ..layers.base import Blob, array_module
-from ..net import Net
+from ..net import Net, memory_mode
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import read_solver, read_text
 from .lr_policy import SolverParamError, check_policy, learning_rate
@@ -164,11 +164,10 @@ class Solver:
         net_param.state.CopyFrom(state)
         log.info("Creating %s", what)
         train = state.phase == pb.TRAIN and what.startswith("training")
-        mode = self.param.memory_param.mode if self.param.HasField("memory_param") else \
-            (net_param.memory_param.mode or "none")
+        mode = memory_mode(self.param, net_param)     # the solver's, the net's, else auto
         host_params = self.param.memory_param.host_params or net_param.memory_param.host_params
         return Net(net_param, state.phase, device=self.device, stages=list(state.stage),
-                   level=state.level, seed=seed, dtype=self.dtype, memory=mode or "none",
+                   level=state.level, seed=seed, dtype=self.dtype, memory=mode,
                    reserve=self._history_bytes if train else 0, host_params=host_params and train)
 
     def _history_bytes(self, graph) -> list:

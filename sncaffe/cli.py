@@ -129,7 +129,7 @@ def _device(args, param=None):
     """The device of --device, sized by --device-memory, else by the net's memory_param."""
     from .backend import make_device
     given = param.memory_param.device_memory if param is not None else None
-    return make_device(args.device, args.device_memory or given or None)
+    return make_device(args.device, args.device_memory or given or None, args.host_memory)
 
 
 def _peak(device) -> str:
@@ -344,7 +344,7 @@ def _train(args, comm=None) -> int:
         if comm.Get_rank() > 0:
             from .progress import console
             args.console = console(bar=False)
-    device = make_device(device_name, args.device_memory or p.memory_param.device_memory or None)
+    device = make_device(device_name, args.device_memory or p.memory_param.device_memory or None, args.host_memory)
     with args.console as con:
         if comm is not None and comm.Get_rank() > 0:
             log.setLevel(logging.WARNING)                      # rank 0 alone logs
@@ -592,7 +592,10 @@ def _parser():
                        help="model parallelism: run each named layer, and the layers after it, at a location "
                             "(cpu:0, cpu:1, cuda:1, ...); Copy operators join them")
         q.add_argument("--device", default=default, help="cpu or cuda (default: %(default)s)")
-        q.add_argument("--device-memory", help="device capacity, e.g. 12GiB")
+        q.add_argument("--device-memory", help="device capacity, e.g. 12GiB (default: on the CPU the RAM "
+                                               "available, less a margin; on a GPU its free memory)")
+        q.add_argument("--host-memory", help="host pool capacity for offloaded tensors, e.g. 8GiB (default: the "
+                                             "RAM available; on the CPU device and host share it)")
 
     t = sub.add_parser("train", help="train from a solver or a net prototxt (like caffe train)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections import OrderedDict
@@ -20,6 +21,8 @@ from .layers.base import Blob
 from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
+
+log = logging.getLogger("sncaffe")
 
 
 def memory_mode(*params) -> str:
@@ -65,10 +68,9 @@ class Net:
         for loc in sorted({n.layer.param.location for n in self.graph.layers} - {""}):
             self.devices[loc] = (devices or {}).get(loc) or make_device(loc)
         self.host_params = host_params
-        if host_params:
-            reserve = 0                 # the solver's history lives on the host too
-        with cuda_ops.building_for(device):
-            self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
+        blocks = reserve(self.graph) if callable(reserve) else reserve
+        with cuda_ops.building_for(device):     # with host parameters the solver's history is on the host too
+            self.plan = self._make_plan(memory, 0 if host_params else blocks, blocks if host_params else 0)
         self.host_params = bool(self.plan.host_params)      # auto may have chosen them
         self._bind()
         self.init_params(seed)
@@ -76,13 +78,15 @@ class Net:
             self.copy_from(weights)
 
     # -- memory ---------------------------------------------------------------
-    def _make_plan(self, memory, reserve):
+    def _make_plan(self, memory, reserve, host_reserve=0):
         from .mem.planner import auto_plan, check_fits, make_plan
-        capacity = self.device.pool.capacity - self.device.pool.in_use
+        from .mem.report import plan_line
+        capacity, kw = self.budgets()
+        kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
-            plan = auto_plan(self.graph, capacity, reserve, host_params=self.host_params)
+            plan = auto_plan(self.graph, capacity, reserve, **kw)
         else:
-            plan = make_plan(self.graph, memory, capacity, reserve, host_params=self.host_params)
+            plan = make_plan(self.graph, memory, capacity, reserve, **kw)
         check_fits(self.graph, plan, capacity, reserve)
         for loc, peak in plan.peaks.items():
             pool = self.devices[loc].pool
@@ -90,7 +94,19 @@ class Net:
                 from .mem.planner import MemoryExhausted
                 raise MemoryExhausted(f'location "{loc}" needs {peak} bytes, its device has '
                                       f"{pool.capacity - pool.in_use} free")
+        log.info("%s", plan_line(plan, memory == "auto", self.name))
         return plan
+
+    def budgets(self):
+        """(device capacity, planner keywords for the host tier): what the pools have free now,
+        and on the CPU the RAM both share (see mem/budget.py)."""
+        dev = self.device
+        capacity = dev.pool.capacity - dev.pool.in_use
+        host = getattr(dev, "host_pool", None)
+        kw = {"host_capacity": None if host is None else host.capacity - host.in_use, "ram": None}
+        if getattr(dev, "ram", None) is not None:
+            kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0)
+        return capacity, kw
 
     def _binders(self):
         """id(root) -> setters that point every view of that root at its block (or None)."""

@@ -1,7 +1,6 @@
 """The CPU device: NumPy arrays carved from one preallocated arena."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -10,11 +9,10 @@ from ..mem.streams import Stream
 
 
 def default_capacity() -> int:
-    """Half of physical RAM: the arena is virtual until touched, so this costs nothing up front."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
+    """The RAM this machine can give now (available RAM less a margin, see mem/budget.py):
+    the arena is virtual until touched, so this costs nothing up front."""
+    from ..mem.budget import ram_budget
+    return ram_budget()
 
 
 class CPUDevice:
@@ -22,10 +20,14 @@ class CPUDevice:
     xp = np
 
     def __init__(self, capacity=None, host_capacity=None):
-        capacity = default_capacity() if capacity is None else parse_bytes(capacity)
+        # Device and host pools are one RAM here: each may take the whole budget, and the plan
+        # keeps their peaks together under ``ram`` (the budget, or the pools given, summed).
+        budget = default_capacity()
+        self.ram = budget if capacity is None or host_capacity is None else None
+        capacity = budget if capacity is None else parse_bytes(capacity)
         self.pool = Pool(capacity)
         self.arena = np.empty(self.pool.capacity, dtype=np.uint8)
-        host = default_capacity() * 3 // 2 if host_capacity is None else parse_bytes(host_capacity)
+        host = budget if host_capacity is None else parse_bytes(host_capacity)
         self.host_pool = Pool(host)
         self.host_arena = np.empty(self.host_pool.capacity, dtype=np.uint8)
         self._streams = {}

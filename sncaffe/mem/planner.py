@@ -58,10 +58,21 @@ def advice(graph, capacity, reserve=0) -> str:
 
 
 def check_fits(graph, plan, capacity, reserve=0) -> None:
-    """Refuse, before anything runs, a plan whose peak exceeds the (default) device."""
+    """Refuse, before anything runs, a plan whose peak exceeds the (default) device, or whose
+    host tier exceeds the host pool or, with the device, the RAM both share."""
+    from .pool import fmt_bytes
+    if not plan.host_fits:
+        room = plan.host_capacity if plan.host_capacity is not None else plan.ram
+        where = (f"the host pool has {fmt_bytes(plan.host_capacity)}"
+                 if plan.host_capacity is not None and plan.host_peak > plan.host_capacity else
+                 f"with the device's {fmt_bytes(plan.peak)} that is over the {fmt_bytes(plan.ram)} of RAM "
+                 f"this machine has available (less a margin)")
+        raise MemoryExhausted(
+            f"memory mode '{plan.mode}' needs {fmt_bytes(plan.host_peak)} of host memory but {where} "
+            f"({fmt_bytes(room or 0)}); use a smaller batch, or give --host-memory/--device-memory "
+            f"where the machine has more")
     if plan.peaks.get("", plan.peak) <= capacity and not plan.overflow:
         return
-    from .pool import fmt_bytes
     if plan.peak <= capacity:
         raise MemoryExhausted(f"memory mode '{plan.mode}' cannot place every tensor in {fmt_bytes(capacity)} "
                               f"(fragmentation) {plan.overflow}; {advice(graph, capacity, reserve)}")
@@ -97,13 +108,26 @@ class Plan:
     offloaded: list = field(default_factory=list)
     dropped: list = field(default_factory=list)
     host_params: list = field(default_factory=list)   # roots kept on the host, brought in per step
+    host_capacity: int | None = None  # the host pool's free bytes
+    ram: int | None = None            # device and host pools on one RAM (the CPU): their peaks together
+    host_extra: int = 0               # host bytes held beside the net (the solver's history there)
     timeline: object = None           # of the device with the highest peak
     timelines: dict = field(default_factory=dict)     # location -> Timeline
     peaks: dict = field(default_factory=dict)         # location -> peak bytes
 
     @property
     def fits(self) -> bool:
+        return self.device_fits and self.host_fits
+
+    @property
+    def device_fits(self) -> bool:
         return self.capacity is None or (self.peak <= self.capacity and not self.overflow)
+
+    @property
+    def host_fits(self) -> bool:
+        """The host tier within its pool, and on one RAM both tiers together within it."""
+        return ((self.host_capacity is None or self.host_peak <= self.host_capacity)
+                and (self.ram is None or self.peak + self.host_peak <= self.ram))
 
     def summary(self) -> dict:
         return dict(mode=self.mode, peak=self.peak, lower_bound=self.lower_bound,
@@ -127,14 +151,15 @@ def layer_flops(node) -> int:
 
 
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
-              host_params=False, cost_aware=True, built=None) -> Plan:
+              host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
+              host_extra=0) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
     ``built``: plans already made with the same arguments, by mode (auto's), reused."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
-    args = (capacity, extra_bytes, lookahead, min_gap, host_params)
+    args = (capacity, extra_bytes, lookahead, min_gap, host_params, (host_capacity, ram, host_extra))
     plan = _Builder(graph, mode, *args).build()
     if mode in ("recompute", "all") and cost_aware:
         # Cost-aware: recomputation keeps a segment's checkpoint alive until its replay, which
@@ -204,24 +229,56 @@ def _cost(plan):
 
 
 def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
-    """The cheapest mode whose plan fits ``capacity``; then ``all`` with parameters on the host.
-    Modes that cannot fit by a cheap bound are not planned (ResNet-2500: a plan takes seconds)."""
+    """The cheapest mode whose plan fits ``capacity`` (and the host tier, ``host_capacity`` and
+    ``ram``); then ``all`` with parameters on the host. Modes that cannot fit by a cheap bound
+    are not planned (ResNet-2500: a plan takes seconds)."""
     built, plan = {}, None
+    limit = min(x for x in (capacity, kw.get("ram"), 1 << 62) if x is not None)
     for mode in AUTO_ORDER:
-        if capacity is not None and quick_bound(graph, mode, extra_bytes, kw.get("host_params")) > capacity:
+        if quick_bound(graph, mode, extra_bytes, kw.get("host_params")) > limit:
             continue
-        plan = built[mode] = make_plan(graph, mode, capacity, extra_bytes, built=built, **kw)
+        _progress(graph, f"planning memory: trying mode '{mode}'")
+        plan = built[mode] = _shared_ram_plan(graph, mode, capacity, extra_bytes, built=built, **kw)
         if plan.fits:
             return plan
     if not kw.get("host_params"):
+        _progress(graph, "planning memory: trying mode 'all' with parameters on the host")
         kw["host_params"] = True
-        return make_plan(graph, "all", capacity, 0, **kw)
+        kw["host_extra"] = extra_bytes          # the solver's history goes to the host with them
+        return _shared_ram_plan(graph, "all", capacity, 0, **kw)
     return plan if plan is not None else make_plan(graph, "all", capacity, extra_bytes, **kw)
 
 
+def _shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
+    """On one RAM (the CPU), what an offloading plan keeps cached on the device is held twice:
+    where device and host peaks together exceed ``ram``, plan again with the device capacity
+    that leaves the host's peak room."""
+    plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
+    ram = kw.get("ram")
+    if ram is None or plan.fits or not plan.host_peak or not plan.device_fits:
+        return plan
+    smaller = ram - plan.host_peak
+    if capacity is not None:
+        smaller = min(smaller, capacity)
+    if smaller <= plan.lower_bound:
+        return plan
+    kw.pop("built", None)
+    return make_plan(graph, mode, smaller, extra_bytes, **kw)
+
+
+def _progress(graph, message):
+    """A log line for nets whose plans take seconds (thousands of layers)."""
+    if len(graph.layers) >= 1000:
+        import logging
+        logging.getLogger("sncaffe").info("%s (%d layers)", message, len(graph.layers))
+
+
 class _Builder:
-    def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False):
+    def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
+                 host=(None, None, 0)):
         self.graph, self.mode, self.capacity = graph, mode, capacity
+        self.host_capacity, self.ram, host_extra = host
+        self.host_extra = host_extra if isinstance(host_extra, int) else sum(align(max(b, 1)) for b in host_extra)
         self.host_params = host_params
         # Blocks others take beside the net (the solver's history), in their allocation order.
         self.extra_blocks = [extra_bytes] if isinstance(extra_bytes, int) else list(extra_bytes)
@@ -422,7 +479,8 @@ class _Builder:
         return t[bisect.bisect_right(t, after):]
     # -- building ---------------------------------------------------------------
     def build(self) -> Plan:
-        self.plan = Plan(self.mode, Schedule(), [], 0, self.extra, self.capacity)
+        self.plan = Plan(self.mode, Schedule(), [], 0, self.extra, self.capacity, host_capacity=self.host_capacity,
+                         ram=self.ram, host_extra=self.host_extra)
         self.analyze()
         plan = self.plan
         plan.persistent = self.persistent
@@ -462,7 +520,12 @@ class _Builder:
         for j in range(self.nf, len(self.ops)):
             self.pos = j
             self.backward_step(j)
-        plan.timelines = {loc: simulate(plan.schedule, base, loc) for loc, base in self.base.items()}
+        homes = {}
+        for r in plan.host_params:
+            homes[r.location] = homes.get(r.location, 0) + align(r.nbytes)
+        plan.timelines = {loc: simulate(plan.schedule, base, loc,
+                                        homes.get(loc, 0) + (plan.host_extra if loc == "" else 0), plan.host_params)
+                          for loc, base in self.base.items()}
         plan.peaks = {loc: t.peak for loc, t in plan.timelines.items()}
         main = "" if len(self.base) == 1 else max(plan.peaks, key=plan.peaks.get)
         plan.timeline = plan.timelines[main]

@@ -4,6 +4,23 @@ from __future__ import annotations
 from .pool import fmt_bytes
 
 
+def plan_line(plan, auto=False, name="") -> str:
+    """The one line said before the first iteration: what was decided and what it costs."""
+    def of(peak, room):
+        return fmt_bytes(peak) + (f" of {fmt_bytes(room)}" if room is not None else "")
+    parts = [f"memory plan{' of ' + name if name else ''}: mode '{plan.mode}'"
+             + (" (auto)" if auto else "") + (" with parameters on the host" if plan.host_params else ""),
+             f"device peak {of(plan.peak, plan.capacity)}",
+             f"host peak {of(plan.host_peak, plan.host_capacity)}"]
+    if plan.ram is not None:
+        parts.append(f"together {of(plan.peak + plan.host_peak, plan.ram)} RAM")
+    moved = plan.d2h_bytes + plan.h2d_bytes
+    parts.append(f"{fmt_bytes(moved)} moved per iteration ({fmt_bytes(plan.d2h_bytes)} out, "
+                 f"{fmt_bytes(plan.h2d_bytes)} back)")
+    parts.append(f"{plan.recompute_flops / 1e9:.1f} GFLOP recomputed")
+    return ", ".join(parts)
+
+
 def plan_table(plans, capacity=None) -> str:
     """One line per mode: peak, fit, peak over the lower bound, traffic and recomputation."""
     head = (f"{'mode':<10}{'peak':>12}{'fits':>6}{'peak/bound':>12}{'to host':>12}{'from host':>12}"

@@ -70,10 +70,15 @@ class Timeline:
         return max(self.host, default=0)
 
 
-def simulate(schedule: Schedule, persistent: int, location: str = "") -> Timeline:
+def simulate(schedule: Schedule, persistent: int, location: str = "", host_base: int = 0,
+             hosted=()) -> Timeline:
     """Replay the schedule's memory instructions on one device (``location``): bytes in use,
-    as its pool will count them."""
-    dev, host = persistent, 0
+    as its pool and its host pool will count them. ``host_base``: host bytes held across
+    iterations (parameters kept on the host, ``hosted``, and the solver's history there); a
+    value takes a host block at its first offload and gives it back when dropped."""
+    dev, host = persistent, host_base
+    homes = {id(t) for t in hosted}
+    held = set()
     d, h, labels, steps = [dev], [host], ["start"], []
     backward_start = None
     for k, ins in enumerate(schedule):
@@ -86,8 +91,13 @@ def simulate(schedule: Schedule, persistent: int, location: str = "") -> Timelin
         elif ins.kind == "free":
             dev -= align(ins.tensor.nbytes)
         elif ins.kind == "offload":
+            key = id(ins.tensor)
+            if key in homes or key in held:
+                continue                    # its host block is already there
+            held.add(key)
             host += align(ins.tensor.nbytes)
         elif ins.kind == "drop":
+            held.discard(id(ins.tensor))
             host -= align(ins.tensor.nbytes)
         elif ins.kind == "run":
             steps.append((len(d), ins.op.name + (" (recompute)" if ins.recompute else "")))

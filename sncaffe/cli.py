@@ -129,7 +129,14 @@ def _device(args, param=None):
     """The device of --device, sized by --device-memory, else by the net's memory_param."""
     from .backend import make_device
     given = param.memory_param.device_memory if param is not None else None
-    return make_device(args.device, args.device_memory or given or None, args.host_memory)
+    return _spilling(make_device(args.device, args.device_memory or given or None, args.host_memory), args)
+
+
+def _spilling(device, args):
+    """--spill DIR: where the disk tier's spill file goes (else the system's temporary directory)."""
+    if getattr(args, "spill", None):
+        device.spill_dir = args.spill
+    return device
 
 
 def _peak(device) -> str:
@@ -344,7 +351,8 @@ def _train(args, comm=None) -> int:
         if comm.Get_rank() > 0:
             from .progress import console
             args.console = console(bar=False)
-    device = make_device(device_name, args.device_memory or p.memory_param.device_memory or None, args.host_memory)
+    device = _spilling(make_device(device_name, args.device_memory or p.memory_param.device_memory or None,
+                                   args.host_memory), args)
     with args.console as con:
         if comm is not None and comm.Get_rank() > 0:
             log.setLevel(logging.WARNING)                      # rank 0 alone logs
@@ -557,9 +565,10 @@ def cmd_plan(args) -> int:
         chosen = next(p for p in plans if p.mode == args.memory)
         print(f"mode '{chosen.mode}': peak {fmt_bytes(chosen.peak)}, {len(chosen.offloaded)} tensors offloaded, "
               f"{len(chosen.dropped)} dropped and recomputed ({chosen.recomputed_ops} replays)")
-    png = args.png or str(Path(args.net).with_suffix("").name) + "_plan.png"
-    draw_timelines(plans, png, title=f"{graph.param.name or args.net}, batch {batch}", capacity=capacity)
-    print(f"timelines: {png} ({time.perf_counter() - t0:.1f} s)")
+    if args.png:                # a picture only when asked: it takes longer than the plans of big nets
+        draw_timelines(plans, args.png, title=f"{graph.param.name or args.net}, batch {batch}", capacity=capacity)
+        print(f"timelines: {args.png}")
+    print(f"planned in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -596,6 +605,9 @@ def _parser():
                                                "available, less a margin; on a GPU its free memory)")
         q.add_argument("--host-memory", help="host pool capacity for offloaded tensors, e.g. 8GiB (default: the "
                                              "RAM available; on the CPU device and host share it)")
+        q.add_argument("--spill", metavar="DIR", help="the disk tier: where a spill file takes the offloads the "
+                                                      "host cannot hold (default: the temporary directory; the "
+                                                      "file is removed at exit)")
 
     t = sub.add_parser("train", help="train from a solver or a net prototxt (like caffe train)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -662,7 +674,7 @@ def _parser():
     q.add_argument("--memory", default=None, choices=MEMORY_MODES,
                    help="show this mode's plan in detail (auto: the cheapest that fits --device-memory)")
     q.add_argument("--solver-type", default="SGD", help="the solver whose history is counted (default: SGD)")
-    q.add_argument("--png", help="where to draw the memory timelines (default: <net>_plan.png)")
+    q.add_argument("--png", help="draw the memory timelines into this PNG file (default: none drawn)")
     q.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("draw", help="draw a net with Graphviz (like Caffe's draw_net.py)")

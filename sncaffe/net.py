@@ -38,11 +38,12 @@ class Net:
     ``offload``, ``recompute``, ``all`` or ``auto``); None takes the net's own
     ``memory_param`` and, without one, ``auto`` (``none`` when it fits, else the cheapest
     mode that fits). ``reserve`` is pool bytes that others take beside the net (the
-    solver's history), so the plan accounts for them."""
+    solver's history), so the plan accounts for them. ``defer``: build the graph only; the
+    caller plans and calls ``place(plan)`` (mem/joint.py plans a solver's nets together)."""
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
                  weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
-                 devices=None):
+                 devices=None, defer=False):
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -68,25 +69,35 @@ class Net:
         for loc in sorted({n.layer.param.location for n in self.graph.layers} - {""}):
             self.devices[loc] = (devices or {}).get(loc) or make_device(loc)
         self.host_params = host_params
+        self.memory, self.seed = memory, seed
+        if defer:           # the owner plans (a Solver: its nets together) and calls place()
+            return
         blocks = reserve(self.graph) if callable(reserve) else reserve
         with cuda_ops.building_for(device):     # with host parameters the solver's history is on the host too
-            self.plan = self._make_plan(memory, 0 if host_params else blocks, blocks if host_params else 0)
-        self.host_params = bool(self.plan.host_params)      # auto may have chosen them
-        self._bind()
-        self.init_params(seed)
+            plan = self._make_plan(memory, 0 if host_params else blocks, blocks if host_params else 0)
+        self.place(plan)
         if weights is not None:
             self.copy_from(weights)
 
+    def place(self, plan):
+        """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled."""
+        self.plan = plan
+        self.host_params = bool(plan.host_params)      # auto may have chosen them
+        self._bind()
+        self.init_params(self.seed)
+
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve, host_reserve=0):
-        from .mem.planner import auto_plan, check_fits, make_plan
+        from .mem.planner import MODES, PlanError, _shared_ram_plan, auto_plan, check_fits
         from .mem.report import plan_line
         capacity, kw = self.budgets()
         kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
             plan = auto_plan(self.graph, capacity, reserve, **kw)
-        else:
-            plan = make_plan(self.graph, memory, capacity, reserve, **kw)
+        elif memory not in MODES:
+            raise PlanError(f"unknown memory mode {memory!r} (one of {', '.join(MODES)}, auto)")
+        else:                       # the mode given, fitted to the host tier (and disk) where it can be
+            plan = _shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
         check_fits(self.graph, plan, capacity, reserve)
         for loc, peak in plan.peaks.items():
             pool = self.devices[loc].pool
@@ -97,6 +108,12 @@ class Net:
         log.info("%s", plan_line(plan, memory == "auto", self.name))
         return plan
 
+    def make_plan(self, memory=None, reserve=0, host_reserve=0):
+        """Plan this (deferred) net alone, as the constructor does."""
+        from .backend import cuda_ops
+        with cuda_ops.building_for(self.device):
+            return self._make_plan(memory or self.memory, reserve, host_reserve)
+
     def budgets(self):
         """(device capacity, planner keywords for the host tier): what the pools have free now,
         and on the CPU the RAM both share (see mem/budget.py)."""
@@ -106,6 +123,9 @@ class Net:
         kw = {"host_capacity": None if host is None else host.capacity - host.in_use, "ram": None}
         if getattr(dev, "ram", None) is not None:
             kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0)
+        if getattr(dev, "spills", False):       # a disk tier: the free space where the spill file goes
+            from .mem.spill import spill_room
+            kw["spill"] = spill_room(getattr(dev, "spill_dir", None))
         return capacity, kw
 
     def _binders(self):

@@ -18,6 +18,8 @@ def default_capacity() -> int:
 class CPUDevice:
     name = "cpu"
     xp = np
+    spills = True           # a disk tier: offloads the host pool cannot hold go to a spill file
+    spill_dir = None        # where (None: the system's temporary directory)
 
     def __init__(self, capacity=None, host_capacity=None):
         # Device and host pools are one RAM here: each may take the whole budget, and the plan

@@ -111,6 +111,8 @@ class Plan:
     host_capacity: int | None = None  # the host pool's free bytes
     ram: int | None = None            # device and host pools on one RAM (the CPU): their peaks together
     host_extra: int = 0               # host bytes held beside the net (the solver's history there)
+    disk_peak: int = 0                # the spill file's peak (offloads the host pool could not hold)
+    disk_capacity: int | None = None  # the room on the spill file's disk (None: no disk tier)
     timeline: object = None           # of the device with the highest peak
     timelines: dict = field(default_factory=dict)     # location -> Timeline
     peaks: dict = field(default_factory=dict)         # location -> peak bytes
@@ -127,7 +129,8 @@ class Plan:
     def host_fits(self) -> bool:
         """The host tier within its pool, and on one RAM both tiers together within it."""
         return ((self.host_capacity is None or self.host_peak <= self.host_capacity)
-                and (self.ram is None or self.peak + self.host_peak <= self.ram))
+                and (self.ram is None or self.peak + self.host_peak <= self.ram)
+                and (not self.disk_peak or self.disk_capacity is None or self.disk_peak <= self.disk_capacity))
 
     def summary(self) -> dict:
         return dict(mode=self.mode, peak=self.peak, lower_bound=self.lower_bound,
@@ -152,14 +155,19 @@ def layer_flops(node) -> int:
 
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
               host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
-              host_extra=0) -> Plan:
+              host_extra=0, before=(), spill=None, host_room=None) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
-    ``built``: plans already made with the same arguments, by mode (auto's), reused."""
+    ``built``: plans already made with the same arguments, by mode (auto's), reused.
+    ``before``: pool blocks allocated before this net's persistent tensors (the nets placed
+    earlier, see joint.py); ``extra_bytes`` (an int or blocks) come after them.
+    ``host_room``: host pool bytes offloaded copies may take (with what is there already);
+    what does not fit goes to the disk tier, whose room is ``spill`` bytes."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
-    args = (capacity, extra_bytes, lookahead, min_gap, host_params, (host_capacity, ram, host_extra))
+    args = (capacity, extra_bytes, lookahead, min_gap, host_params,
+            (host_capacity, ram, host_extra, spill, host_room), before)
     plan = _Builder(graph, mode, *args).build()
     if mode in ("recompute", "all") and cost_aware:
         # Cost-aware: recomputation keeps a segment's checkpoint alive until its replay, which
@@ -250,20 +258,32 @@ def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
 
 
 def _shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
-    """On one RAM (the CPU), what an offloading plan keeps cached on the device is held twice:
-    where device and host peaks together exceed ``ram``, plan again with the device capacity
-    that leaves the host's peak room."""
+    """``mode``'s plan, fitted to the host tier where the first plan is not. On one RAM (the
+    CPU) what an offloading plan keeps cached on the device is held twice: plan the device
+    smaller so the host's peak has room. Where the host still cannot hold what the device
+    offloads, and a disk tier is given (``spill``), the device gets what its plan needs, the
+    host what RAM has left (or its pool), and the rest goes to the spill file."""
     plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
-    ram = kw.get("ram")
-    if ram is None or plan.fits or not plan.host_peak or not plan.device_fits:
-        return plan
-    smaller = ram - plan.host_peak
-    if capacity is not None:
-        smaller = min(smaller, capacity)
-    if smaller <= plan.lower_bound:
+    if plan.fits or not plan.device_fits or not plan.d2h_bytes:
         return plan
     kw.pop("built", None)
-    return make_plan(graph, mode, smaller, extra_bytes, **kw)
+    ram, host_capacity = kw.get("ram"), kw.get("host_capacity")
+    if ram is not None and ram - plan.host_peak > plan.lower_bound:
+        smaller = make_plan(graph, mode, min(ram - plan.host_peak, capacity or ram), extra_bytes, **kw)
+        if smaller.fits:
+            return smaller
+    if kw.get("spill") is None:
+        return plan
+    _progress(graph, f"planning memory: mode '{mode}' with a disk tier")
+    plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room")}
+    need = make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
+    for slack in (1.02, 1.1, 1.3):
+        device = int(need * slack) if capacity is None else min(int(need * slack), capacity)
+        room = min(x for x in (host_capacity, None if ram is None else ram - device, 1 << 62) if x is not None)
+        tiered = make_plan(graph, mode, device, extra_bytes, host_room=room, **kw)
+        if tiered.device_fits:
+            return tiered
+    return plan
 
 
 def _progress(graph, message):
@@ -275,14 +295,15 @@ def _progress(graph, message):
 
 class _Builder:
     def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
-                 host=(None, None, 0)):
+                 host=(None, None, 0, None, None), before=()):
         self.graph, self.mode, self.capacity = graph, mode, capacity
-        self.host_capacity, self.ram, host_extra = host
+        self.host_capacity, self.ram, host_extra, self.spill, self.host_room = host
         self.host_extra = host_extra if isinstance(host_extra, int) else sum(align(max(b, 1)) for b in host_extra)
         self.host_params = host_params
         # Blocks others take beside the net (the solver's history), in their allocation order.
         self.extra_blocks = [extra_bytes] if isinstance(extra_bytes, int) else list(extra_bytes)
-        self.extra = sum(align(b) for b in self.extra_blocks if b)
+        self.before_blocks = [b for b in before if b]
+        self.extra = sum(align(b) for b in self.extra_blocks + self.before_blocks if b)
         self.lookahead, self.min_gap = lookahead, min_gap
         self.offload = mode in ("offload", "all")
         self.recompute = mode in ("recompute", "all")
@@ -294,6 +315,9 @@ class _Builder:
     def emit(self, kind, tensor=None, **kw):
         if kind == "alloc":
             self.make_room(tensor)
+        if kind == "offload" and self.host_room is not None and id(tensor) not in self.hosted \
+                and id(tensor.root) not in self.param_ids:
+            kw["tier"] = self.tier_for(tensor)
         ins = Instr(kind, tensor, **kw)
         self.out.append(ins)
         if kind == "alloc":
@@ -319,7 +343,19 @@ class _Builder:
             self.plan.h2d_bytes += tensor.nbytes
         elif kind == "drop":
             self.hosted.pop(id(tensor), None)
+            if self.tiers.pop(id(tensor), "disk") == "host":
+                self.host_used -= align(tensor.nbytes)
         return ins
+
+    def tier_for(self, tensor):
+        """The host pool while it has room, else the disk: the host tier is planned as it fills."""
+        n = align(tensor.nbytes)
+        if self.host_used + n <= self.host_room:
+            self.host_used += n
+            self.tiers[id(tensor)] = "host"
+            return "host"
+        self.tiers[id(tensor)] = "disk"
+        return "disk"
 
     def place(self, tensor):
         """Where the pool will put ``tensor``: the planner runs the device's own allocator, so a
@@ -480,7 +516,7 @@ class _Builder:
     # -- building ---------------------------------------------------------------
     def build(self) -> Plan:
         self.plan = Plan(self.mode, Schedule(), [], 0, self.extra, self.capacity, host_capacity=self.host_capacity,
-                         ram=self.ram, host_extra=self.host_extra)
+                         ram=self.ram, host_extra=self.host_extra, disk_capacity=self.spill)
         self.analyze()
         plan = self.plan
         plan.persistent = self.persistent
@@ -493,11 +529,15 @@ class _Builder:
             self.base[r.location] = self.base.get(r.location, 0) + align(r.nbytes)
         self.in_use = dict(self.base)
         self.live, self.hosted, self.cache = {}, {}, OrderedDict()
+        self.tiers = {}                      # id(value) -> "host" or "disk", for offloads placed by tier
+        self.host_used = plan.host_extra + sum(align(r.nbytes) for r in plan.host_params)
         self.sims, self.placed = {}, {}
         if self.capacity is not None:
             for loc in self.base:
                 sim = self.sims[loc] = Pool(self.capacity)
                 try:
+                    for b in self.before_blocks if loc == "" else ():
+                        sim.alloc(b)
                     for r in self.persistent:   # in the order the net binds them
                         if r.location == loc:
                             sim.alloc(r.nbytes)
@@ -530,6 +570,7 @@ class _Builder:
         main = "" if len(self.base) == 1 else max(plan.peaks, key=plan.peaks.get)
         plan.timeline = plan.timelines[main]
         plan.peak, plan.host_peak = plan.timeline.peak, plan.timeline.host_peak
+        plan.disk_peak = max(t.disk_peak for t in plan.timelines.values())
         plan.lower_bound, plan.lower_bound_step = self.lower_bound()
         return plan
 

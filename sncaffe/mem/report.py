@@ -12,6 +12,8 @@ def plan_line(plan, auto=False, name="") -> str:
              + (" (auto)" if auto else "") + (" with parameters on the host" if plan.host_params else ""),
              f"device peak {of(plan.peak, plan.capacity)}",
              f"host peak {of(plan.host_peak, plan.host_capacity)}"]
+    if plan.disk_peak:
+        parts.append(f"disk peak {of(plan.disk_peak, plan.disk_capacity)}")
     if plan.ram is not None:
         parts.append(f"together {of(plan.peak + plan.host_peak, plan.ram)} RAM")
     moved = plan.d2h_bytes + plan.h2d_bytes

@@ -74,3 +74,20 @@ def test_cli_commands_default_to_auto():
     from sncaffe.cli import _parser
     for argv in (["train", "x"], ["test", "x"], ["time", "x"]):
         assert _parser().parse_args(argv).memory is None          # resolved by Net: memory_param, else auto
+
+
+def test_train_picks_a_mode_and_says_so_in_one_line(tmp_path, capsys):
+    """No --memory: the CLI plans with auto under a tight device and prints the plan line
+    (mode, each tier's peak, traffic, recomputation) before the first iteration."""
+    from google.protobuf import text_format
+    from sncaffe.cli import main
+    net = tmp_path / "lenet.prototxt"
+    net.write_text(text_format.MessageToString(net_param(LENET, 64)))
+    args = ["train", str(net), "--max-iter", "2", "--device-memory", str(tight_capacity() + (4 << 20)),
+            "--snapshot-prefix", str(tmp_path / "s" / "lenet")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "memory plan of LeNet" in x)
+    assert "(auto)" in line and "device peak" in line and "host peak" in line and "moved per iteration" in line
+    assert "GFLOP recomputed" in line and "mode 'none'" not in line
+    assert out.index("memory plan") < out.index("Iteration 0")

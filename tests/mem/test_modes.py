@@ -94,10 +94,10 @@ def feed(net, rng):
         blob.data[...] = rng.integers(0, 2, blob.shape) if name == "label" else rng.standard_normal(blob.shape)
 
 
-def train(param, mode, capacity="1GiB", iters=2):
+def train(param, mode, capacity="1GiB", iters=2, device=None):
     """``iters`` SGD steps from fixed weights and inputs. Returns the plan and, per iteration,
     the pool peak and a copy of everything that must equal mode none's bit for bit."""
-    device = CPUDevice(capacity)
+    device = device or CPUDevice(capacity)
     try:
         net = Net(param, "TRAIN", device=device, memory=mode, seed=1)
         error = None

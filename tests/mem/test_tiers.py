@@ -60,6 +60,7 @@ def test_one_ram_counts_both_tiers():
 
 def test_a_host_tier_that_does_not_fit_is_refused_naming_it():
     device = CPUDevice("1GiB", "64KiB")
+    device.spills = False               # no disk tier to take what the host cannot (see test_disk.py)
     with pytest.raises(MemoryExhausted, match="of host memory but the host pool has"):
         Net(net_param(R50), "TRAIN", device=device, memory="offload")
 

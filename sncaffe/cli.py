@@ -566,7 +566,9 @@ def cmd_plan(args) -> int:
         print(f"mode '{chosen.mode}': peak {fmt_bytes(chosen.peak)}, {len(chosen.offloaded)} tensors offloaded, "
               f"{len(chosen.dropped)} dropped and recomputed ({chosen.recomputed_ops} replays)")
     if args.png:                # a picture only when asked: it takes longer than the plans of big nets
-        draw_timelines(plans, args.png, title=f"{graph.param.name or args.net}, batch {batch}", capacity=capacity)
+        more = [("host params", hosted)] + ([(f"at {fmt_bytes(capacity)}", cached)] if capacity is not None else [])
+        draw_timelines(plans, args.png, title=f"{graph.param.name or args.net}, batch {batch}", capacity=capacity,
+                       more=more)
         print(f"timelines: {args.png}")
     print(f"planned in {time.perf_counter() - t0:.1f} s")
     return 0

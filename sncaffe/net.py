@@ -83,6 +83,11 @@ class Net:
         """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled."""
         self.plan = plan
         self.host_params = bool(plan.host_params)      # auto may have chosen them
+        if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening
+            from .mem.pool import fmt_bytes
+            n = sum(int(np.prod(d.shape, dtype=np.int64)) for node in self.graph.layers for d, _ in node.params)
+            log.info("binding %s: %s of persistent tensors, %.1f M parameters filled", self.name or "the net",
+                     fmt_bytes(plan.persistent_bytes), n / 1e6)
         self._bind()
         self.init_params(self.seed)
 

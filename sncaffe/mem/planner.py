@@ -61,6 +61,11 @@ def check_fits(graph, plan, capacity, reserve=0) -> None:
     """Refuse, before anything runs, a plan whose peak exceeds the (default) device, or whose
     host tier exceeds the host pool or, with the device, the RAM both share."""
     from .pool import fmt_bytes
+    if plan.disk_peak and plan.disk_capacity is not None and plan.disk_peak > plan.disk_capacity:
+        raise MemoryExhausted(
+            f"memory mode '{plan.mode}' needs {fmt_bytes(plan.disk_peak)} on disk for what the host cannot hold, "
+            f"but the spill directory's disk has {fmt_bytes(plan.disk_capacity)} to give (--spill DIR: "
+            f"a directory with more room), or use a smaller batch")
     if not plan.host_fits:
         room = plan.host_capacity if plan.host_capacity is not None else plan.ram
         where = (f"the host pool has {fmt_bytes(plan.host_capacity)}"

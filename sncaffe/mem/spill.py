@@ -83,9 +83,11 @@ class SpillFile:
 
 def spill_room(directory=None) -> int:
     """What the disk tier may take: the spill directory's free space less a tenth of it."""
-    directory = str(directory or tempfile.gettempdir())
+    path = os.path.abspath(str(directory or tempfile.gettempdir()))
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)         # a directory still to be made: the disk it will be on
     try:
-        return int(shutil.disk_usage(directory).free * 0.9)
+        return int(shutil.disk_usage(path).free * 0.9)
     except OSError:
         return 0
 

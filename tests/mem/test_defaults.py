@@ -91,3 +91,16 @@ def test_train_picks_a_mode_and_says_so_in_one_line(tmp_path, capsys):
     assert "(auto)" in line and "device peak" in line and "host peak" in line and "moved per iteration" in line
     assert "GFLOP recomputed" in line and "mode 'none'" not in line
     assert out.index("memory plan") < out.index("Iteration 0")
+
+
+def test_plan_draws_only_when_asked(tmp_path, monkeypatch, capsys):
+    from google.protobuf import text_format
+    from sncaffe.cli import main
+    monkeypatch.chdir(tmp_path)
+    net = tmp_path / "lenet.prototxt"
+    net.write_text(text_format.MessageToString(net_param(LENET, 64)))
+    assert main(["plan", str(net), "--device-memory", "64MiB"]) == 0
+    assert not list(tmp_path.glob("*.png"))
+    assert main(["plan", str(net), "--device-memory", "64MiB", "--png", "p.png"]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert "timelines: p.png" in capsys.readouterr().out

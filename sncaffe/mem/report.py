@@ -20,7 +20,16 @@ def plan_line(plan, auto=False, name="") -> str:
     parts.append(f"{fmt_bytes(moved)} moved per iteration ({fmt_bytes(plan.d2h_bytes)} out, "
                  f"{fmt_bytes(plan.h2d_bytes)} back)")
     parts.append(f"{plan.recompute_flops / 1e9:.1f} GFLOP recomputed")
+    if plan.ram is not None:                # one RAM: what the process will hold at its peak
+        from .budget import process_memory
+        parts.append(f"resident memory expected {fmt_bytes(expected_rss(plan, process_memory()['rss']))}")
     return ", ".join(parts)
+
+
+def expected_rss(plan, process_rss) -> int:
+    """The process's peak resident memory on the CPU device: both pools at their peaks (their
+    arenas are only resident where touched) beside what the process holds outside them now."""
+    return plan.peak + plan.host_peak + process_rss
 
 
 def plan_table(plans, capacity=None) -> str:

@@ -1,7 +1,6 @@
 """The CPU device: NumPy arrays carved from one preallocated arena."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..mem.pool import Pool, parse_bytes
@@ -9,10 +8,9 @@ from ..mem.streams import Stream
 
 
 def default_capacity() -> int:
-    """The RAM this machine can give now (available RAM less a margin, see mem/budget.py):
-    the arena is virtual until touched, so this costs nothing up front."""
-    from ..mem.budget import ram_budget
-    return ram_budget()
+    """Half of physical RAM (what the CUDA device's pinned host pool is sized from)."""
+    from ..mem.budget import physical_ram
+    return physical_ram() // 2
 
 
 class CPUDevice:
@@ -22,9 +20,12 @@ class CPUDevice:
     spill_dir = None        # where (None: the system's temporary directory)
 
     def __init__(self, capacity=None, host_capacity=None):
-        # Device and host pools are one RAM here: each may take the whole budget, and the plan
-        # keeps their peaks together under ``ram`` (the budget, or the pools given, summed).
-        budget = default_capacity()
+        # Device and host pools are one RAM here. Unless both are given, each may take the RAM
+        # this machine can give now (available RAM less a margin, see mem/budget.py) and the
+        # plan keeps their peaks together under it (``ram``). The arenas are virtual until
+        # touched, so their size costs nothing up front.
+        from ..mem.budget import ram_budget
+        budget = ram_budget()
         self.ram = budget if capacity is None or host_capacity is None else None
         capacity = budget if capacity is None else parse_bytes(capacity)
         self.pool = Pool(capacity)

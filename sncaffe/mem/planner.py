@@ -107,6 +107,7 @@ class Plan:
     h2d_bytes: int = 0
     recompute_flops: int = 0
     recomputed_ops: int = 0
+    memory_centric: int = 0           # segments replayed memory-centric (from the checkpoint for each need)
     cache_hits: int = 0
     cache_misses: int = 0
     chunk_trials: int = 0             # workspace sizes tried while choosing chunks (bounded by log batch)
@@ -160,7 +161,7 @@ def layer_flops(node) -> int:
 
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
               host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
-              host_extra=0, before=(), spill=None, host_room=None) -> Plan:
+              host_extra=0, before=(), spill=None, host_room=None, memory_centric=None) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
@@ -168,12 +169,21 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     ``before``: pool blocks allocated before this net's persistent tensors (the nets placed
     earlier, see joint.py); ``extra_bytes`` (an int or blocks) come after them.
     ``host_room``: host pool bytes offloaded copies may take (with what is there already);
-    what does not fit goes to the disk tier, whose room is ``spill`` bytes."""
+    what does not fit goes to the disk tier, whose room is ``spill`` bytes.
+    ``memory_centric``: True replays every recomputed segment from its checkpoint for each
+    backward step that needs it (SuperNeurons' memory-centric strategy) instead of once,
+    keeping the results (speed-centric); None tries it per segment (those with at least 3
+    dropped tensors) where a capacity-bound plan does not fit, and keeps it if it costs less."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
-    plan = _Builder(graph, mode, *args).build()
+    plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric)).build()
+    if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits:
+        lean = _Builder(graph, mode, *args, memory_centric="some").build()
+        if lean.memory_centric and _cost(lean) < _cost(plan):
+            lean.note = f"memory-centric recomputation in {lean.memory_centric} segments"
+            plan = lean
     if mode in ("recompute", "all") and cost_aware:
         # Cost-aware: recomputation keeps a segment's checkpoint alive until its replay, which
         # on some nets costs more than it saves; then the plan without it is the better one.
@@ -300,8 +310,9 @@ def _progress(graph, message):
 
 class _Builder:
     def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
-                 host=(None, None, 0, None, None), before=()):
+                 host=(None, None, 0, None, None), before=(), memory_centric=False):
         self.graph, self.mode, self.capacity = graph, mode, capacity
+        self.memory_centric = memory_centric
         self.host_capacity, self.ram, host_extra, self.spill, self.host_room = host
         self.host_extra = host_extra if isinstance(host_extra, int) else sum(align(max(b, 1)) for b in host_extra)
         self.host_params = host_params
@@ -493,10 +504,17 @@ class _Builder:
         self.times = dict(base)                 # lists shared with the graph's cache: replaced, never changed
         for key in self.dropped:
             self.times[key] = [x for x in base[key] if x >= self.nf]
+        # Memory-centric segments: replayed for each step that needs them, so what a replay reads
+        # from outside lives until the last of those steps.
+        self.mc = {seg.index for seg in self.segs if seg.dropped and (
+            self.memory_centric is True or (self.memory_centric == "some" and len(seg.dropped) >= 3))}
+        self.plan.memory_centric = len(self.mc)
+        self.mc_free, self.mc_open = [], []
         for seg in self.segs:
             if seg.needed_by:
+                needs = set(seg.needed_by) if seg.index in self.mc else {seg.needed_by[0]}
                 for r in seg.externals:
-                    self.times[id(r)] = sorted(set(self.times[id(r)]) | {seg.needed_by[0]})
+                    self.times[id(r)] = sorted(set(self.times[id(r)]) | needs)
         # Offload candidates: needed again in backward, long after forward is done with them.
         self.offloaded = {}
         if self.offload:
@@ -625,6 +643,14 @@ class _Builder:
             self.ensure(r, write)
         self.run(j)
         self.return_params(j, len(self.ops))
+        for t in self.mc_free:          # memory-centric replays: recomputed again where needed again
+            if id(t) in self.live:
+                self.emit("free", t)
+        self.mc_free = []
+        for seg in list(self.mc_open):
+            if not any(self.need_times(r, j) for r in seg.dropped):
+                self.mc_open.remove(seg)
+                self.drop_snapshots(seg)
         self.release(j)
 
     def chunked(self, op):
@@ -693,7 +719,8 @@ class _Builder:
             self.cache.pop(key, None)
             return
         if key in self.dropped:
-            self.replay(self.dropped[key])
+            seg = self.dropped[key]
+            self.replay(seg, self.prefix(seg, r) if seg.index in self.mc else None)
         elif key in self.offloaded and key in self.hosted:
             self.bring(r)
         else:
@@ -702,8 +729,17 @@ class _Builder:
         if key not in self.live:
             raise PlanError(f"plan bug: {r.name} not resident at {self.ops[self.pos].name}")
 
-    def replay(self, seg):
-        """Recompute a segment's cheap operators (speed-centric: once, keeping the results)."""
+    def prefix(self, seg, r):
+        """A memory-centric replay's operators: the segment's, up to the last writer of ``r``
+        and of what else the current step reads of it."""
+        mine = [self.fwd_last[id(q)][0] for q, _ in op_tensors(self.ops[self.pos]) if self.dropped.get(id(q)) is seg]
+        last = max(mine + [self.fwd_last[id(r)][0]])
+        return [k for k in seg.cheap if k <= last]
+
+    def replay(self, seg, ops=None):
+        """Recompute a segment's cheap operators: speed-centric (``ops`` None) all of them once,
+        keeping the results; memory-centric only ``ops``, whose results go after this step."""
+        fresh = set(self.live) if ops is not None else None
         for r in seg.externals:
             self.ensure(r)
         for r, ckpt in seg.snapshots:
@@ -712,7 +748,7 @@ class _Builder:
                 self.emit("prefetch", ckpt, source=r)
             else:
                 self.out.append(Instr("restore", r, source=ckpt))
-        for k in seg.cheap:
+        for k in seg.cheap if ops is None else ops:
             for r, _ in self.param_ops.get(k, ()):
                 if id(r) not in self.live:
                     self.emit("alloc", r)
@@ -724,6 +760,14 @@ class _Builder:
             for r, _ in self.param_ops.get(k, ()):
                 if id(r) in self.live and not any(id(r) == id(q) for q, _ in self.param_ops.get(self.pos, ())):
                     self.emit("free", r)
+        if ops is not None:             # memory-centric: freed after this step, checkpoints kept
+            self.mc_free += [t for key, t in self.live.items() if key not in fresh and key in self.dropped]
+            if seg not in self.mc_open:
+                self.mc_open.append(seg)
+            return
+        self.drop_snapshots(seg)
+
+    def drop_snapshots(self, seg):
         seg.done = True
         for r, ckpt in seg.snapshots:
             if self.offload:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from .liveness import analyze, persistent_roots
+from .passes import liveness
 from .planner import AUTO_ORDER, MemoryExhausted, _shared_ram_plan, quick_bound
 from .pool import align, fmt_bytes
 
@@ -28,12 +28,7 @@ TEST_ORDER = ("liveness", "recompute", "offload", "all")
 def persistent_blocks(graph, mode, host_params=False):
     """(sizes of the device blocks a net in ``mode`` binds, in order; host bytes its hosted
     parameters take), as the planner decides them."""
-    g = graph.__dict__
-    if "_liveness" not in g:
-        roots = persistent_roots(graph)
-        g["_liveness"] = (roots, analyze(graph.forward_ops + graph.backward_ops, roots))
-    roots, uses = g["_liveness"]
-    roots = list(roots) + ([r for r, _ in uses.values()] if mode == "none" else [])
+    roots, _ = liveness(graph, graph.forward_ops + graph.backward_ops, mode)
     homes = 0
     if host_params:
         params = {id(t.root) for n in graph.layers for d, dd in n.params for t in (d, dd)}

@@ -12,6 +12,12 @@ Modes combine the techniques of SuperNeurons:
 
 Given a capacity, offloaded tensors stay cached on the device while they fit
 (LRU eviction), and ``auto`` picks the cheapest mode whose plan fits.
+
+The analysis is a walk over passes (passes.py: liveness, host parameters,
+recomputation, need times, offload) that return data; the builder then replays
+the iteration, placing every block on the device's allocator, each offloaded
+copy on a tier (host, or disk where the host is full) and each workspace whole
+or in chunks, and writes the schedule the executor replays.
 """
 from __future__ import annotations
 
@@ -21,10 +27,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..graph import Tensor, _workspace
-from .liveness import analyze, op_tensors, persistent_roots, workspaces
+from ..graph import _workspace
+from . import passes
+from .liveness import op_tensors, persistent_roots, workspaces
 from .pool import OutOfMemory, Pool, align
-from .recompute import is_cheap, kept_scratch, segments
 from .schedule import Instr, Schedule, simulate
 
 MODES = ("none", "liveness", "offload", "recompute", "all")
@@ -173,13 +179,16 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     ``memory_centric``: True replays every recomputed segment from its checkpoint for each
     backward step that needs it (SuperNeurons' memory-centric strategy) instead of once,
     keeping the results (speed-centric); None tries it per segment (those with at least 3
-    dropped tensors) where a capacity-bound plan does not fit, and keeps it if it costs less."""
+    dropped tensors) where a capacity-bound plan does not fit (by at most a quarter), and keeps
+    it if it costs less."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
     plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric)).build()
-    if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits:
+    # (Tried only near a fit: it trades replays for a few segments' values, not for multiples.)
+    if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits \
+            and plan.peak <= capacity * 5 // 4:
         lean = _Builder(graph, mode, *args, memory_centric="some").build()
         if lean.memory_centric and _cost(lean) < _cost(plan):
             lean.note = f"memory-centric recomputation in {lean.memory_centric} segments"
@@ -208,10 +217,7 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
     key = ("_quick_bound", mode)
     if key not in graph.__dict__:
         ops = graph.forward_ops + graph.backward_ops
-        if "_liveness" not in graph.__dict__:
-            roots = persistent_roots(graph)
-            graph.__dict__["_liveness"] = (roots, analyze(ops, roots))
-        roots, uses = graph.__dict__["_liveness"]
+        roots, uses = passes.liveness(graph, ops, "liveness")
         always = sum(align(r.nbytes) for r in roots)
         if mode == "none":
             bound = always + sum(align(r.nbytes) for r, _ in uses.values())
@@ -228,23 +234,6 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
             bound = always + most
         graph.__dict__[key] = bound
     return graph.__dict__[key] + extra
-
-
-def _times(graph, uses, nf):
-    """Per scheduled root: the sorted steps that use it, and (last forward write, last forward
-    use), -1 where none. The same for every mode: computed once per graph."""
-    if not uses:
-        return {}, {}
-    key = ("_times", id(uses))
-    if key not in graph.__dict__:
-        times, last = {}, {}
-        for k, (r, u) in uses.items():
-            times[k] = sorted(set(u.reads + u.writes))
-            w = [x for x in u.writes if x < nf]
-            f = [x for x in times[k] if x < nf]
-            last[k] = (max(w, default=-1), max(f, default=-1))
-        graph.__dict__[key] = (times, last)
-    return graph.__dict__[key]
 
 
 def _cost(plan):
@@ -429,106 +418,29 @@ class _Builder:
 
     # -- analysis ---------------------------------------------------------------
     def analyze(self):
+        """The passes (passes.py), walked in order; their data is what the replay below uses."""
         g = self.graph
-        if "_liveness" not in g.__dict__:       # the same for every mode: analysed once per graph
-            roots = persistent_roots(g)
-            g.__dict__["_liveness"] = (roots, analyze(self.ops, roots))
-        roots, self.uses = g.__dict__["_liveness"]
-        roots = list(roots)
-        if self.mode == "none":
-            roots += [r for r, _ in self.uses.values()]
-            self.uses = {}
+        roots, self.uses = passes.liveness(g, self.ops, self.mode)
         self.persistent_ids = {id(r) for r in roots}     # never scheduled as activations
         self.param_ids, self.param_ops = {}, {}
         if self.host_params:
-            for node in g.layers:
-                for d, dd in node.params:
-                    for t in (d, dd):
-                        self.param_ids[id(t.root)] = t.root
-            for i, op in enumerate(self.ops):
-                # A layer without learnable blobs (BatchNorm) moves its statistics in forward.
-                moved = op.kind == "forward" and not op.node.layer.learnable
-                self.param_ops[i] = [(r, w or moved) for r, w in op_tensors(op) if id(r) in self.param_ids]
-            roots = [r for r in roots if id(r) not in self.param_ids]
+            self.param_ids, self.param_ops, roots = passes.host_params(g, self.ops, roots)
             self.plan.host_params = list(self.param_ids.values())
         self.persistent = roots
-        self.segs, self.seg_of = ([], []) if not self.recompute else segments(self.F, self.persistent_ids)
-        self.dropped = {}                      # id(root) -> segment
-        fidx = {id(op.node): i for i, op in enumerate(self.F)}
-        self.snap_at = {}                      # forward index -> [(root, checkpoint value)]
-        for seg in self.segs:
-            seg.snapshots, seg.externals, seg.written, seg.dropped, seg.needed_by = [], [], [], [], []
-            seg.done = False
-            produced = set()
-            cheap = set(seg.cheap)
-            for k in seg.cheap:
-                kept = kept_scratch(self.F[k].node)
-                for r, _ in op_tensors(self.F[k], ("reads",)) + [(t, 0) for t in self.F[k].writes if id(t) in kept]:
-                    if id(r) in self.persistent_ids or id(r) in produced:
-                        continue
-                    if id(r) in kept or not any(w >= k for w in self.uses[id(r)][1].writes if w < self.nf):
-                        if r not in seg.externals:
-                            seg.externals.append(r)      # its final value, from elsewhere
-                        continue
-                    point = min(w for w in self.uses[id(r)][1].writes if k <= w < self.nf)
-                    ckpt = Tensor(r.name + "@checkpoint", r.shape, r.dtype, "checkpoint", location=r.location)
-                    seg.snapshots.append((r, ckpt, point))
-                    produced.add(id(r))
-                for r, write in op_tensors(self.F[k]):
-                    if write and id(r) not in self.persistent_ids and id(r) not in kept and id(r) not in produced:
-                        produced.add(id(r))
-                for r, write in op_tensors(self.F[k]):
-                    if write and id(r) in produced and r not in seg.written:
-                        seg.written.append(r)
-            own = cheap | {seg.checkpoint}
-            for r in seg.written:
-                u = self.uses[id(r)][1]
-                fw = [w for w in u.writes if w < self.nf]
-                bwd = [x for x in u.reads + u.writes if x >= self.nf]
-                # Only what the segment's own backward reads is dropped: a value another
-                # segment's backward needs (the next convolution's bottom) is a checkpoint.
-                # (Without offload, dropping it anyway still saves more than it costs.)
-                if bwd and fw and max(fw) in cheap and (not self.offload or all(
-                        fidx[id(self.ops[x].node)] in own for x in bwd)):
-                    seg.dropped.append(r)
-                    self.dropped[id(r)] = seg
-                    seg.needed_by.extend(bwd)
-            seg.needed_by = sorted(set(seg.needed_by))
-            if not seg.dropped:
-                seg.snapshots = []          # never replayed: nothing to snapshot
-            for r, ckpt, point in seg.snapshots:
-                self.snap_at.setdefault(point, []).append((r, ckpt))
-            seg.snapshots = [(r, ckpt) for r, ckpt, _ in seg.snapshots]
+        rc = passes.recompute(self.F, self.ops, self.uses, self.persistent_ids, self.offload) if self.recompute \
+            else passes.Recompute([], {}, {})
+        self.segs, self.dropped, self.snap_at = rc.segs, rc.dropped, rc.snap_at
         self.plan.dropped = [r.name for seg in self.segs for r in seg.dropped]
-        base, self.fwd_last = _times(self.graph, self.uses, self.nf)
-        self.times = dict(base)                 # lists shared with the graph's cache: replaced, never changed
-        for key in self.dropped:
-            self.times[key] = [x for x in base[key] if x >= self.nf]
-        # Memory-centric segments: replayed for each step that needs them, so what a replay reads
-        # from outside lives until the last of those steps.
+        # Memory-centric segments: replayed for each step that needs them.
         self.mc = {seg.index for seg in self.segs if seg.dropped and (
             self.memory_centric is True or (self.memory_centric == "some" and len(seg.dropped) >= 3))}
         self.plan.memory_centric = len(self.mc)
         self.mc_free, self.mc_open = [], []
-        for seg in self.segs:
-            if seg.needed_by:
-                needs = set(seg.needed_by) if seg.index in self.mc else {seg.needed_by[0]}
-                for r in seg.externals:
-                    self.times[id(r)] = sorted(set(self.times[id(r)]) | needs)
-        # Offload candidates: needed again in backward, long after forward is done with them.
-        self.offloaded = {}
+        self.times, self.fwd_last = passes.need_times(g, self.uses, self.nf, rc, self.mc)
+        self.offloaded, self.to_bring = {}, []
         if self.offload:
-            for key, (r, u) in self.uses.items():
-                if key in self.dropped:
-                    continue
-                fwd = [x for x in u.reads + u.writes if x < self.nf]
-                later = self.need_times(r, self.nf - 1)
-                if fwd and later and later[0] - max(fwd) >= self.min_gap:
-                    self.offloaded[key] = r
+            self.offloaded, self.to_bring = passes.offload(self.uses, self.dropped, self.times, self.nf, self.min_gap)
             self.plan.offloaded = [r.name for r in self.offloaded.values()]
-        # Each offloaded value is brought back once, before its first need in backward.
-        self.to_bring = sorted(((self.need_times(r, self.nf - 1)[0], i, r)
-                                for i, r in enumerate(self.offloaded.values())), key=lambda x: x[:2])
         self.free_at = {}
 
     def need_times(self, r, after):

@@ -475,6 +475,8 @@ def cmd_time(args) -> int:
             blob.diff[...] = rng.standard_normal(blob.diff.shape)
     print(f"sncaffe time: {args.net} ({net.name or 'net'}), phase {args.phase}, "
           f"{args.iterations} iterations, device {net.device.name}", flush=True)
+    from .mem.report import plan_line
+    print(plan_line(net.plan, net.memory == "auto", net.name), flush=True)
     try:
         net.forward()                          # warm-up, as caffe time does
         net.backward()

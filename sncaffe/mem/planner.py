@@ -125,6 +125,7 @@ class Plan:
     host_extra: int = 0               # host bytes held beside the net (the solver's history there)
     disk_peak: int = 0                # the spill file's peak (offloads the host pool could not hold)
     disk_capacity: int | None = None  # the room on the spill file's disk (None: no disk tier)
+    resident: int = 0                 # the process's expected peak resident memory (one RAM), once said
     timeline: object = None           # of the device with the highest peak
     timelines: dict = field(default_factory=dict)     # location -> Timeline
     peaks: dict = field(default_factory=dict)         # location -> peak bytes

@@ -21,8 +21,10 @@ def plan_line(plan, auto=False, name="") -> str:
                  f"{fmt_bytes(plan.h2d_bytes)} back)")
     parts.append(f"{plan.recompute_flops / 1e9:.1f} GFLOP recomputed")
     if plan.ram is not None:                # one RAM: what the process will hold at its peak
-        from .budget import process_memory
-        parts.append(f"resident memory expected {fmt_bytes(expected_rss(plan, process_memory()['rss']))}")
+        if not plan.resident:               # (made before anything of the plan is allocated)
+            from .budget import process_memory
+            plan.resident = expected_rss(plan, process_memory()["rss"])
+        parts.append(f"resident memory expected {fmt_bytes(plan.resident)}")
     return ", ".join(parts)
 
 

@@ -41,3 +41,21 @@ def test_a_full_disk_is_an_error_naming_the_spill_file(tmp_path):
     spill.fd = os.open("/dev/full", os.O_WRONLY)     # a device that is always full
     with pytest.raises(SpillFull, match=f"disk is full.*{tmp_path}"):
         spill.write(spill.alloc(4096), np.zeros(1024, np.float32))
+
+
+def test_a_full_disk_during_training_stops_it_naming_the_spill_file(tmp_path):
+    """The copy stream's error reaches the step that waits for the copy."""
+    from test_modes import graph_of
+    from sncaffe import Net
+    from sncaffe.mem.planner import make_plan
+    param = net_param(R50)
+    device = CPUDevice("1GiB", make_plan(graph_of(param), "offload").host_peak // 3)
+    device.spill_dir = tmp_path
+    net = Net(param, "TRAIN", device=device, memory="offload", seed=1)
+    assert net.plan.disk_peak > 0
+    spill = spill_of(device)
+    os.close(spill.fd)
+    spill.fd = os.open("/dev/full", os.O_WRONLY)
+    with pytest.raises(SpillFull, match="disk is full.*spill file"):
+        net.forward()
+        net.backward()

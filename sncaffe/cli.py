@@ -560,12 +560,18 @@ def cmd_plan(args) -> int:
         print(f"device memory {fmt_bytes(capacity)}: offloaded tensors stay cached on the device while they "
               f"fit (LRU):")
         print(plan_table(cached, capacity))
-    if args.memory == "auto" or (args.memory is None and capacity is not None):
-        if capacity is None:
-            raise ValueError("--memory auto needs --device-memory")
-        chosen = auto_plan(graph, capacity, reserve)
+    if args.memory in ("auto", None):
+        # What train decides here: the device and host budgets of this machine (or the flags),
+        # on the CPU both pools on one RAM, and the disk tier (nothing is allocated: the pools'
+        # arenas are virtual until touched).
+        from .backend.cpu import CPUDevice
+        from .mem.report import plan_line
+        from .mem.spill import spill_room
+        dev = CPUDevice(args.device_memory, args.host_memory)
+        chosen = auto_plan(graph, dev.pool.capacity, reserve, host_capacity=dev.host_pool.capacity, ram=dev.ram,
+                           spill=spill_room(args.spill))
         verdict = "fits" if chosen.fits else "does NOT fit; the leanest plan is shown"
-        print(f"auto: mode '{chosen.mode}' {verdict} (peak {fmt_bytes(chosen.peak)} of {fmt_bytes(capacity)})")
+        print(f"auto ({verdict}): {plan_line(chosen, True, graph.param.name)}")
     elif args.memory:
         chosen = next(p for p in plans if p.mode == args.memory)
         print(f"mode '{chosen.mode}': peak {fmt_bytes(chosen.peak)}, {len(chosen.offloaded)} tensors offloaded, "
@@ -674,12 +680,15 @@ def _parser():
     q = sub.add_parser("plan", help="simulate the memory of one training iteration in every mode, "
                                     "without computing")
     q.add_argument("net", help="net prototxt")
-    q.add_argument("--device-memory", help="device capacity to plan for, e.g. 12GiB")
+    q.add_argument("--device-memory", help="device capacity to plan for, e.g. 12GiB (default: as train, the "
+                                           "machine's available RAM less a margin)")
+    q.add_argument("--host-memory", help="host pool capacity to plan for (default: as train)")
+    q.add_argument("--spill", metavar="DIR", help="where train's disk tier would go (default: the temporary directory)")
     q.add_argument("--place", metavar="LAYER=LOC,...", help="model parallelism, as for train")
     q.add_argument("--batch", type=int, help="override the batch size")
     q.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
     q.add_argument("--memory", default=None, choices=MEMORY_MODES,
-                   help="show this mode's plan in detail (auto: the cheapest that fits --device-memory)")
+                   help="show this mode's plan in detail (default, auto: what train would decide here)")
     q.add_argument("--solver-type", default="SGD", help="the solver whose history is counted (default: SGD)")
     q.add_argument("--png", help="draw the memory timelines into this PNG file (default: none drawn)")
     q.set_defaults(func=cmd_plan)

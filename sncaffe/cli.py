@@ -284,11 +284,14 @@ def _signal_effects(solver, sigint, sighup):
 
 class _StepProgress:
     """Progress within one iteration, for nets whose iterations are long (thousands of layers):
-    a second bar on a terminal, else a log line at each quarter of the iteration."""
+    a second bar on a terminal, else a log line at each quarter of the iteration and at least
+    every ``EVERY`` seconds (a quarter of ResNet-2500's iteration takes minutes)."""
+    EVERY = 10.0
 
     def __init__(self, con, net, solver):
         self.steps = sum(1 for ins in net.plan.schedule if ins.kind == "run")
         self.con, self.solver, self.bar, self.done, self.quarter = con, solver, None, 0, 0
+        self.said = time.perf_counter()
 
     def __call__(self, op, recompute):
         if self.bar is None:
@@ -296,9 +299,11 @@ class _StepProgress:
             self.done = self.quarter = 0
         self.done += 1
         self.bar.update(1, op.name)
-        if not self.con.bar and self.done * 4 // self.steps > self.quarter:
-            self.quarter = self.done * 4 // self.steps
-            log.info("Iteration %d: %d%% of the pass (%s)", self.solver.iter, 25 * self.quarter, op.name)
+        now = time.perf_counter()
+        if not self.con.bar and (self.done * 4 // self.steps > self.quarter or now - self.said >= self.EVERY):
+            self.quarter, self.said = self.done * 4 // self.steps, now
+            log.info("Iteration %d: %d%% of the pass (%s)", self.solver.iter, 100 * self.done // self.steps,
+                     op.name + (" (recompute)" if recompute else ""))
         if self.done >= self.steps:
             self.bar.close()
             self.bar = None

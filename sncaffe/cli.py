@@ -356,8 +356,9 @@ def _train(args, comm=None) -> int:
         if comm.Get_rank() > 0:
             from .progress import console
             args.console = console(bar=False)
-    device = _spilling(make_device(device_name, args.device_memory or p.memory_param.device_memory or None,
-                                   args.host_memory), args)
+    given = p.memory_param.device_memory or (p.net_param.memory_param.device_memory if p.HasField("net_param")
+                                             else "")     # the solver's, else the net's memory_param
+    device = _spilling(make_device(device_name, args.device_memory or given or None, args.host_memory), args)
     with args.console as con:
         if comm is not None and comm.Get_rank() > 0:
             log.setLevel(logging.WARNING)                      # rank 0 alone logs

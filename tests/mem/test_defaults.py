@@ -104,3 +104,16 @@ def test_plan_draws_only_when_asked(tmp_path, monkeypatch, capsys):
     assert main(["plan", str(net), "--device-memory", "64MiB", "--png", "p.png"]) == 0
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert "timelines: p.png" in capsys.readouterr().out
+
+
+def test_train_reads_the_nets_memory_param(tmp_path, capsys):
+    """A net trained from its own file: its memory_param's mode and device_memory are used."""
+    from google.protobuf import text_format
+    from sncaffe.cli import main
+    param = net_param(LENET, 64)
+    param.memory_param.mode, param.memory_param.device_memory = "recompute", "40MiB"
+    net = tmp_path / "lenet.prototxt"
+    net.write_text(text_format.MessageToString(param))
+    assert main(["train", str(net), "--max-iter", "1", "--snapshot-prefix", str(tmp_path / "s" / "l")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "memory plan of LeNet" in x)
+    assert "mode 'recompute'" in line and "(auto)" not in line and "of 40.00 MiB" in line

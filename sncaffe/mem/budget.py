@@ -47,8 +47,10 @@ def margin() -> int:
 
 
 def ram_budget() -> int:
-    """What the pools may hold together on this machine now: available RAM less the margin."""
-    return max(available_ram() - margin(), 64 << 20)
+    """What the pools may hold together on this machine now: available RAM less the margin, and
+    at least a sixteenth of physical RAM (another program's passing peak should not make a
+    small net's plan fail; a kernel that reports almost nothing available is usually reclaiming)."""
+    return max(available_ram() - margin(), physical_ram() // 16)
 
 
 def process_memory() -> dict:

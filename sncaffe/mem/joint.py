@@ -11,7 +11,8 @@ pool's measured peak is the largest of the plans' peaks.
 
 ``auto`` for the train net tries its modes cheapest first; for each, a test net (forward
 only: ``none`` would only hold its activations for nothing) takes the cheapest of
-``liveness``, ``recompute``, ``offload``, ``all`` that fits beside it.
+``liveness``, ``recompute``, ``offload``, ``all`` that fits beside it; ``none`` and
+``liveness`` test plans cover the forward pass alone, the one a test runs.
 """
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
             choice = None
             for m in (TEST_ORDER if test.memory == "auto" else (test.memory,)):
                 mine = persistent_blocks(test.graph, m)[0]
+                # A test net only runs forward: planned so, where its mode keeps nothing for backward.
                 p = _shared_ram_plan(test.graph, m, capacity, later, before=before,
+                                     forward_only=m in ("none", "liveness"),
                                      host_extra=homes + (host_history if hosted else 0), **kw)
                 last = (f"test net #{i}", test, p)
                 if p.fits and mine == test_own[i]:

@@ -168,7 +168,8 @@ def layer_flops(node) -> int:
 
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
               host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
-              host_extra=0, before=(), spill=None, host_room=None, memory_centric=None) -> Plan:
+              host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
+              forward_only=False) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
@@ -181,12 +182,15 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     backward step that needs it (SuperNeurons' memory-centric strategy) instead of once,
     keeping the results (speed-centric); None tries it per segment (those with at least 3
     dropped tensors) where a capacity-bound plan does not fit (by at most a quarter), and keeps
-    it if it costs less."""
+    it if it costs less. ``forward_only``: a net that only runs forward (a solver's test net;
+    ``none`` or ``liveness``): what backward would need is released when the pass ends."""
+    if forward_only and mode not in ("none", "liveness"):
+        raise PlanError(f"a forward-only plan is 'none' or 'liveness', not {mode!r}")
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
-    plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric)).build()
+    plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only).build()
     # (Tried only near a fit: it trades replays for a few segments' values, not for multiples.)
     if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits \
             and plan.peak <= capacity * 5 // 4:
@@ -300,7 +304,7 @@ def _progress(graph, message):
 
 class _Builder:
     def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
-                 host=(None, None, 0, None, None), before=(), memory_centric=False):
+                 host=(None, None, 0, None, None), before=(), memory_centric=False, forward_only=False):
         self.graph, self.mode, self.capacity = graph, mode, capacity
         self.memory_centric = memory_centric
         self.host_capacity, self.ram, host_extra, self.spill, self.host_room = host
@@ -313,7 +317,7 @@ class _Builder:
         self.lookahead, self.min_gap = lookahead, min_gap
         self.offload = mode in ("offload", "all")
         self.recompute = mode in ("recompute", "all")
-        self.F, self.B = graph.forward_ops, graph.backward_ops
+        self.F, self.B = graph.forward_ops, [] if forward_only else graph.backward_ops
         self.ops = self.F + self.B
         self.nf = len(self.F)
 

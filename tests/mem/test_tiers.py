@@ -6,7 +6,7 @@ import pytest
 
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
-from sncaffe.mem.budget import available_ram, process_memory, ram_budget
+from sncaffe.mem.budget import margin, physical_ram, process_memory, ram_budget
 from sncaffe.mem.planner import MemoryExhausted, auto_plan, make_plan
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.solvers.solver import Solver
@@ -66,7 +66,8 @@ def test_a_host_tier_that_does_not_fit_is_refused_naming_it():
 
 
 def test_budget_is_available_ram_less_a_margin():
-    assert 0 < ram_budget() < available_ram()
+    budget = ram_budget()           # available RAM less the margin, at least a sixteenth of RAM
+    assert physical_ram() // 16 <= budget < physical_ram() and margin() >= physical_ram() // 10
     device = CPUDevice()
     assert device.pool.capacity <= ram_budget() + (1 << 30) and device.ram is not None
     assert CPUDevice("1GiB", "1GiB").ram is None        # both pools given: the user's split

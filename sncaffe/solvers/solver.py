@@ -179,10 +179,12 @@ class Solver:
             hosted = self.net.host_params
             self.net.place(self.net.make_plan(None, [] if hosted else history, history if hosted else 0))
             return
+        from ..backend import cuda_ops
         from ..mem.joint import plan_nets
         from ..mem.report import plan_line
         capacity, kw = self.net.budgets()
-        plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
+        with cuda_ops.building_for(self.device):     # a GPU's workspaces, when convolutions chunk
+            plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
         for net, p in [(self.net, plan)] + list(zip(self.test_nets, test_plans)):
             log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else "")))
             net.place(p)
@@ -404,7 +406,7 @@ class Solver:
 
     def test(self, i: int = 0) -> "OrderedDict":
         """Mean of every output blob of test net ``i`` over test_iter batches; also in ``test_scores[i]``."""
-        p, net = self.param, self.test_nets[i]
+        net = self.test_nets[i]
         log.info("Iteration %d, Testing net (#%d)", self.iter, i)
         self._share_trained_layers(net)
         try:

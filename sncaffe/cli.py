@@ -408,9 +408,10 @@ def _train(args, comm=None) -> int:
             done = solver.iter - (progress.start if progress.start is not None else solver.iter)
             from .mem.budget import process_memory
             log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s, host pool peak %s, "
-                     "peak resident memory %s%s", solver.iter, wall,
+                     "%speak resident memory %s%s", solver.iter, wall,
                      done * progress.images / max(wall, 1e-9), _peak(device), fmt_bytes(device.host_pool.peak),
-                     fmt_bytes(process_memory()["hwm"]),
+                     f"spill file peak {fmt_bytes(device._spill.pool.peak)}, " if getattr(device, "_spill", None)
+                     else "", fmt_bytes(process_memory()["hwm"]),
                      f"; snapshot {solver.last_snapshot[0]}" if solver.last_snapshot else "")
         finally:
             _close_data_layers(nets)

@@ -130,9 +130,18 @@ def _net_param(args):
     return _placed(param, getattr(args, "place", None))
 
 
-def _device(args):
+def _device(args, param=None):
+    """The device of --device, sized by --device-memory, else by the net's memory_param."""
     from .backend import make_device
-    return make_device(args.device, args.device_memory)
+    given = param.memory_param.device_memory if param is not None else None
+    return _spilling(make_device(args.device, args.device_memory or given or None, args.host_memory), args)
+
+
+def _spilling(device, args):
+    """--spill DIR: where the disk tier's spill file goes (else the system's temporary directory)."""
+    if getattr(args, "spill", None):
+        device.spill_dir = args.spill
+    return device
 
 
 def _peak(device) -> str:
@@ -304,11 +313,14 @@ def _signal_effects(solver, sigint, sighup):
 
 class _StepProgress:
     """Progress within one iteration, for nets whose iterations are long (thousands of layers):
-    a second bar on a terminal, else a log line at each quarter of the iteration."""
+    a second bar on a terminal, else a log line at each quarter of the iteration and at least
+    every ``EVERY`` seconds (a quarter of ResNet-2500's iteration takes minutes)."""
+    EVERY = 10.0
 
     def __init__(self, con, net, solver):
         self.steps = sum(1 for ins in net.plan.schedule if ins.kind == "run")
         self.con, self.solver, self.bar, self.done, self.quarter = con, solver, None, 0, 0
+        self.said = time.perf_counter()
 
     def __call__(self, op, recompute):
         if self.bar is None:
@@ -316,9 +328,11 @@ class _StepProgress:
             self.done = self.quarter = 0
         self.done += 1
         self.bar.update(1, op.name)
-        if not self.con.bar and self.done * 4 // self.steps > self.quarter:
-            self.quarter = self.done * 4 // self.steps
-            log.info("Iteration %d: %d%% of the pass (%s)", self.solver.iter, 25 * self.quarter, op.name)
+        now = time.perf_counter()
+        if not self.con.bar and (self.done * 4 // self.steps > self.quarter or now - self.said >= self.EVERY):
+            self.quarter, self.said = self.done * 4 // self.steps, now
+            log.info("Iteration %d: %d%% of the pass (%s)", self.solver.iter, 100 * self.done // self.steps,
+                     op.name + (" (recompute)" if recompute else ""))
         if self.done >= self.steps:
             self.bar.close()
             self.bar = None
@@ -372,7 +386,9 @@ def _train(args, comm=None) -> int:
         if comm.Get_rank() > 0:
             from .progress import console
             args.console = console(bar=False)
-    device = make_device(device_name, args.device_memory or p.memory_param.device_memory or None)
+    given = p.memory_param.device_memory or (p.net_param.memory_param.device_memory if p.HasField("net_param")
+                                             else "")     # the solver's, else the net's memory_param
+    device = _spilling(make_device(device_name, args.device_memory or given or None, args.host_memory), args)
     with args.console as con:
         if comm is not None and comm.Get_rank() > 0:
             log.setLevel(logging.WARNING)                      # rank 0 alone logs
@@ -439,8 +455,12 @@ def _train(args, comm=None) -> int:
                             solver.iter - 1)
             wall = time.perf_counter() - t0
             done = solver.iter - (progress.start if progress.start is not None else solver.iter)
-            log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s%s", solver.iter, wall,
-                     done * progress.images / max(wall, 1e-9), _peak(device),
+            from .mem.budget import process_memory
+            log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s, host pool peak %s, "
+                     "%speak resident memory %s%s", solver.iter, wall,
+                     done * progress.images / max(wall, 1e-9), _peak(device), fmt_bytes(device.host_pool.peak),
+                     f"spill file peak {fmt_bytes(device._spill.pool.peak)}, " if getattr(device, "_spill", None)
+                     else "", fmt_bytes(process_memory()["hwm"]),
                      f"; snapshot {solver.last_snapshot[0]}" if solver.last_snapshot else "")
         finally:
             _close_data_layers(nets)
@@ -457,7 +477,8 @@ def cmd_test(args) -> int:
     with args.console as con:
         if not args.weights:
             log.warning("no --weights: scoring the net's initial (random) parameters")
-        net = Net(param, args.phase, device=_device(args), weights=args.weights, seed=args.seed or 0)
+        net = Net(param, args.phase, device=_device(args, param), weights=args.weights, seed=args.seed or 0,
+                  memory=args.memory)
         try:
             feed = None
             if net.inputs:
@@ -507,7 +528,7 @@ def cmd_time(args) -> int:
     from .net import Net
     param = _net_param(args)
     param.force_backward = True           # time every layer's backward, as caffe time does
-    net = Net(param, args.phase, device=_device(args), weights=args.weights, memory=args.memory)
+    net = Net(param, args.phase, device=_device(args, param), weights=args.weights, memory=args.memory)
     SyntheticInputs(0)(net)
     rng = np.random.default_rng(0)
     for name in net.outputs:
@@ -519,6 +540,8 @@ def cmd_time(args) -> int:
     if net.device.name == "cpu":
         from .backend import threads
         print(f"CPU threads: {threads.current().describe()}", flush=True)
+    from .mem.report import plan_line
+    print(plan_line(net.plan, net.memory == "auto", net.name), flush=True)
     try:
         net.forward()                          # warm-up, as caffe time does
         net.backward()
@@ -608,19 +631,28 @@ def cmd_plan(args) -> int:
         print(f"device memory {fmt_bytes(capacity)}: offloaded tensors stay cached on the device while they "
               f"fit (LRU):")
         print(plan_table(cached, capacity))
-    if args.memory == "auto" or (args.memory is None and capacity is not None):
-        if capacity is None:
-            raise ValueError("--memory auto needs --device-memory")
-        chosen = auto_plan(graph, capacity, reserve)
+    if args.memory in ("auto", None):
+        # What train decides here: the device and host budgets of this machine (or the flags),
+        # on the CPU both pools on one RAM, and the disk tier (nothing is allocated: the pools'
+        # arenas are virtual until touched).
+        from .backend.cpu import CPUDevice
+        from .mem.report import plan_line
+        from .mem.spill import spill_room
+        dev = CPUDevice(args.device_memory, args.host_memory)
+        chosen = auto_plan(graph, dev.pool.capacity, reserve, host_capacity=dev.host_pool.capacity, ram=dev.ram,
+                           spill=spill_room(args.spill))
         verdict = "fits" if chosen.fits else "does NOT fit; the leanest plan is shown"
-        print(f"auto: mode '{chosen.mode}' {verdict} (peak {fmt_bytes(chosen.peak)} of {fmt_bytes(capacity)})")
+        print(f"auto ({verdict}): {plan_line(chosen, True, graph.param.name)}")
     elif args.memory:
         chosen = next(p for p in plans if p.mode == args.memory)
         print(f"mode '{chosen.mode}': peak {fmt_bytes(chosen.peak)}, {len(chosen.offloaded)} tensors offloaded, "
               f"{len(chosen.dropped)} dropped and recomputed ({chosen.recomputed_ops} replays)")
-    png = args.png or str(Path(args.net).with_suffix("").name) + "_plan.png"
-    draw_timelines(plans, png, title=f"{graph.param.name or args.net}, batch {batch}", capacity=capacity)
-    print(f"timelines: {png} ({time.perf_counter() - t0:.1f} s)")
+    if args.png:                # a picture only when asked: it takes longer than the plans of big nets
+        more = [("host params", hosted)] + ([(f"at {fmt_bytes(capacity)}", cached)] if capacity is not None else [])
+        draw_timelines(plans, args.png, title=f"{graph.param.name or args.net}, batch {batch}", capacity=capacity,
+                       more=more)
+        print(f"timelines: {args.png}")
+    print(f"planned in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -659,9 +691,10 @@ def _parser():
     p = argparse.ArgumentParser(prog="sncaffe", description="Train and run Caffe networks.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def memory_flag(q, default="none"):
-        q.add_argument("--memory", default=default, choices=MEMORY_MODES,
-                       help="memory mode (default: %(default)s; auto: the cheapest that fits the device)")
+    def memory_flag(q):
+        q.add_argument("--memory", default=None, choices=MEMORY_MODES,
+                       help="memory mode (default: the net's or solver's memory_param, else auto: none when "
+                            "it fits, else the cheapest mode that fits)")
 
     def device_flags(q, default="cpu"):
         q.add_argument("--place", metavar="LAYER=LOC,...",
@@ -671,6 +704,13 @@ def _parser():
         q.add_argument("--device-memory", help="device capacity, e.g. 12GiB")
         q.add_argument("--threads", type=int, help="CPU threads (default: the free cores, each GEMM on as many "
                                                    "as its size pays for; OMP/OPENBLAS/MKL_NUM_THREADS also set it)")
+        q.add_argument("--device-memory", help="device capacity, e.g. 12GiB (default: on the CPU the RAM "
+                                               "available, less a margin; on a GPU its free memory)")
+        q.add_argument("--host-memory", help="host pool capacity for offloaded tensors, e.g. 8GiB (default: the "
+                                             "RAM available; on the CPU device and host share it)")
+        q.add_argument("--spill", metavar="DIR", help="the disk tier: where a spill file takes the offloads the "
+                                                      "host cannot hold (default: the temporary directory; the "
+                                                      "file is removed at exit)")
 
     t = sub.add_parser("train", help="train from a solver or a net prototxt (like caffe train)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -692,7 +732,7 @@ def _parser():
                         "none")
     t.add_argument("--sighup-effect", default="snapshot", choices=SIGNAL_EFFECTS, help="on SIGHUP (as Caffe)")
     device_flags(t, default=None)
-    memory_flag(t, default=None)
+    memory_flag(t)
     t.add_argument("--host-params", action="store_true",
                    help="keep parameters, gradients and solver history in host memory, brought in per layer")
     t.add_argument("--replicas", metavar="LOC,LOC,...",
@@ -718,6 +758,7 @@ def _parser():
     s.add_argument("--batch", type=int, help="override the batch size")
     s.add_argument("--seed", type=int, help="seed for synthetic inputs and unset weights")
     device_flags(s)
+    memory_flag(s)
     s.set_defaults(func=cmd_test)
 
     m = sub.add_parser("time", help="time forward and backward per layer (like caffe time)")
@@ -733,16 +774,19 @@ def _parser():
     q = sub.add_parser("plan", help="simulate the memory of one training iteration in every mode, "
                                     "without computing")
     q.add_argument("net", help="net prototxt")
-    q.add_argument("--device-memory", help="device capacity to plan for, e.g. 12GiB")
+    q.add_argument("--device-memory", help="device capacity to plan for, e.g. 12GiB (default: as train, the "
+                                           "machine's available RAM less a margin)")
+    q.add_argument("--host-memory", help="host pool capacity to plan for (default: as train)")
+    q.add_argument("--spill", metavar="DIR", help="where train's disk tier would go (default: the temporary directory)")
     q.add_argument("--device", default="cpu", help="plan for cpu or cuda (default: %(default)s): a GPU's "
                    "convolutions take cuDNN's workspaces, measured where a GPU is here, else estimated")
     q.add_argument("--place", metavar="LAYER=LOC,...", help="model parallelism, as for train")
     q.add_argument("--batch", type=int, help="override the batch size")
     q.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
     q.add_argument("--memory", default=None, choices=MEMORY_MODES,
-                   help="show this mode's plan in detail (auto: the cheapest that fits --device-memory)")
+                   help="show this mode's plan in detail (default, auto: what train would decide here)")
     q.add_argument("--solver-type", default="SGD", help="the solver whose history is counted (default: SGD)")
-    q.add_argument("--png", help="where to draw the memory timelines (default: <net>_plan.png)")
+    q.add_argument("--png", help="draw the memory timelines into this PNG file (default: none drawn)")
     q.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("draw", help="draw a net with Graphviz (like Caffe's draw_net.py)")

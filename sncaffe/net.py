@@ -23,8 +23,15 @@ from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
 
-
 log = logging.getLogger("sncaffe")
+
+
+def memory_mode(*params) -> str:
+    """The first ``memory_param.mode`` set among ``params`` (solver, then net), else ``auto``."""
+    for p in params:
+        if p is not None and p.HasField("memory_param") and p.memory_param.HasField("mode"):
+            return p.memory_param.mode
+    return "auto"
 
 
 def _some(names, n=5) -> str:
@@ -33,12 +40,15 @@ def _some(names, n=5) -> str:
 
 class Net:
     """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
-    ``offload``, ``recompute``, ``all`` or ``auto``); ``reserve`` is pool bytes that
-    others take beside the net (the solver's history), so the plan accounts for them."""
+    ``offload``, ``recompute``, ``all`` or ``auto``); None takes the net's own
+    ``memory_param`` and, without one, ``auto`` (``none`` when it fits, else the cheapest
+    mode that fits). ``reserve`` is pool bytes that others take beside the net (the
+    solver's history), so the plan accounts for them. ``defer``: build the graph only; the
+    caller plans and calls ``place(plan)`` (mem/joint.py plans a solver's nets together)."""
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
-                 weights=None, seed=0, dtype=np.float32, memory="none", reserve=0, host_params=False,
-                 devices=None):
+                 weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
+                 devices=None, defer=False):
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -51,6 +61,9 @@ class Net:
             device = default_device()
         self.device = device
         self.phase = phase
+        if memory is None:              # standalone: the net's own memory_param, else auto
+            memory = memory_mode(param)
+            host_params = host_params or param.memory_param.host_params
         self.graph = build_graph(param, phase, dtype, device)   # a GPU's layers size cuDNN's workspaces
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
@@ -59,23 +72,39 @@ class Net:
         for loc in sorted({n.layer.param.location for n in self.graph.layers} - {""}):
             self.devices[loc] = (devices or {}).get(loc) or make_device(loc)
         self.host_params = host_params
-        if host_params:
-            reserve = 0                 # the solver's history lives on the host too
-        self.plan = self._make_plan(memory, reserve(self.graph) if callable(reserve) else reserve)
-        self.host_params = bool(self.plan.host_params)      # auto may have chosen them
-        self._bind()
-        self.init_params(seed)
+        self.memory, self.seed = memory, seed
+        if defer:           # the owner plans (a Solver: its nets together) and calls place()
+            return
+        blocks = reserve(self.graph) if callable(reserve) else reserve
+        # with host parameters the solver's history is on the host too
+        self.place(self._make_plan(memory, 0 if host_params else blocks, blocks if host_params else 0))
         if weights is not None:
             self.copy_from(weights)
 
+    def place(self, plan):
+        """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled."""
+        self.plan = plan
+        self.host_params = bool(plan.host_params)      # auto may have chosen them
+        if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening
+            from .mem.pool import fmt_bytes
+            n = sum(int(np.prod(d.shape, dtype=np.int64)) for node in self.graph.layers for d, _ in node.params)
+            log.info("binding %s: %s of persistent tensors, %.1f M parameters filled", self.name or "the net",
+                     fmt_bytes(plan.persistent_bytes), n / 1e6)
+        self._bind()
+        self.init_params(self.seed)
+
     # -- memory ---------------------------------------------------------------
-    def _make_plan(self, memory, reserve):
-        from .mem.planner import auto_plan, check_fits, make_plan
-        capacity = self.device.pool.capacity - self.device.pool.in_use
+    def _make_plan(self, memory, reserve, host_reserve=0):
+        from .mem.planner import MODES, PlanError, _shared_ram_plan, auto_plan, check_fits
+        from .mem.report import plan_line
+        capacity, kw = self.budgets()
+        kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
-            plan = auto_plan(self.graph, capacity, reserve, host_params=self.host_params)
-        else:
-            plan = make_plan(self.graph, memory, capacity, reserve, host_params=self.host_params)
+            plan = auto_plan(self.graph, capacity, reserve, **kw)
+        elif memory not in MODES:
+            raise PlanError(f"unknown memory mode {memory!r} (one of {', '.join(MODES)}, auto)")
+        else:                       # the mode given, fitted to the host tier (and disk) where it can be
+            plan = _shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
         check_fits(self.graph, plan, capacity, reserve)
         for loc, peak in plan.peaks.items():
             pool = self.devices[loc].pool
@@ -83,7 +112,26 @@ class Net:
                 from .mem.planner import MemoryExhausted
                 raise MemoryExhausted(f'location "{loc}" needs {peak} bytes, its device has '
                                       f"{pool.capacity - pool.in_use} free")
+        log.info("%s", plan_line(plan, memory == "auto", self.name))
         return plan
+
+    def make_plan(self, memory=None, reserve=0, host_reserve=0):
+        """Plan this (deferred) net alone, as the constructor does."""
+        return self._make_plan(memory or self.memory, reserve, host_reserve)
+
+    def budgets(self):
+        """(device capacity, planner keywords for the host tier): what the pools have free now,
+        and on the CPU the RAM both share (see mem/budget.py)."""
+        dev = self.device
+        capacity = dev.pool.capacity - dev.pool.in_use
+        host = getattr(dev, "host_pool", None)
+        kw = {"host_capacity": None if host is None else host.capacity - host.in_use, "ram": None}
+        if getattr(dev, "ram", None) is not None:
+            kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0)
+        if getattr(dev, "spills", False):       # a disk tier: the free space where the spill file goes
+            from .mem.spill import spill_room
+            kw["spill"] = spill_room(getattr(dev, "spill_dir", None))
+        return capacity, kw
 
     def _binders(self):
         """id(root) -> setters that point every view of that root at its block (or None)."""

@@ -22,6 +22,7 @@ import gen_inception_v4  # noqa: E402
 
 from sncaffe import Net  # noqa: E402
 from sncaffe.backend.cpu import CPUDevice  # noqa: E402
+from sncaffe.mem.budget import physical_ram  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import parse_text, read_text, set_batch  # noqa: E402
 
@@ -71,7 +72,8 @@ def test_net_is_a_trainable_train_net(name):
     assert scores == (batch, classes)
     peaks = {m: compare.plan_peak(graph, m) for m in ("none", "liveness", "all+host")}
     assert peaks["none"] > peaks["liveness"] > peaks["all+host"] > 0
-    assert peaks["none"] < CPUDevice().pool.capacity      # `sncaffe train` builds on the default device
+    # `sncaffe train` runs it in mode none on an idle machine (the default device takes the RAM available)
+    assert peaks["none"] < physical_ram() // 2
 
 
 def test_layer_counts():

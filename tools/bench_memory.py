@@ -5,6 +5,8 @@
    (12 GiB) in each memory mode, the SGD solver's history in the pool; found by
    galloping over k from a linear estimate, then bisection; and whether
    ResNet-2500 [6,32,788,6] fits.
+1b. ram: the same with the host counted: device and host pools on the CPU's one RAM (the
+   budget sncaffe takes by default), per mode, and with --disk also through the disk tier.
 2. ratio: every mode's planned need for ResNet-50/101/152/2500 at batch 16,
    the lower bound (the most any one step touches) and all/bound (target: at
    most 1.2), with the step where the peak of ``all`` falls.
@@ -54,7 +56,8 @@ def parse_args(argv=None):
     ap.add_argument("--iterations", type=int, default=7, help="timed iterations per mode (default 7)")
     ap.add_argument("--quick", action="store_true",
                     help="depth from a linear estimate (no search), timed net at batch 2, 112x112, 3 iterations")
-    ap.add_argument("--skip", default="", help="comma-separated tables to skip: depth, ratio, speed")
+    ap.add_argument("--skip", default="", help="comma-separated tables to skip: depth, ram, ratio, speed")
+    ap.add_argument("--disk", action="store_true", help="table 1b also with the disk tier (the temporary directory)")
     return ap.parse_args(argv)
 
 
@@ -98,24 +101,29 @@ class Planner:
         self.graphs.move_to_end(blocks)
         return self.graphs[blocks]
 
-    def plan(self, blocks, mode, capacity=None):
+    def plan(self, blocks, mode, capacity=None, ram=None, spill=None):
         """Summary of the plan of ``mode`` for ``blocks`` with the SGD solver's history in the pool:
         with ``capacity``, as ``Net`` plans it (placement, LRU cache, chunked workspaces); without,
-        the schedule's own need."""
-        from sncaffe.mem.planner import make_plan
+        the schedule's own need. ``ram``: device and host pools on one RAM of that size (the CPU),
+        fitted as ``Net`` fits them (the host tier, with ``spill`` bytes of disk tier if given)."""
+        from sncaffe.mem.planner import _shared_ram_plan, make_plan
         from sncaffe.solvers.solver import history_blocks
         from sncaffe.solvers.update import SGD
-        key = (blocks, mode, capacity)
+        key = (blocks, mode, capacity, ram, spill)
         if key not in self.plans:
             g = self.graph(blocks)
-            p = make_plan(g, mode, capacity, history_blocks(g, SGD.n_history))
+            if ram is None:
+                p = make_plan(g, mode, capacity, history_blocks(g, SGD.n_history))
+            else:
+                p = _shared_ram_plan(g, mode, capacity, history_blocks(g, SGD.n_history), ram=ram, spill=spill)
             t = p.timeline
             at = max(range(len(t.device)), key=t.device.__getitem__)
             self.plans[key] = SimpleNamespace(
                 peak=p.peak, lower_bound=p.lower_bound, fits=p.fits, history=p.extra_bytes,
                 peak_step=next((name for i, name in reversed(t.steps) if i <= at), "the start"),
-                peak_instr=t.labels[at], bound_step=p.lower_bound_step,
+                peak_instr=str(t.labels[at]), bound_step=p.lower_bound_step,
                 chunked=sum(1 for ins in p.schedule if ins.kind == "run" and getattr(ins, "chunk", None)),
+                host_peak=p.host_peak, disk_peak=p.disk_peak,
                 params=sum(d.nbytes for n in g.layers for d, _ in n.params) // 4)
             self.count += 1
         return self.plans[key]
@@ -197,6 +205,35 @@ def depth_table(planner, capacity, quick):
           f"(fragmentation included); peak: the plan's need (no capacity: no LRU-cached copies, full "
           f"workspaces); bound: the most any one step touches, persistent tensors and history included"
           f"{'; quick: the linear estimate from k = 6 and 23, no search' if quick else ''})\n")
+
+
+def ram_table(planner, spill):
+    """Issue 12: the deepest ResNet trainable on this machine with the host counted: device and host
+    pools on the CPU's one RAM (the budget sncaffe takes by default: available RAM less a margin),
+    without and with the disk tier."""
+    from sncaffe.mem.budget import available_ram, ram_budget
+    from sncaffe.mem.pool import fmt_bytes
+    ram = ram_budget()
+    print(f"## 1b. Deepest bottleneck ResNet trainable on this machine, host RAM counted (batch {planner.batch}, "
+          f"{planner.size}x{planner.size}, [3,4,k,3], SGD history): device + host pools within "
+          f"{fmt_bytes(ram)} (available {fmt_bytes(available_ram())} less the margin)"
+          + (f"; with the disk tier up to {fmt_bytes(spill)}" if spill else ""))
+    t0 = time.perf_counter()
+    rows = []
+    for mode in ("none", "liveness", "recompute", "offload", "all"):
+        for disk in ((None, spill) if spill else (None,)):
+            fits = lambda k: planner.plan(res4(k), mode, ram, ram, disk).fits   # noqa: E731
+            a, b = planner.plan(res4(6), mode).peak, planner.plan(res4(23), mode).peak
+            hint = max(1, int(6 + (ram - a) / (max(1, b - a) / 17)))
+            lo, hi = deepest(fits, hint, tol=max(1, hint // 16))
+            if lo is None:
+                rows.append((mode, "disk" if disk else "-", "none fits", "", "", "", ""))
+                continue
+            p = planner.plan(res4(lo), mode, ram, ram, disk)
+            rows.append((mode, "disk" if disk else "-", depth(res4(lo)), f"[3,4,{lo},3]", gib(p.peak),
+                         gib(p.host_peak), gib(p.disk_peak)))
+    table(rows, ["mode", "tier", "deepest", "blocks", "device GiB", "host GiB", "disk GiB"])
+    print(f"({time.perf_counter() - t0:.0f} s; depth to within 1/16 of the estimate)\n")
 
 
 def ratio_table(planner, capacity):
@@ -452,6 +489,9 @@ def main(argv=None):
     try:
         if "depth" not in skip:
             depth_table(planner, capacity, args.quick)
+        if "ram" not in skip:
+            from sncaffe.mem.spill import spill_room
+            ram_table(planner, spill_room() if args.disk else None)
         if "ratio" not in skip:
             ratio_table(planner, capacity)
     finally:

@@ -1,7 +1,6 @@
 """The CPU device: NumPy arrays carved from one preallocated arena."""
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 
 import numpy as np
@@ -11,22 +10,29 @@ from ..mem.streams import Stream
 
 
 def default_capacity() -> int:
-    """Half of physical RAM: the arena is virtual until touched, so this costs nothing up front."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
+    """Half of physical RAM (what the CUDA device's pinned host pool is sized from)."""
+    from ..mem.budget import physical_ram
+    return physical_ram() // 2
 
 
 class CPUDevice:
     name = kind = "cpu"
     xp = np
+    spills = True           # a disk tier: offloads the host pool cannot hold go to a spill file
+    spill_dir = None        # where (None: the system's temporary directory)
 
     def __init__(self, capacity=None, host_capacity=None):
-        capacity = default_capacity() if capacity is None else parse_bytes(capacity)
+        # Device and host pools are one RAM here. Unless both are given, each may take the RAM
+        # this machine can give now (available RAM less a margin, see mem/budget.py) and the
+        # plan keeps their peaks together under it (``ram``). The arenas are virtual until
+        # touched, so their size costs nothing up front.
+        from ..mem.budget import ram_budget
+        budget = ram_budget()
+        self.ram = budget if capacity is None or host_capacity is None else None
+        capacity = budget if capacity is None else parse_bytes(capacity)
         self.pool = Pool(capacity)
         self.arena = np.empty(self.pool.capacity, dtype=np.uint8)
-        host = default_capacity() * 3 // 2 if host_capacity is None else parse_bytes(host_capacity)
+        host = budget if host_capacity is None else parse_bytes(host_capacity)
         self.host_pool = Pool(host)
         self.host_arena = np.empty(self.host_pool.capacity, dtype=np.uint8)
         self._streams = {}

@@ -364,6 +364,12 @@ class Dispatcher(SerialExecutor):
 
     def _offload(self, ins):
         value, dev = ins.tensor, ins.source or ins.tensor
+        if ins.tier == "disk" or id(value) in self.disk:      # the disk tier: a spill file
+            after = self._deps([(id(dev), False)])
+            event = self._spill_out(value, dev, AllOf(after) if after else None)
+            self._copied([(id(dev), False)], dev.location, "d2h", "offload " + value.name + " to disk",
+                         event, value.nbytes)
+            return
         if id(value) not in self.host:
             self.host[id(value)] = self.devices[dev.location].host_alloc(max(value.nbytes, 1), value.name)
             self.host_loc[id(value)] = dev.location
@@ -380,6 +386,12 @@ class Dispatcher(SerialExecutor):
     def _prefetch(self, ins):
         value, dev = ins.tensor, ins.source or ins.tensor
         events = self.host_events.get(id(value), [])
+        if id(value) in self.disk:
+            deps = self._deps([(id(dev), True)]) + events[-1:]
+            event = self._spill_in(value, dev, AllOf(deps) if deps else None)
+            self._copied([(id(dev), True)], dev.location, "h2d", "prefetch " + value.name + " from disk",
+                         event, value.nbytes)
+            return
         deps = self._deps([(id(dev), True)]) + events[-1:]   # its block free of work; its host bytes written
         after = self._after(dev.location, deps)
         event = self.devices[dev.location].copy_to_device(self.arrays[id(dev)],
@@ -390,6 +402,16 @@ class Dispatcher(SerialExecutor):
         self.h2d[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
         self.stats["h2d_bytes"] += value.nbytes
+
+    def _copied(self, rw, location, kind, name, event, nbytes):
+        """A spill-file copy made by the serial executor's code (which traced it): its event
+        joins the dependencies and the record."""
+        self._touched(rw, event)
+        self._copy_event(event)
+        if self.record is not None:
+            index, self._issue_index = self._issue_index, self._issue_index + 1
+            self.record.append({"location": location, "stream": kind, "name": name, "index": index,
+                                "event": event, "bytes": nbytes})
 
     def _copy_event(self, event):
         if len(self._copies) > 64:

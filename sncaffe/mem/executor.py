@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 from .liveness import op_tensors
+from .spill import spill_of
 
 
 class SerialExecutor:
@@ -32,6 +33,7 @@ class SerialExecutor:
         self.run_op = run_op            # (op, recompute) -> None
         self.offsets, self.arrays = {}, {}
         self.host = {}                  # id(value) -> (offset, bytes)
+        self.disk = {}                  # id(value) -> (offset in the spill file, location)
         self.d2h, self.h2d = {}, {}     # id(device root) -> event of a copy out of / into it
         self.host_events = {}           # id(value) -> events reading or writing its host block
         self.transient = {}             # id(root) -> root, allocated by a schedule and not yet freed
@@ -141,6 +143,8 @@ class SerialExecutor:
 
     def _offload(self, ins):
         value, dev = ins.tensor, ins.source or ins.tensor
+        if ins.tier == "disk" or id(value) in self.disk:
+            return self._spill_out(value, dev)
         if id(value) not in self.host:
             self.host[id(value)] = self.devices[dev.location].host_alloc(max(value.nbytes, 1), value.name)
             self.host_loc[id(value)] = dev.location
@@ -151,10 +155,46 @@ class SerialExecutor:
         self.host_events.setdefault(id(value), []).append(event)
         self.stats["d2h_bytes"] += value.nbytes
 
+    def _spill_out(self, value, dev, after=None):
+        """Offload to the disk tier: the spill file written on the d2h stream (after ``after``)."""
+        device = self.devices[dev.location]
+        spill = spill_of(device)
+        if id(value) not in self.disk:
+            self.disk[id(value)] = (spill.alloc(value.nbytes, value.name), dev.location)
+        off, array = self.disk[id(value)][0], self.arrays[id(dev)]
+
+        def write():
+            if after is not None:
+                after.wait()                # the value's producer first
+            spill.write(off, array)
+        event = device.stream("d2h").submit(write)
+        self.traced("offload " + value.name + " to disk", "d2h", event)
+        self.d2h[id(dev)] = event
+        self.host_events.setdefault(id(value), []).append(event)
+        self.stats["d2h_bytes"] += value.nbytes
+        return event
+
+    def _spill_in(self, value, dev, after):
+        device = self.devices[dev.location]
+        spill, off, array = spill_of(device), self.disk[id(value)][0], self.arrays[id(dev)]
+
+        def read():
+            if after is not None:
+                after.wait()                # the write of this value first
+            spill.read(off, array)
+        event = device.stream("h2d").submit(read)
+        self.traced("prefetch " + value.name + " from disk", "h2d", event)
+        self.h2d[id(dev)] = event
+        self.host_events.setdefault(id(value), []).append(event)
+        self.stats["h2d_bytes"] += value.nbytes
+        return event
+
     def _prefetch(self, ins):
         value, dev = ins.tensor, ins.source or ins.tensor
         events = self.host_events.get(id(value), [])
         after = events[-1] if events else None
+        if id(value) in self.disk:
+            return self._spill_in(value, dev, after)
         event = self.devices[dev.location].copy_to_device(self.arrays[id(dev)],
                                                           self.host[id(value)][1][:value.nbytes], after)
         self.traced("prefetch " + value.name, "h2d", event)
@@ -166,6 +206,10 @@ class SerialExecutor:
         key = id(ins.tensor)
         for event in self.host_events.pop(key, []):
             self._wait(event)
+        if key in self.disk:
+            off, loc = self.disk.pop(key)
+            spill_of(self.devices[loc]).free(off)
+            return
         self.devices[self.host_loc.pop(key, "")].host_free(self.host.pop(key)[0])
 
     def _snapshot(self, ins):
@@ -198,10 +242,15 @@ class SerialExecutor:
                 self._wait(event)
             if key not in self.home:
                 self.devices[self.host_loc.pop(key, "")].host_free(self.host.pop(key)[0])
+        for key in list(self.disk):
+            for event in self.host_events.pop(key, []):
+                self._wait(event)
+            off, loc = self.disk.pop(key)
+            spill_of(self.devices[loc]).free(off)
 
     @property
     def busy(self) -> bool:
-        return bool(self.transient or len(self.host) > len(self.home))
+        return bool(self.transient or len(self.host) > len(self.home) or self.disk)
 
 
 # The executor nets use: the event-driven dispatcher built on the serial one above.

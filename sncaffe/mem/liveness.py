@@ -48,7 +48,15 @@ def persistent_roots(graph) -> list:
 
 
 def op_tensors(op, kinds=("reads", "writes")):
-    """(root, is_write) for every non-workspace tensor the operator touches."""
+    """(root, is_write) for every non-workspace tensor the operator touches (kept on the
+    operator: the planner asks for each many times per plan; treat the list as read-only)."""
+    cache = op.__dict__.setdefault("_op_tensors", {})
+    if kinds not in cache:
+        cache[kinds] = _op_tensors(op, kinds)
+    return cache[kinds]
+
+
+def _op_tensors(op, kinds):
     seen = {}
     for kind in kinds:
         for t in getattr(op, kind):
@@ -67,8 +75,10 @@ def analyze(ops, persistent) -> dict:
         for r, write in op_tensors(op):
             if id(r) in keep:
                 continue
-            entry = uses.setdefault(id(r), (r, Uses()))[1]
-            (entry.writes if write else entry.reads).append(i)
+            entry = uses.get(id(r))
+            if entry is None:
+                entry = uses[id(r)] = (r, Uses())
+            (entry[1].writes if write else entry[1].reads).append(i)
     return uses
 
 

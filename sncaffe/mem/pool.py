@@ -15,17 +15,20 @@ ALIGNMENT = 256
 
 
 class OutOfMemory(MemoryError):
-    """The pool cannot place a block; carries what a user needs to fix it."""
+    """The pool cannot place a block; carries what a user needs to fix it. (The message is
+    written when read: the planner's trials raise and catch many of these.)"""
 
     def __init__(self, nbytes, pool, name=None):
         self.nbytes, self.name = nbytes, name
         self.capacity, self.in_use, self.largest_free = pool.capacity, pool.in_use, pool.largest_free
-        what = f'tensor "{name}"' if name else "a block"
-        short = nbytes - self.largest_free
-        super().__init__(
-            f"device memory exhausted allocating {what} of {fmt_bytes(nbytes)}: "
-            f"{fmt_bytes(self.in_use)} of {fmt_bytes(self.capacity)} in use, largest free block "
-            f"{fmt_bytes(self.largest_free)} ({fmt_bytes(short)} short)")
+        super().__init__(nbytes)
+
+    def __str__(self):
+        what = f'tensor "{self.name}"' if self.name else "a block"
+        short = self.nbytes - self.largest_free
+        return (f"device memory exhausted allocating {what} of {fmt_bytes(self.nbytes)}: "
+                f"{fmt_bytes(self.in_use)} of {fmt_bytes(self.capacity)} in use, largest free block "
+                f"{fmt_bytes(self.largest_free)} ({fmt_bytes(short)} short)")
 
 
 def fmt_bytes(n: int) -> str:
@@ -111,6 +114,22 @@ class Pool:
 
     def reset_peak(self) -> None:
         self.peak = self.in_use
+
+    def can_place(self, sizes) -> bool:
+        """Whether blocks of ``sizes`` could be allocated now, one after another (a trial undone)."""
+        if len(sizes) == 1:
+            return self.largest_free >= align(sizes[0], self.alignment)
+        if sum(align(n, self.alignment) for n in sizes) > self.capacity - self.in_use:
+            return False
+        taken, ok = [], True
+        for n in sizes:
+            if self.largest_free < align(n, self.alignment):
+                ok = False
+                break
+            taken.append(self.alloc(n))
+        for off in taken:
+            self.free(off)
+        return ok
 
     @property
     def largest_free(self) -> int:

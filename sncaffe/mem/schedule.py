@@ -33,12 +33,14 @@ class Instr:
     source: object = None       # the device tensor holding the value, when not ``tensor`` itself
     chunk: int | None = None    # run: images per pass, where the full workspace does not fit
     workspace: dict | None = None   # run: the chunked workspace tensors, by the layer's names
+    tier: str = "host"          # offload: where the copy goes, the host pool or the disk (spill file)
 
     def __repr__(self):
         if self.kind == "run":
             return (f"run {self.op.name}" + (" (recompute)" if self.recompute else "")
                     + (f" in chunks of {self.chunk}" if self.chunk else ""))
         extra = f" fill={self.fill}" if self.fill is not None else ""
+        extra += " to disk" if self.tier == "disk" else ""
         return f"{self.kind} {self.tensor.name}{extra}"
 
 
@@ -57,9 +59,14 @@ class Timeline:
     """The simulated device and host bytes in use after every instruction."""
     device: list
     host: list
-    labels: list                 # the instruction behind each point
+    labels: list                 # the instruction behind each point (an Instr: its repr is the label)
     steps: list                  # (index into device/host, op name) where each run starts
     backward_start: int = 0      # index where backward begins
+    disk: list = None            # bytes in the spill file after every instruction
+
+    @property
+    def disk_peak(self) -> int:
+        return max(self.disk or [0])
 
     @property
     def peak(self) -> int:
@@ -70,11 +77,16 @@ class Timeline:
         return max(self.host, default=0)
 
 
-def simulate(schedule: Schedule, persistent: int, location: str = "") -> Timeline:
+def simulate(schedule: Schedule, persistent: int, location: str = "", host_base: int = 0,
+             hosted=()) -> Timeline:
     """Replay the schedule's memory instructions on one device (``location``): bytes in use,
-    as its pool will count them."""
-    dev, host = persistent, 0
-    d, h, labels, steps = [dev], [host], ["start"], []
+    as its pool and its host pool will count them. ``host_base``: host bytes held across
+    iterations (parameters kept on the host, ``hosted``, and the solver's history there); a
+    value takes a host block at its first offload and gives it back when dropped."""
+    dev, host, disk = persistent, host_base, 0
+    homes = {id(t) for t in hosted}
+    held = {}                       # id(value) -> the tier its copy is in
+    d, h, k_, labels, steps = [dev], [host], [disk], ["start"], []
     backward_start = None
     for k, ins in enumerate(schedule):
         if k == len(schedule.forward):
@@ -86,9 +98,19 @@ def simulate(schedule: Schedule, persistent: int, location: str = "") -> Timelin
         elif ins.kind == "free":
             dev -= align(ins.tensor.nbytes)
         elif ins.kind == "offload":
-            host += align(ins.tensor.nbytes)
+            key = id(ins.tensor)
+            if key in homes or key in held:
+                continue                    # its host block is already there
+            held[key] = ins.tier
+            if ins.tier == "disk":
+                disk += align(ins.tensor.nbytes)
+            else:
+                host += align(ins.tensor.nbytes)
         elif ins.kind == "drop":
-            host -= align(ins.tensor.nbytes)
+            if held.pop(id(ins.tensor), "host") == "disk":
+                disk -= align(ins.tensor.nbytes)
+            else:
+                host -= align(ins.tensor.nbytes)
         elif ins.kind == "run":
             steps.append((len(d), ins.op.name + (" (recompute)" if ins.recompute else "")))
             continue
@@ -96,5 +118,6 @@ def simulate(schedule: Schedule, persistent: int, location: str = "") -> Timelin
             continue
         d.append(dev)
         h.append(host)
-        labels.append(repr(ins))
-    return Timeline(d, h, labels, steps, len(d) - 1 if backward_start is None else backward_start)
+        k_.append(disk)
+        labels.append(ins)
+    return Timeline(d, h, labels, steps, len(d) - 1 if backward_start is None else backward_start, k_)

@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import blobproto
 from ..layers.base import Blob, array_module
-from ..net import Net
+from ..net import Net, memory_mode
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import read_solver, read_text
 from ..resume import layer_states, restore_layer_states
@@ -122,6 +122,7 @@ class Solver:
         self.seed = p.random_seed if p.random_seed >= 0 else int(np.random.SeedSequence().entropy % 2**63)
         self.net = self._train_net()
         self.test_nets = self._test_nets()
+        self._place_nets()
         extra = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights or ())
         for w in list(p.weights) + extra:
             for path in str(w).split(","):
@@ -170,12 +171,27 @@ class Solver:
         net_param.state.CopyFrom(state)
         log.info("Creating %s", what)
         train = state.phase == pb.TRAIN and what.startswith("training")
-        mode = self.param.memory_param.mode if self.param.HasField("memory_param") else \
-            (net_param.memory_param.mode or "none")
+        mode = memory_mode(self.param, net_param)     # the solver's, the net's, else auto
         host_params = self.param.memory_param.host_params or net_param.memory_param.host_params
         return Net(net_param, state.phase, device=self.device, stages=list(state.stage),
-                   level=state.level, seed=seed, dtype=self.dtype, memory=mode or "none",
-                   reserve=self._history_bytes if train else 0, host_params=host_params and train)
+                   level=state.level, seed=seed, dtype=self.dtype, memory=mode,
+                   host_params=host_params and train, defer=True)      # planned in _place_nets
+
+    def _place_nets(self):
+        """Plan the train net, the test nets and the history together (mem/joint.py), then bind
+        them in the order the plans assume: train net, test nets; the history comes after."""
+        history = self._history_bytes(self.net.graph)
+        if not self.test_nets:
+            hosted = self.net.host_params
+            self.net.place(self.net.make_plan(None, [] if hosted else history, history if hosted else 0))
+            return
+        from ..mem.joint import plan_nets
+        from ..mem.report import plan_line
+        capacity, kw = self.net.budgets()
+        plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
+        for net, p in [(self.net, plan)] + list(zip(self.test_nets, test_plans)):
+            log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else "")))
+            net.place(p)
 
     def _history_bytes(self, graph) -> list:
         return history_blocks(graph, self.rule.n_history, self.dtype)
@@ -401,9 +417,16 @@ class Solver:
 
     def test(self, i: int = 0) -> "OrderedDict":
         """Mean of every output blob of test net ``i`` over test_iter batches; also in ``test_scores[i]``."""
-        p, net = self.param, self.test_nets[i]
+        net = self.test_nets[i]
         log.info("Iteration %d, Testing net (#%d)", self.iter, i)
         self._share_trained_layers(net)
+        try:
+            return self._test(i, net)
+        finally:
+            net.executor.reset()    # the blocks a forward leaves go back: the train net's plan needs them
+
+    def _test(self, i, net):
+        p = self.param
         n_iter = p.test_iter[i]
         sums, loss = None, 0.0
         for k in range(n_iter):

@@ -94,12 +94,15 @@ def feed(net, rng):
         blob.data[...] = rng.integers(0, 2, blob.shape) if name == "label" else rng.standard_normal(blob.shape)
 
 
-def train(param, mode, capacity="1GiB", iters=2):
+def train(param, mode, capacity="1GiB", iters=2, device=None, planner=None):
     """``iters`` SGD steps from fixed weights and inputs. Returns the plan and, per iteration,
-    the pool peak and a copy of everything that must equal mode none's bit for bit."""
-    device = CPUDevice(capacity)
+    the pool peak and a copy of everything that must equal mode none's bit for bit.
+    ``planner(net)``: the plan to bind the net to, where not the one Net makes."""
+    device = device or CPUDevice(capacity)
     try:
-        net = Net(param, "TRAIN", device=device, memory=mode, seed=1)
+        net = Net(param, "TRAIN", device=device, memory=mode, seed=1, defer=planner is not None)
+        if planner is not None:
+            net.place(planner(net))
         error = None
     except MemoryExhausted as e:
         error = str(e)

@@ -224,3 +224,28 @@ def test_all_is_no_worse_than_offload(r50):
 def test_recompute_is_no_worse_than_liveness(name):
     graph = graph_of(net_param(SHARED / "zoo" / "bvlc" / f"{name}.prototxt"))
     assert make_plan(graph, "recompute").peak <= make_plan(graph, "liveness").peak
+
+
+HUGE = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1000000 dim: 2 dim: 8 dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "conv" bottom: "conv" top: "loss" }
+"""
+
+
+def test_a_huge_batch_chunks_by_bisection():
+    """Issue 13 item 2: --batch 1000000 tried every smaller chunk one by one (a million
+    workspace trials per convolution). The search is a bisection: at most log2(batch) + 1
+    trials per choice, counted by the plan."""
+    import math
+    from sncaffe.prototxt import parse_text, prepare_net
+    from sncaffe.graph import build_graph
+    graph = build_graph(prepare_net(parse_text(HUGE, pb.NetParameter()), pb.TRAIN), pb.TRAIN)
+    full = make_plan(graph, "liveness")
+    biggest = max(t.nbytes for op in graph.ops for t in workspaces(op))
+    plan = make_plan(graph, "liveness", full.peak - biggest // 2)     # the full workspace cannot fit
+    runs = [ins for ins in plan.schedule if ins.kind == "run"]
+    chunked = [ins for ins in runs if ins.chunk]
+    assert chunked and all(1 <= ins.chunk < 1_000_000 for ins in chunked)
+    assert 0 < plan.chunk_trials <= len(chunked) * (math.floor(math.log2(1_000_000)) + 1)

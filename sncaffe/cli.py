@@ -701,7 +701,6 @@ def _parser():
                        help="model parallelism: run each named layer, and the layers after it, at a location "
                             "(cpu:0, cpu:1, cuda:1, ...); Copy operators join them")
         q.add_argument("--device", default=default, help="cpu or cuda (default: %(default)s)")
-        q.add_argument("--device-memory", help="device capacity, e.g. 12GiB")
         q.add_argument("--threads", type=int, help="CPU threads (default: the free cores, each GEMM on as many "
                                                    "as its size pays for; OMP/OPENBLAS/MKL_NUM_THREADS also set it)")
         q.add_argument("--device-memory", help="device capacity, e.g. 12GiB (default: on the CPU the RAM "

@@ -52,7 +52,7 @@ def load(net, path) -> None:
         raise OSError(f"{path}: cannot open as HDF5: {e}") from None
     with f:
         if "data" not in f:
-            raise ValueError(f'{path}: no group "data": not a Caffe HDF5 weights file')
+            raise ValueError(f'{path}: not Caffe HDF5 weights: no group "data" (Caffe keeps the layers there)')
         for name, group in f["data"].items():
             node = nodes.get(name)
             if node is None:

@@ -247,6 +247,8 @@ class _Arena:
 
 class CUDADevice:
     kind = "cuda"
+    spills = False          # no disk tier on a GPU yet: offloads go to the pinned host pool only
+    spill_dir = None
 
     def __init__(self, capacity=None, host_capacity=None, index=0):
         cp = self.xp = import_cupy()

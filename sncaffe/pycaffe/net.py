@@ -31,9 +31,9 @@ class KeptNet(_sn.Net):
         self._keep = keep
         super().__init__(*args, **kw)
 
-    def _make_plan(self, memory, reserve):
+    def _make_plan(self, *args, **kw):
         self.graph.keep = frozenset(self.graph.blobs) if self._keep is True else frozenset(self._keep or ())
-        return super()._make_plan(memory, reserve)
+        return super()._make_plan(*args, **kw)
 
 
 def _install_callbacks(sn_net):

@@ -714,7 +714,9 @@ def throughput_suite(suite, say) -> dict:
 def sncaffe_overhead() -> int:
     """Resident bytes of a process that has loaded sncaffe and built nothing: what a machine
     budget holds besides the pools (measured in a child, as PyTorch's RSS is)."""
-    code = ("import sncaffe, sncaffe.solvers.solver; "      # VmHWM: ru_maxrss would include this parent's
+    code = ("import sncaffe, sncaffe.solvers.solver; from sncaffe.backend import threads; "
+            "threads.configure(1); "            # loads the BLAS (MKL), as a training process has
+            # VmHWM: ru_maxrss would include this parent's
             "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 

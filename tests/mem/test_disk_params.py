@@ -1,0 +1,57 @@
+"""Issue 12: parameter state on the disk tier. Where the host pool cannot hold the parameters,
+their gradients and the solver's history (host_params), they live in the spill file, read per
+layer on the copy streams and written back after the update: the same bits as with enough
+host memory, and the device, host and spill-file peaks measured equal to the plan's."""
+import os
+
+import numpy as np
+import pytest
+
+from sncaffe.backend import CPUDevice
+from sncaffe.mem.planner import MemoryExhausted
+from sncaffe.mem.spill import spill_of
+from sncaffe.proto import sncaffe_pb2 as pb
+from sncaffe.solvers.solver import Solver
+from conftest import ROOT
+from test_modes import feed, net_param
+
+R50 = ROOT / "prototxt" / "resnet50.prototxt"
+
+
+def solve(device, mode="all", iters=2):
+    p = pb.SolverParameter(base_lr=0.01, momentum=0.9, max_iter=iters, display=0, random_seed=1,
+                           lr_policy="fixed", snapshot_after_train=False, weight_decay=1e-4)
+    p.net_param.CopyFrom(net_param(R50))
+    p.memory_param.mode, p.memory_param.host_params = mode, True
+    solver = Solver(p, device=device, feed=lambda net, it: feed(net, np.random.default_rng(it)))
+    solver.step(iters)
+    return solver
+
+
+@pytest.mark.parametrize("mode", ["all", "liveness"])
+def test_parameter_state_beyond_the_host_pool_trains_through_the_disk_tier(tmp_path, mode):
+    ref = solve(CPUDevice("1GiB", "1GiB"), mode)
+    assert not ref.net.plan.param_disk and ref.net.plan.disk_peak == 0
+    state = sum(a.nbytes for a in ref.state_arrays()) + sum(q.blob.diff.nbytes for q in ref._learnable)
+    device = CPUDevice("1GiB", state // 4)           # a host pool a quarter of the parameter state
+    device.spill_dir = tmp_path
+    solver = solve(device, mode)
+    plan = solver.net.plan
+    assert plan.param_disk and plan.fits and plan.disk_peak >= state and plan.host_peak <= state // 4
+    for a, b in zip(ref.state_arrays(), solver.state_arrays()):     # parameters and history, bit for bit
+        assert np.array_equal(a, b)
+    for q, r in zip(solver._learnable, ref._learnable):
+        assert np.array_equal(q.blob.diff, r.blob.diff)
+    spill = spill_of(device)
+    assert device.pool.peak == plan.peak
+    assert device.host_pool.peak == plan.host_peak
+    assert spill.pool.peak == plan.disk_peak
+    assert os.listdir(tmp_path) == []               # the spill file has no name
+    assert not solver.net.executor.busy
+
+
+def test_without_a_disk_tier_host_parameters_that_do_not_fit_are_refused():
+    device = CPUDevice("1GiB", "1MiB")
+    device.spills = False
+    with pytest.raises(MemoryExhausted, match="of host memory but the host pool has"):
+        solve(device)

@@ -126,6 +126,7 @@ class Plan:
     disk_peak: int = 0                # the spill file's peak (offloads the host pool could not hold)
     disk_capacity: int | None = None  # the room on the spill file's disk (None: no disk tier)
     param_disk: bool = False          # host_params, and their state (with the history) in the spill file
+    disk_base: int = 0                # spill-file bytes held across iterations (that state)
     resident: int = 0                 # the process's expected peak resident memory (one RAM), once said
     timeline: object = None           # of the device with the highest peak
     timelines: dict = field(default_factory=dict)     # location -> Timeline
@@ -171,7 +172,7 @@ def layer_flops(node) -> int:
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
               host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
               host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
-              forward_only=False, param_disk=False) -> Plan:
+              forward_only=False, param_disk=False, disk_extra=0) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
@@ -188,7 +189,8 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     ``none`` or ``liveness``): what backward would need is released when the pass ends.
     ``param_disk``: with ``host_params``, the parameters, their gradients and the solver's
     history (``host_extra``'s blocks but its last two, the solver's work buffers) live in the
-    spill file, not the host pool (the host cannot hold them): the disk tier's base."""
+    spill file, not the host pool (the host cannot hold them): the disk tier's base.
+    ``disk_extra``: spill-file bytes held beside this net (another net's parameters there)."""
     if forward_only and mode not in ("none", "liveness"):
         raise PlanError(f"a forward-only plan is 'none' or 'liveness', not {mode!r}")
     if mode not in MODES:
@@ -196,11 +198,12 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
     plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only,
-                    param_disk=param_disk).build()
+                    param_disk=param_disk, disk_extra=disk_extra).build()
     # (Tried only near a fit: it trades replays for a few segments' values, not for multiples.)
     if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits \
             and plan.peak <= capacity * 5 // 4:
-        lean = _Builder(graph, mode, *args, memory_centric="some", param_disk=param_disk).build()
+        lean = _Builder(graph, mode, *args, memory_centric="some", param_disk=param_disk,
+                        disk_extra=disk_extra).build()
         if lean.memory_centric and _cost(lean) < _cost(plan):
             lean.note = f"memory-centric recomputation in {lean.memory_centric} segments"
             plan = lean
@@ -211,7 +214,7 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
         alt = (built or {}).get(other)
         if alt is None and quick_bound(graph, other, extra_bytes, host_params) > plan.peak:
             return plan                 # the plan without recomputation cannot have a lower peak
-        alt = alt or _Builder(graph, other, *args, param_disk=param_disk).build()
+        alt = alt or _Builder(graph, other, *args, param_disk=param_disk, disk_extra=disk_extra).build()
         if _cost(alt) < _cost(plan):
             alt = replace(alt, mode=mode, note="recomputation would not lower the peak: not used")
             return alt
@@ -317,14 +320,14 @@ def _progress(graph, message):
 class _Builder:
     def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
                  host=(None, None, 0, None, None), before=(), memory_centric=False, forward_only=False,
-                 param_disk=False):
+                 param_disk=False, disk_extra=0):
         self.graph, self.mode, self.capacity = graph, mode, capacity
         self.memory_centric = memory_centric
         self.host_capacity, self.ram, host_extra, self.spill, self.host_room = host
         self.param_disk = bool(param_disk and host_params)
-        self.disk_extra = 0             # the solver's history in the spill file (param_disk)
+        self.disk_extra = disk_extra    # and the solver's history in the spill file (param_disk)
         if self.param_disk and not isinstance(host_extra, int):
-            self.disk_extra = sum(align(max(b, 1)) for b in host_extra[:-2])
+            self.disk_extra += sum(align(max(b, 1)) for b in host_extra[:-2])
             host_extra = host_extra[-2:]
         self.host_extra = host_extra if isinstance(host_extra, int) else sum(align(max(b, 1)) for b in host_extra)
         self.host_params = host_params
@@ -524,6 +527,7 @@ class _Builder:
             homes[r.location] = homes.get(r.location, 0) + align(max(r.nbytes, 1))
         disk_homes = homes if self.param_disk else {}
         homes = {} if self.param_disk else homes
+        plan.disk_base = disk_homes.get("", 0) + self.disk_extra
         plan.timelines = {loc: simulate(plan.schedule, base, loc,
                                         homes.get(loc, 0) + (plan.host_extra if loc == "" else 0), plan.host_params,
                                         disk_homes.get(loc, 0) + (self.disk_extra if loc == "" else 0))

@@ -55,3 +55,30 @@ def test_without_a_disk_tier_host_parameters_that_do_not_fit_are_refused():
     device.spills = False
     with pytest.raises(MemoryExhausted, match="of host memory but the host pool has"):
         solve(device)
+
+
+def lenet_solver(device):
+    from test_joint import feed as lenet_feed, lenet
+    train, test = lenet()
+    p = pb.SolverParameter(base_lr=0.01, momentum=0.9, lr_policy="fixed", max_iter=4, display=0, random_seed=1,
+                           test_iter=[2], test_interval=2, snapshot_after_train=False)
+    p.train_net_param.CopyFrom(train)
+    p.test_net_param.add().CopyFrom(test)
+    p.memory_param.mode, p.memory_param.host_params = "all", True
+    s = Solver(p, device=device, feed=lenet_feed)
+    s.step(4)                   # tests at iterations 0 and 2, between training iterations
+    return s
+
+
+def test_with_a_test_net_the_joint_plan_counts_the_parameters_on_disk(tmp_path):
+    ref = lenet_solver(CPUDevice("64MiB", "64MiB"))
+    device = CPUDevice("64MiB", "8MiB")     # parameter state 9 MiB with the solver's work buffers
+    device.spill_dir = tmp_path
+    s = lenet_solver(device)
+    plans = [s.net.plan] + [n.plan for n in s.test_nets]
+    assert s.net.plan.param_disk and all(p.fits for p in plans)
+    for a, b in zip(ref.state_arrays(), s.state_arrays()):
+        assert np.array_equal(a, b)
+    assert device.pool.peak == max(p.peak for p in plans)
+    assert device.host_pool.peak == max(p.host_peak for p in plans)
+    assert spill_of(device).pool.peak == max(p.disk_peak for p in plans) >= s.net.plan.disk_base > 0

@@ -18,13 +18,15 @@ from test_modes import feed, net_param
 R50 = ROOT / "prototxt" / "resnet50.prototxt"
 
 
-def solve(device, mode="all", iters=2):
+def solve(device, mode="all", iters=2, prefix=None):
     p = pb.SolverParameter(base_lr=0.01, momentum=0.9, max_iter=iters, display=0, random_seed=1,
-                           lr_policy="fixed", snapshot_after_train=False, weight_decay=1e-4)
+                           lr_policy="fixed", snapshot_after_train=prefix is not None, weight_decay=1e-4)
+    if prefix is not None:
+        p.snapshot_prefix = str(prefix)
     p.net_param.CopyFrom(net_param(R50))
     p.memory_param.mode, p.memory_param.host_params = mode, True
     solver = Solver(p, device=device, feed=lambda net, it: feed(net, np.random.default_rng(it)))
-    solver.step(iters)
+    solver.solve() if prefix is not None else solver.step(iters)
     return solver
 
 
@@ -82,3 +84,36 @@ def test_with_a_test_net_the_joint_plan_counts_the_parameters_on_disk(tmp_path):
     assert device.pool.peak == max(p.peak for p in plans)
     assert device.host_pool.peak == max(p.host_peak for p in plans)
     assert spill_of(device).pool.peak == max(p.disk_peak for p in plans) >= s.net.plan.disk_base > 0
+
+
+def test_snapshots_of_parameters_on_disk_are_the_same_files(tmp_path):
+    ref = solve(CPUDevice("1GiB", "1GiB"), prefix=tmp_path / "host")
+    state = sum(a.nbytes for a in ref.state_arrays()) + sum(q.blob.diff.nbytes for q in ref._learnable)
+    device = CPUDevice("1GiB", state // 4)
+    device.spill_dir = tmp_path / "spill"
+    solver = solve(device, prefix=tmp_path / "disk")
+    assert solver.net.plan.param_disk
+    (model_a, state_a), (model_b, state_b) = ref.last_snapshot, solver.last_snapshot
+    assert open(model_a, "rb").read() == open(model_b, "rb").read()
+    a, b = (pb.SolverState.FromString(open(f, "rb").read()) for f in (state_a, state_b))
+    assert len(a.history) > 0 and a.iter == b.iter == 2
+    a.ClearField("learned_net"), b.ClearField("learned_net")      # (the two files' own names)
+    assert a == b
+
+
+def test_mapped_pages_leave_the_resident_set_and_keep_their_bytes(tmp_path):
+    """What keeps resident memory within the pools: the views' pages are dropped (trim) without
+    losing what was written, which pread (the copy streams) and the view read back."""
+    from sncaffe.mem.budget import process_memory
+    from sncaffe.mem.spill import SpillFile
+    spill = SpillFile(tmp_path)
+    spill._stop.set()                           # no trimmer: this test trims by hand
+    n = 64 << 20
+    a = spill.view(spill.alloc(n), n, np.float32, (n // 4,))
+    a[...] = np.arange(n // 4, dtype=np.float32)
+    before = process_memory()["rss"]
+    spill.trim()
+    assert before - process_memory()["rss"] >= n // 2
+    back = np.empty(n // 4, np.float32)
+    spill.read(0, back)
+    assert np.array_equal(back, np.arange(n // 4, dtype=np.float32)) and np.array_equal(a, back)

@@ -17,7 +17,9 @@ The analysis is a walk over passes (passes.py: liveness, host parameters,
 recomputation, need times, offload) that return data; the builder then replays
 the iteration, placing every block on the device's allocator, each offloaded
 copy on a tier (host, or disk where the host is full) and each workspace whole
-or in chunks, and writes the schedule the executor replays.
+or in chunks, and writes the schedule the executor replays. Parameters kept on the host
+(``host_params``) go, with their gradients and the solver's history, to the disk tier
+where the host pool cannot hold them (``param_disk``): the spill file's base.
 """
 from __future__ import annotations
 

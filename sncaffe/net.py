@@ -173,14 +173,17 @@ class Net:
         for root in self.plan.persistent:
             self.executor.alloc(root, fill=0, persistent=True)
         for root in self.plan.host_params:
-            self.executor.host_home(root)
+            self.executor.host_home(root, disk=getattr(self.plan, "param_disk", False))
         self._set_loss_diffs()
 
-    def alloc_state(self, shape, dtype, name):
+    def alloc_state(self, shape, dtype, name, spillable=False):
         """An array for state beside the net (the solver's history): in the device pool, or in
-        the host pool when the parameters live on the host."""
+        the host pool when the parameters live on the host, or (``spillable``) in the spill
+        file with them where the host pool cannot hold them (mem/spill.py)."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if spillable and self.host_params and getattr(self.plan, "param_disk", False):
+            return self.executor.disk_state(shape, dtype, name)
         if self.host_params:
             off, raw = self.device.host_alloc(max(nbytes, 1), name)
             arr = raw[:nbytes].view(dtype).reshape(shape)

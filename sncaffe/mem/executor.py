@@ -38,6 +38,7 @@ class SerialExecutor:
         self.host_events = {}           # id(value) -> events reading or writing its host block
         self.transient = {}             # id(root) -> root, allocated by a schedule and not yet freed
         self.home = {}                  # id(root) -> host array a hosted parameter lives in
+        self.disk_homes = set()         # id(root) of hosted parameters whose home is the spill file
         self.host_loc = {}              # id(value) -> location of the device whose host pool holds it
         self.trace = None               # a list to record (stream, name, start, end) into
         self._pending_trace = []
@@ -68,16 +69,35 @@ class SerialExecutor:
         for bind in self.binders.get(key, ()):
             bind(home)
 
-    def host_home(self, t):
-        """Give ``t`` a permanent host block (a hosted parameter); its views point there between steps."""
-        off, raw = self.devices[t.location].host_alloc(max(t.nbytes, 1), t.name)
-        raw = raw[:t.nbytes]
-        raw[...] = 0
-        self.host[id(t)] = (off, raw)
-        home = self.home[id(t)] = raw.view(t.dtype).reshape(t.shape)
+    def host_home(self, t, disk=False):
+        """Give ``t`` a permanent host block (a hosted parameter); its views point there between steps.
+        ``disk``: the block is in the spill file (the host pool cannot hold the parameters): a
+        mapped view between steps, and the copies read and write the file (_spill_in/_spill_out)."""
+        if disk:
+            home = self.home[id(t)] = self.disk_state(t.shape, t.dtype, t.name, t.location, key=id(t))
+        else:
+            off, raw = self.devices[t.location].host_alloc(max(t.nbytes, 1), t.name)
+            raw = raw[:t.nbytes]
+            raw[...] = 0
+            self.host[id(t)] = (off, raw)
+            home = self.home[id(t)] = raw.view(t.dtype).reshape(t.shape)
         for bind in self.binders.get(id(t), ()):
             bind(home)
         return home
+
+    def disk_state(self, shape, dtype, name, location="", key=None):
+        """A zeroed array kept in the spill file for the whole run (parameter state the host
+        pool cannot hold); ``key``: the value the copies move (a hosted parameter's root)."""
+        import numpy as np
+        spill = spill_of(self.devices[location])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        off = spill.alloc(max(nbytes, 1), name)
+        if key is not None:
+            self.disk[key] = (off, location)
+            self.disk_homes.add(key)
+        arr = spill.view(off, nbytes, dtype, shape)
+        arr[...] = 0
+        return arr
 
     def _wait(self, event):
         """The host waits (it is about to reuse memory the copy touches)."""
@@ -245,12 +265,14 @@ class SerialExecutor:
         for key in list(self.disk):
             for event in self.host_events.pop(key, []):
                 self._wait(event)
+            if key in self.disk_homes:
+                continue
             off, loc = self.disk.pop(key)
             spill_of(self.devices[loc]).free(off)
 
     @property
     def busy(self) -> bool:
-        return bool(self.transient or len(self.host) > len(self.home) or self.disk)
+        return bool(self.transient or len(self.host) + len(self.disk) > len(self.home))
 
 
 # The executor nets use: the event-driven dispatcher built on the serial one above.

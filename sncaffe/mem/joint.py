@@ -62,11 +62,14 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
             log.info("planning memory: trying mode '%s' for the train net beside %d test net(s)", mode, len(tests))
         kw = dict(host_capacity=host_capacity, ram=ram, spill=spill)
         plan = _shared_ram_plan(train.graph, mode, capacity, after, host_params=hosted,
-                                host_extra=host_history if hosted else 0, **kw)
+                                host_extra=list(history) if hosted else 0, **kw)
         last = ("train net", train, plan)
         if not plan.fits:
             continue
         test_plans, before = [], list(own)
+        # Beside a test net: the train net's hosted parameters and history, on the host or on disk.
+        beside = dict(host_extra=plan.host_extra, disk_extra=plan.disk_base) if plan.param_disk else \
+            dict(host_extra=homes + (host_history if hosted else 0))
         for i, test in enumerate(tests):
             later = [b for blocks in test_own[i + 1:] for b in blocks] + dev_history
             choice = None
@@ -75,7 +78,7 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
                 # A test net only runs forward: planned so, where its mode keeps nothing for backward.
                 p = _shared_ram_plan(test.graph, m, capacity, later, before=before,
                                      forward_only=m in ("none", "liveness"),
-                                     host_extra=homes + (host_history if hosted else 0), **kw)
+                                     **beside, **kw)
                 last = (f"test net #{i}", test, p)
                 if p.fits and mine == test_own[i]:
                     choice = p

@@ -17,7 +17,9 @@ The analysis is a walk over passes (passes.py: liveness, host parameters,
 recomputation, need times, offload) that return data; the builder then replays
 the iteration, placing every block on the device's allocator, each offloaded
 copy on a tier (host, or disk where the host is full) and each workspace whole
-or in chunks, and writes the schedule the executor replays.
+or in chunks, and writes the schedule the executor replays. Parameters kept on the host
+(``host_params``) go, with their gradients and the solver's history, to the disk tier
+where the host pool cannot hold them (``param_disk``): the spill file's base.
 """
 from __future__ import annotations
 
@@ -125,6 +127,8 @@ class Plan:
     host_extra: int = 0               # host bytes held beside the net (the solver's history there)
     disk_peak: int = 0                # the spill file's peak (offloads the host pool could not hold)
     disk_capacity: int | None = None  # the room on the spill file's disk (None: no disk tier)
+    param_disk: bool = False          # host_params, and their state (with the history) in the spill file
+    disk_base: int = 0                # spill-file bytes held across iterations (that state)
     resident: int = 0                 # the process's expected peak resident memory (one RAM), once said
     timeline: object = None           # of the device with the highest peak
     timelines: dict = field(default_factory=dict)     # location -> Timeline
@@ -170,7 +174,7 @@ def layer_flops(node) -> int:
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
               host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
               host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
-              forward_only=False) -> Plan:
+              forward_only=False, param_disk=False, disk_extra=0) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
@@ -184,18 +188,24 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     keeping the results (speed-centric); None tries it per segment (those with at least 3
     dropped tensors) where a capacity-bound plan does not fit (by at most a quarter), and keeps
     it if it costs less. ``forward_only``: a net that only runs forward (a solver's test net;
-    ``none`` or ``liveness``): what backward would need is released when the pass ends."""
+    ``none`` or ``liveness``): what backward would need is released when the pass ends.
+    ``param_disk``: with ``host_params``, the parameters, their gradients and the solver's
+    history (``host_extra``'s blocks but its last two, the solver's work buffers) live in the
+    spill file, not the host pool (the host cannot hold them): the disk tier's base.
+    ``disk_extra``: spill-file bytes held beside this net (another net's parameters there)."""
     if forward_only and mode not in ("none", "liveness"):
         raise PlanError(f"a forward-only plan is 'none' or 'liveness', not {mode!r}")
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
-    plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only).build()
+    plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only,
+                    param_disk=param_disk, disk_extra=disk_extra).build()
     # (Tried only near a fit: it trades replays for a few segments' values, not for multiples.)
     if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits \
             and plan.peak <= capacity * 5 // 4:
-        lean = _Builder(graph, mode, *args, memory_centric="some").build()
+        lean = _Builder(graph, mode, *args, memory_centric="some", param_disk=param_disk,
+                        disk_extra=disk_extra).build()
         if lean.memory_centric and _cost(lean) < _cost(plan):
             lean.note = f"memory-centric recomputation in {lean.memory_centric} segments"
             plan = lean
@@ -206,7 +216,7 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
         alt = (built or {}).get(other)
         if alt is None and quick_bound(graph, other, extra_bytes, host_params) > plan.peak:
             return plan                 # the plan without recomputation cannot have a lower peak
-        alt = alt or _Builder(graph, other, *args).build()
+        alt = alt or _Builder(graph, other, *args, param_disk=param_disk, disk_extra=disk_extra).build()
         if _cost(alt) < _cost(plan):
             alt = replace(alt, mode=mode, note="recomputation would not lower the peak: not used")
             return alt
@@ -274,6 +284,12 @@ def _shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
     offloads, and a disk tier is given (``spill``), the device gets what its plan needs, the
     host what RAM has left (or its pool), and the rest goes to the spill file."""
     plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
+    if kw.get("host_params") and not kw.get("param_disk") and kw.get("spill") is not None \
+            and plan.device_fits and not plan.host_fits:
+        # The host cannot hold the parameter state: it goes to the disk tier, read per layer.
+        _progress(graph, f"planning memory: mode '{mode}' with the parameters on disk")
+        kw = {k: v for k, v in kw.items() if k != "built"}
+        return _shared_ram_plan(graph, mode, capacity, extra_bytes, **kw, param_disk=True)
     if plan.fits or not plan.device_fits or not plan.d2h_bytes:
         return plan
     kw.pop("built", None)
@@ -285,7 +301,7 @@ def _shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
     if kw.get("spill") is None:
         return plan
     _progress(graph, f"planning memory: mode '{mode}' with a disk tier")
-    plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room")}
+    plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room", "param_disk")}
     need = make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
     for slack in (1.02, 1.1, 1.3):
         device = int(need * slack) if capacity is None else min(int(need * slack), capacity)
@@ -305,10 +321,16 @@ def _progress(graph, message):
 
 class _Builder:
     def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
-                 host=(None, None, 0, None, None), before=(), memory_centric=False, forward_only=False):
+                 host=(None, None, 0, None, None), before=(), memory_centric=False, forward_only=False,
+                 param_disk=False, disk_extra=0):
         self.graph, self.mode, self.capacity = graph, mode, capacity
         self.memory_centric = memory_centric
         self.host_capacity, self.ram, host_extra, self.spill, self.host_room = host
+        self.param_disk = bool(param_disk and host_params)
+        self.disk_extra = disk_extra    # and the solver's history in the spill file (param_disk)
+        if self.param_disk and not isinstance(host_extra, int):
+            self.disk_extra += sum(align(max(b, 1)) for b in host_extra[:-2])
+            host_extra = host_extra[-2:]
         self.host_extra = host_extra if isinstance(host_extra, int) else sum(align(max(b, 1)) for b in host_extra)
         self.host_params = host_params
         # Blocks others take beside the net (the solver's history), in their allocation order.
@@ -457,7 +479,8 @@ class _Builder:
     # -- building ---------------------------------------------------------------
     def build(self) -> Plan:
         self.plan = Plan(self.mode, Schedule(), [], 0, self.extra, self.capacity, host_capacity=self.host_capacity,
-                         ram=self.ram, host_extra=self.host_extra, disk_capacity=self.spill)
+                         ram=self.ram, host_extra=self.host_extra, disk_capacity=self.spill,
+                         param_disk=self.param_disk)
         self.analyze()
         plan = self.plan
         plan.persistent = self.persistent
@@ -471,7 +494,7 @@ class _Builder:
         self.in_use = dict(self.base)
         self.live, self.hosted, self.cache = {}, {}, OrderedDict()
         self.tiers = {}                      # id(value) -> "host" or "disk", for offloads placed by tier
-        self.host_used = plan.host_extra + sum(align(r.nbytes) for r in plan.host_params)
+        self.host_used = plan.host_extra + (0 if self.param_disk else sum(align(r.nbytes) for r in plan.host_params))
         self.sims, self.placed = {}, {}
         if self.capacity is not None:
             for loc in self.base:
@@ -503,9 +526,13 @@ class _Builder:
             self.backward_step(j)
         homes = {}
         for r in plan.host_params:
-            homes[r.location] = homes.get(r.location, 0) + align(r.nbytes)
+            homes[r.location] = homes.get(r.location, 0) + align(max(r.nbytes, 1))
+        disk_homes = homes if self.param_disk else {}
+        homes = {} if self.param_disk else homes
+        plan.disk_base = disk_homes.get("", 0) + self.disk_extra
         plan.timelines = {loc: simulate(plan.schedule, base, loc,
-                                        homes.get(loc, 0) + (plan.host_extra if loc == "" else 0), plan.host_params)
+                                        homes.get(loc, 0) + (plan.host_extra if loc == "" else 0), plan.host_params,
+                                        disk_homes.get(loc, 0) + (self.disk_extra if loc == "" else 0))
                           for loc, base in self.base.items()}
         plan.peaks = {loc: t.peak for loc, t in plan.timelines.items()}
         main = "" if len(self.base) == 1 else max(plan.peaks, key=plan.peaks.get)

@@ -9,7 +9,8 @@ def plan_line(plan, auto=False, name="") -> str:
     def of(peak, room):
         return fmt_bytes(peak) + (f" of {fmt_bytes(room)}" if room is not None else "")
     parts = [f"memory plan{' of ' + name if name else ''}: mode '{plan.mode}'"
-             + (" (auto)" if auto else "") + (" with parameters on the host" if plan.host_params else ""),
+             + (" (auto)" if auto else "") + (" with parameters on the host" if plan.host_params and not plan.param_disk else "")
+             + (" with parameters on disk" if plan.param_disk else ""),
              f"device peak {of(plan.peak, plan.capacity)}",
              f"host peak {of(plan.host_peak, plan.host_capacity)}"]
     if plan.disk_peak:

@@ -78,12 +78,13 @@ class Timeline:
 
 
 def simulate(schedule: Schedule, persistent: int, location: str = "", host_base: int = 0,
-             hosted=()) -> Timeline:
+             hosted=(), disk_base: int = 0) -> Timeline:
     """Replay the schedule's memory instructions on one device (``location``): bytes in use,
     as its pool and its host pool will count them. ``host_base``: host bytes held across
     iterations (parameters kept on the host, ``hosted``, and the solver's history there); a
-    value takes a host block at its first offload and gives it back when dropped."""
-    dev, host, disk = persistent, host_base, 0
+    value takes a host block at its first offload and gives it back when dropped.
+    ``disk_base``: spill-file bytes held across iterations (parameter state on disk)."""
+    dev, host, disk = persistent, host_base, disk_base
     homes = {id(t) for t in hosted}
     held = {}                       # id(value) -> the tier its copy is in
     d, h, k_, labels, steps = [dev], [host], [disk], ["start"], []

@@ -6,19 +6,31 @@ temporary directory) and unlinked at once: it has no name to leave behind, whate
 way the process ends, and its blocks are freed with it. Offsets come from a Pool, as
 the device's blocks do, so the file's peak size is what the planner simulated. A
 full disk is an error naming the directory and the file.
+
+Parameter state the host pool cannot hold (parameters, gradients, solver history) lives in
+the same file for the whole run: ``view`` maps its block as an array, so the solver, the
+fillers and snapshots use it like a host array, while the executor moves it to and from the
+device with pread/pwrite on the copy streams. The mapping's pages are page cache, not the
+process's memory: a trimmer thread drops them from the resident set every few milliseconds
+(MADV_DONTNEED on a shared file mapping loses nothing: written bytes stay in the page cache,
+and a later touch maps them again), so resident memory stays within the planned pools.
 """
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import shutil
 import tempfile
+import threading
 
 import numpy as np
 
 from .pool import Pool
 
 UNBOUNDED = 1 << 50
+WINDOW = 256 << 20          # bytes mapped at a time for views (few mappings, whatever the net)
+TRIM_PERIOD = 0.02          # seconds between drops of the mapped pages from the resident set
 
 
 class SpillFull(OSError):
@@ -37,6 +49,9 @@ class SpillFile:
         os.unlink(self.path)         # removed already: the blocks go when the process does
         self.fd = fd
         self.pool = Pool(UNBOUNDED)
+        self._maps = []              # (file offset, mmap, uint8 array over it)
+        self._trimmer = None
+        self._stop = threading.Event()
 
     def free_space(self) -> int:
         return shutil.disk_usage(self.directory).free
@@ -69,7 +84,42 @@ class SpillFile:
                 raise OSError(errno.EIO, f"spill file {self.path}: short read at {offset + done}", self.path)
             done += n
 
+    def view(self, offset, nbytes, dtype, shape):
+        """An array over the file's block at ``offset`` (a shared mapping: what it writes is the
+        file's bytes, what pwrite writes it reads)."""
+        import numpy as np
+        for base, mm, raw in self._maps:
+            if base <= offset and offset + nbytes <= base + len(mm):
+                break
+        else:
+            base = offset - offset % mmap.ALLOCATIONGRANULARITY
+            size = max(WINDOW, offset + nbytes - base)
+            size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+            if os.fstat(self.fd).st_size < base + size:
+                try:
+                    os.ftruncate(self.fd, base + size)      # sparse: the disk fills as it is written
+                except OSError as e:
+                    raise SpillFull(e.errno, f"cannot grow the spill file {self.path} (deleted, in "
+                                             f"{self.directory}): {e.strerror}", self.path) from None
+            mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+            raw = np.frombuffer(mm, np.uint8)
+            self._maps.append((base, mm, raw))
+            if self._trimmer is None:
+                self._trimmer = threading.Thread(target=self._trim_loop, name="spill trimmer", daemon=True)
+                self._trimmer.start()
+        return raw[offset - base:offset - base + nbytes].view(dtype).reshape(shape)
+
+    def trim(self) -> None:
+        """Drop the mapped pages from the resident set (their bytes stay in the page cache)."""
+        for _, mm, _ in list(self._maps):
+            mm.madvise(mmap.MADV_DONTNEED)
+
+    def _trim_loop(self):
+        while not self._stop.wait(TRIM_PERIOD):
+            self.trim()
+
     def close(self) -> None:
+        self._stop.set()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

@@ -279,7 +279,7 @@ class Solver:
 
     def _alloc_history(self):
         alloc = self.net.alloc_state          # the device pool, or the host pool with host parameters
-        history = [alloc(q.blob.shape, self.dtype, f"history{k}/{q.layer}[{q.index}]")
+        history = [alloc(q.blob.shape, self.dtype, f"history{k}/{q.layer}[{q.index}]", spillable=True)
                    for k in range(self.rule.n_history) for q in self._learnable]
         size = max((q.blob.data.size for q in self._learnable), default=0)
         self._work = [alloc((size,), self.dtype, f"solver work {k}") for k in range(2)]

@@ -123,13 +123,14 @@ class Dispatcher(SerialExecutor):
             self._wait(e)           # counts the waits that block (tools/bench_memory.py times them)
 
     def issue(self, location, kind, name, rw, fn, nbytes=None, asynchronous=False, timeout=None,
-              on_timeout=None):
+              on_timeout=None, waited=()):
         """Run ``fn`` on the location's stream ``kind`` once the events of ``rw`` ((id(root), write)
         pairs) have fired; its event becomes those tensors' event. On the calling thread when not
         dispatching to workers, unless ``asynchronous`` (a collective). Returns the event.
         ``fn`` runs under its location's device (``device.active()``: that GPU current, its
-        stream and cuDNN handle), on whichever thread runs it."""
-        deps = self._deps(rw)
+        stream and cuDNN handle), on whichever thread runs it. ``waited``: events the caller has
+        already waited for on the device."""
+        deps = [d for d in self._deps(rw) if id(d) not in waited]
         index, self._issue_index = self._issue_index, self._issue_index + 1
         device = self.devices[location]
         work = fn
@@ -161,13 +162,13 @@ class Dispatcher(SerialExecutor):
         self._log(location, kind, name, event, nbytes, index)
         return event
 
-    def _log(self, location, kind, name, event, nbytes, index=None):
+    def _log(self, location, kind, name, event, nbytes, index=None, trace=True):
         if index is None:
             index, self._issue_index = self._issue_index, self._issue_index + 1
         if self.record is not None:
             self.record.append({"location": location, "stream": kind, "name": name, "index": index,
                                 "event": event, "bytes": nbytes})
-        if self.trace is not None and not name.startswith("fill "):     # fills: in the record only
+        if trace and self.trace is not None and not name.startswith("fill "):     # fills: in the record only
             self._pending_trace.append((f"{location}/{kind}" if location else kind, name, event, nbytes))
 
     # -- memory -----------------------------------------------------------------------
@@ -247,15 +248,7 @@ class Dispatcher(SerialExecutor):
             for i, ins in enumerate(instrs):
                 if ins.kind not in self.KINDS:    # a newer planner's instruction: run it serially
                     self._drain()
-                try:
-                    getattr(self, "_" + ins.kind)(ins)
-                except MemoryError as e:          # the pool's OutOfMemory, or a library's (cuDNN, CuPy)
-                    from .planner import MemoryExhausted
-                    if isinstance(e, MemoryExhausted):
-                        raise
-                    step = next((x.op.name for x in instrs[i:] if x.kind == "run"), "the end")
-                    raise MemoryExhausted(f"at step {step}: {e}; memory was taken outside the plan "
-                                          f"(another net or buffer on this device?)") from None
+                self._apply(instrs, i)
         finally:
             self._finish()
 
@@ -319,11 +312,13 @@ class Dispatcher(SerialExecutor):
         ws = {k: self.arrays[id(t)] for k, t in names.items()}
         recompute, chunk, run_op = ins.recompute, ins.chunk, self.run_op
         location, kind, nbytes = self._where(op)
+        waited = set()
         if not self._dispatching:       # the copies it depends on, waited for on its device
             for r, write in op_tensors(op):
-                self._stream_wait(location, self.h2d.pop(id(r), None))
-                if write:
-                    self._stream_wait(location, self.d2h.pop(id(r), None))
+                for event in (self.h2d.pop(id(r), None), self.d2h.pop(id(r), None) if write else None):
+                    if event is not None:
+                        self._stream_wait(location, event)
+                        waited.add(id(event))
         bindings = [(self.binders[id(r)], self._array(id(r))) for r, _ in op_tensors(op)
                     if id(r) in self.binders] if self._dispatching else ()
 
@@ -333,7 +328,7 @@ class Dispatcher(SerialExecutor):
                     bind(arr)
             run_op(op, recompute, ws, chunk)
         name = op.name + (" (recompute)" if recompute else "")
-        self.issue(location, kind, name, self._rw(op), work, nbytes)
+        self.issue(location, kind, name, self._rw(op), work, nbytes, waited=waited)
 
     @staticmethod
     def _where(op):
@@ -376,9 +371,8 @@ class Dispatcher(SerialExecutor):
         after = self._after(dev.location, self._deps([(id(dev), False)]))
         event = self.devices[dev.location].copy_to_host(self.host[id(value)][1][:value.nbytes],
                                                         self.arrays[id(dev)], after)
-        self._touched([(id(dev), False)], event)
-        self._copy_event(event)
-        self._log(dev.location, "d2h", "offload " + value.name, event, value.nbytes)
+        self._copied([(id(dev), False)], dev.location, "d2h", "offload " + value.name, event, value.nbytes,
+                     traced=False)
         self.d2h[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
         self.stats["d2h_bytes"] += value.nbytes
@@ -396,22 +390,18 @@ class Dispatcher(SerialExecutor):
         after = self._after(dev.location, deps)
         event = self.devices[dev.location].copy_to_device(self.arrays[id(dev)],
                                                           self.host[id(value)][1][:value.nbytes], after)
-        self._touched([(id(dev), True)], event)
-        self._copy_event(event)
-        self._log(dev.location, "h2d", "prefetch " + value.name, event, value.nbytes)
+        self._copied([(id(dev), True)], dev.location, "h2d", "prefetch " + value.name, event, value.nbytes,
+                     traced=False)
         self.h2d[id(dev)] = event
         self.host_events.setdefault(id(value), []).append(event)
         self.stats["h2d_bytes"] += value.nbytes
 
-    def _copied(self, rw, location, kind, name, event, nbytes):
-        """A spill-file copy made by the serial executor's code (which traced it): its event
-        joins the dependencies and the record."""
+    def _copied(self, rw, location, kind, name, event, nbytes, traced=True):
+        """A copy's event joins the dependencies (stream-side waits) and the record; ``traced``: the
+        serial executor's spill-file code has put it in the trace already."""
         self._touched(rw, event)
         self._copy_event(event)
-        if self.record is not None:
-            index, self._issue_index = self._issue_index, self._issue_index + 1
-            self.record.append({"location": location, "stream": kind, "name": name, "index": index,
-                                "event": event, "bytes": nbytes})
+        self._log(location, kind, name, event, nbytes, trace=not traced)
 
     def _copy_event(self, event):
         if len(self._copies) > 64:

@@ -115,16 +115,20 @@ class SerialExecutor:
 
     # -- instructions -----------------------------------------------------------
     def execute(self, instrs):
-        for i, ins in enumerate(instrs):
-            try:
-                getattr(self, "_" + ins.kind)(ins)
-            except MemoryError as e:     # the pool's OutOfMemory, or a library's (cuDNN, CuPy)
-                from .planner import MemoryExhausted
-                if isinstance(e, MemoryExhausted):
-                    raise
-                step = next((x.op.name for x in instrs[i:] if x.kind == "run"), "the end")
-                raise MemoryExhausted(f"at step {step}: {e}; memory was taken outside the plan "
-                                      f"(another net or buffer on this device?)") from None
+        for i in range(len(instrs)):
+            self._apply(instrs, i)
+
+    def _apply(self, instrs, i):
+        """Run instruction ``i``; a memory error not of the plan's making names the step."""
+        try:
+            getattr(self, "_" + instrs[i].kind)(instrs[i])
+        except MemoryError as e:     # the pool's OutOfMemory, or a library's (cuDNN, CuPy)
+            from .planner import MemoryExhausted
+            if isinstance(e, MemoryExhausted):
+                raise
+            step = next((x.op.name for x in instrs[i:] if x.kind == "run"), "the end")
+            raise MemoryExhausted(f"at step {step}: {e}; memory was taken outside the plan "
+                                  f"(another net or buffer on this device?)") from None
 
     def _alloc(self, ins):
         self.alloc(ins.tensor, ins.fill)

@@ -1,6 +1,5 @@
 """The planner: peaks per mode, the lower bound, schedules that are valid step by step,
 ``auto``, exhaustion errors, and ResNet-2500 in 12 GiB."""
-import time
 
 import pytest
 
@@ -198,11 +197,8 @@ def test_small_schedules_are_valid_with_and_without_capacity(name, mode):
 
 def test_resnet2500_fits_12gib_with_sgd_history():
     from sncaffe.solvers.solver import history_blocks
-    t0 = time.perf_counter()
     graph = resnet(2500)
     history = history_blocks(graph, 1)          # SGD: one history blob per parameter, 2 work buffers
-    if time.perf_counter() - t0 > 15:
-        pytest.skip("building ResNet-2500's graph takes over 15 s here")
     params = sum(d.nbytes for n in graph.layers for d, _ in n.params)
     assert params > 3 * GiB                    # 0.9 billion parameters
     plan = make_plan(graph, "all", 12 * GiB, history)

@@ -126,17 +126,17 @@ class LMDBReader:
             _drain()
 
 
-class LMDBWriter:
-    """A new LMDB (it must not exist yet, as Caffe's db::NEW); the map grows as records arrive."""
+class Writer:
+    """A new database (it must not exist yet, as Caffe's db::NEW) written in batches of
+    COMMIT_EVERY records; a backend writes a batch (``_write``) and closes (``_close``)."""
 
-    def __init__(self, path, map_size=1 << 26):
+    def _new(self, path) -> Path:
         self.path = Path(path)
         if self.path.exists():
             raise FileExistsError(f"{path} already exists; remove it or choose another output")
-        self.path.mkdir(parents=True)
-        self.env = lmdb.open(str(self.path), map_size=map_size, subdir=True)
         self._pending: list[tuple[bytes, bytes]] = []
         self.count = 0
+        return self.path
 
     def put(self, key, value: bytes) -> None:
         self._pending.append((key.encode() if isinstance(key, str) else key, value))
@@ -145,22 +145,36 @@ class LMDBWriter:
             self.commit()
 
     def commit(self) -> None:
-        while True:
-            try:
-                with self.env.begin(write=True) as txn:
-                    for key, value in self._pending:
-                        txn.put(key, value)
-                break
-            except lmdb.MapFullError:
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        self._write(self._pending)
         self._pending.clear()
 
     def close(self) -> None:
         self.commit()
-        self.env.close()
+        self._close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+class LMDBWriter(Writer):
+    """A new LMDB; the map grows as records arrive."""
+
+    def __init__(self, path, map_size=1 << 26):
+        self._new(path).mkdir(parents=True)
+        self.env = lmdb.open(str(self.path), map_size=map_size, subdir=True)
+
+    def _write(self, pending) -> None:
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for key, value in pending:
+                        txn.put(key, value)
+                return
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+
+    def _close(self) -> None:
+        self.env.close()

@@ -10,7 +10,7 @@ import os
 import threading
 from pathlib import Path
 
-COMMIT_EVERY = 1000          # records per write batch, as Caffe's converters
+from .db import Writer
 
 _shared: dict[str, list] = {}           # real path -> [plyvel.DB, readers]
 _lock = threading.RLock()     # reentrant: a reader collected inside the lock closes under it
@@ -130,42 +130,23 @@ class LevelDBReader:
             pass
 
 
-class LevelDBWriter:
-    """A new LevelDB (it must not exist yet, as Caffe's db::NEW), written in batches."""
+class LevelDBWriter(Writer):
+    """A new LevelDB, written in batches."""
 
     def __init__(self, path):
         plyvel = _plyvel()
-        self.path = Path(path)
-        if self.path.exists():
-            raise FileExistsError(f"{path} already exists; remove it or choose another output")
+        self._new(path)
         # Caffe's LevelDB::Open for NEW: error_if_exists, a 256 MB write buffer
         self.db = plyvel.DB(str(self.path), create_if_missing=True, error_if_exists=True,
                             write_buffer_size=256 << 20)
-        self._batch = self.db.write_batch()
-        self._pending = 0
-        self.count = 0
 
-    def put(self, key, value: bytes) -> None:
-        self._batch.put(key.encode() if isinstance(key, str) else key, value)
-        self._pending += 1
-        self.count += 1
-        if self._pending >= COMMIT_EVERY:
-            self.commit()
+    def _write(self, pending) -> None:
+        with self.db.write_batch() as batch:
+            for key, value in pending:
+                batch.put(key, value)
 
-    def commit(self) -> None:
-        self._batch.write()
-        self._batch = self.db.write_batch()
-        self._pending = 0
-
-    def close(self) -> None:
-        self.commit()
+    def _close(self) -> None:
         self.db.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def reader(path, backend):

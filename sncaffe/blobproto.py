@@ -114,11 +114,12 @@ def read_caffemodel(path) -> "pb.NetParameter":
     return upgrade_net(read_binary(path, pb.NetParameter()), str(path), binary=True)
 
 
-def read_caffemodel_h5(path) -> "pb.NetParameter":
+def read_h5_blobs(path) -> dict:
     """Caffe's HDF5 weights (Net::ToHDF5): a group ``data`` with a group per layer holding datasets
-    ``0``, ``1``, ... in blob order."""
+    ``0``, ``1``, ... in blob order. Returns {layer: {index: array}} in the file's dtype; an index
+    may be missing (a parameter its sharer's owner holds)."""
     import h5py
-    out = pb.NetParameter()
+    out = {}
     try:
         with h5py.File(path, "r") as f:
             data = f.get("data")
@@ -127,14 +128,21 @@ def read_caffemodel_h5(path) -> "pb.NetParameter":
             for name, group in data.items():
                 if not isinstance(group, h5py.Group):
                     raise ValueError(f'data/{name} is not a group of blobs')
-                lp = out.layer.add(name=name)
-                keys = sorted(group.keys(), key=lambda k: int(k) if k.isdigit() else -1)
-                if any(not k.isdigit() for k in keys):
-                    raise ValueError(f"data/{name} holds {keys}; Caffe names the blobs 0, 1, ...")
-                for k in keys:
-                    from_array(np.asarray(group[k][...], np.float32), lp.blobs.add())
+                if any(not k.isdigit() for k in group.keys()):
+                    raise ValueError(f"data/{name} holds {sorted(group.keys())}; Caffe names the blobs 0, 1, ...")
+                out[name] = {int(k): np.asarray(group[k][...]) for k in group.keys()}
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ValueError(f"{path}: not Caffe HDF5 weights: {e}") from None
+    return out
+
+
+def read_caffemodel_h5(path) -> "pb.NetParameter":
+    """Caffe's HDF5 weights as a NetParameter (float32 blobs, as a .caffemodel holds them)."""
+    out = pb.NetParameter()
+    for name, blobs in read_h5_blobs(path).items():
+        lp = out.layer.add(name=name)
+        for i in sorted(blobs):
+            from_array(np.asarray(blobs[i], np.float32), lp.blobs.add())
     return out
 
 

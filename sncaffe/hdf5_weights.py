@@ -44,35 +44,28 @@ def save(net, path, write_diff=False) -> None:
 
 def load(net, path) -> None:
     """Copy the parameters in ``path`` into ``net``'s layers of the same names."""
-    import h5py
+    from .blobproto import read_h5_blobs
     nodes = {n.name: n for n in net.graph.layers}
-    try:
-        f = h5py.File(str(path), "r")
-    except OSError as e:
-        raise OSError(f"{path}: cannot open as HDF5: {e}") from None
-    with f:
-        if "data" not in f:
-            raise ValueError(f'{path}: not Caffe HDF5 weights: no group "data" (Caffe keeps the layers there)')
-        for name, group in f["data"].items():
-            node = nodes.get(name)
-            if node is None:
-                log.info("Ignoring source layer %s", name)
-                continue
-            blobs = node.layer.blobs
-            if len(group) > len(blobs):
-                raise ValueError(f'{path}: incompatible number of blobs for layer "{name}": {len(group)} in '
-                                 f"the file, {len(blobs)} in the net")
-            for j, blob in enumerate(blobs):
-                if str(j) not in group:
-                    if node.param_owner[j] is not None:     # shared: its owner's dataset fills it
-                        continue
-                    raise ValueError(f'{path}: incompatible number of blobs for layer "{name}": no dataset '
-                                     f'"data/{name}/{j}"')
-                arr = np.asarray(group[str(j)], dtype=blob.data.dtype)
-                if arr.shape != tuple(blob.data.shape):
-                    raise ValueError(f'{path}: layer "{name}" blob {j}: cannot load blob from hdf5; shape '
-                                     f"mismatch: source shape {arr.shape}, target shape {tuple(blob.data.shape)}")
-                transfer(blob.data, arr)
+    for name, group in read_h5_blobs(path).items():
+        node = nodes.get(name)
+        if node is None:
+            log.info("Ignoring source layer %s", name)
+            continue
+        blobs = node.layer.blobs
+        if len(group) > len(blobs):
+            raise ValueError(f'{path}: incompatible number of blobs for layer "{name}": {len(group)} in '
+                             f"the file, {len(blobs)} in the net")
+        for j, blob in enumerate(blobs):
+            if j not in group:
+                if node.param_owner[j] is not None:     # shared: its owner's dataset fills it
+                    continue
+                raise ValueError(f'{path}: incompatible number of blobs for layer "{name}": no dataset '
+                                 f'"data/{name}/{j}"')
+            arr = np.asarray(group[j], dtype=blob.data.dtype)
+            if arr.shape != tuple(blob.data.shape):
+                raise ValueError(f'{path}: layer "{name}" blob {j}: cannot load blob from hdf5; shape '
+                                 f"mismatch: source shape {arr.shape}, target shape {tuple(blob.data.shape)}")
+            transfer(blob.data, arr)
 
 
 def _host(a):

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_resnet import Enum, Writer  # noqa: E402
+from gen_resnet import Enum, Writer, emit  # noqa: E402
 
 DENSENET121 = (6, 12, 24, 16)
 
@@ -88,16 +88,10 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--output", help="file to write (default: stdout)")
     args = ap.parse_args(argv)
     command = "python tools/gen_densenet.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    try:
+    def make():
         blocks = tuple(int(b) for b in args.blocks.split(","))
-        text = generate(blocks, args.growth, args.batch, args.image_size, args.classes, command.strip())
-    except ValueError as e:
-        ap.error(str(e))
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+        return generate(blocks, args.growth, args.batch, args.image_size, args.classes, command.strip())
+    return emit(ap, args.output, make)
 
 
 if __name__ == "__main__":

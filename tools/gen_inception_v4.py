@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_resnet import Enum, Writer  # noqa: E402  (one prototxt writer for the generated nets)
+from gen_resnet import Enum, Writer, emit  # noqa: E402  (one prototxt writer for the generated nets)
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = "prototxt/inception_v4.prototxt"
@@ -198,16 +198,9 @@ def main(argv=None) -> int:
             return 0
         print(f"{COMMITTED} is stale: run python tools/gen_inception_v4.py --committed", file=sys.stderr)
         return 1
-    try:
-        text = generate(args.batch, args.image_size,
-                        command_line(args.batch, args.image_size, args.output))
-    except ValueError as e:
-        ap.error(str(e))
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    def make():
+        return generate(args.batch, args.image_size, command_line(args.batch, args.image_size, args.output))
+    return emit(ap, args.output, make)
 
 
 if __name__ == "__main__":

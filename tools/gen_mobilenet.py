@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_resnet import Enum, Writer  # noqa: E402
+from gen_resnet import Enum, Writer, emit  # noqa: E402
 
 STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
           (6, 320, 1, 1))
@@ -89,15 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--output", help="file to write (default: stdout)")
     args = ap.parse_args(argv)
     command = "python tools/gen_mobilenet.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    try:
-        text = generate(args.width, args.batch, args.image_size, args.classes, command.strip())
-    except ValueError as e:
-        ap.error(str(e))
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    def make():
+        return generate(args.width, args.batch, args.image_size, args.classes, command.strip())
+    return emit(ap, args.output, make)
 
 
 if __name__ == "__main__":

@@ -212,6 +212,20 @@ def committed_text(depth: int) -> str:
     return generate(PRESETS[depth], command=command_line(PRESETS[depth], output=rel))
 
 
+def emit(ap, output, make) -> int:
+    """Write the text ``make()`` returns to ``output`` (stdout without one); its ValueError is a
+    usage error of ``ap``. The generators' common last step."""
+    try:
+        text = make()
+    except ValueError as e:
+        ap.error(str(e))
+    if output:
+        Path(output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     which = ap.add_mutually_exclusive_group(required=True)
@@ -240,18 +254,12 @@ def main(argv=None) -> int:
             print(f"{rel} is stale: run python tools/gen_resnet.py --committed", file=sys.stderr)
         return 1 if stale else 0
 
-    try:
+    def make():
         blocks = (blocks_for_depth(args.depth) if args.depth
                   else tuple(int(b) for b in args.blocks.split(",")))
         kw = dict(data=args.data, batch=args.batch, image_size=args.image_size, deploy=args.deploy)
-        text = generate(blocks, command=command_line(blocks, output=args.output, **kw), **kw)
-    except ValueError as e:
-        ap.error(str(e))
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+        return generate(blocks, command=command_line(blocks, output=args.output, **kw), **kw)
+    return emit(ap, args.output, make)
 
 
 if __name__ == "__main__":

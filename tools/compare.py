@@ -387,11 +387,16 @@ class TorchTrainer:
         with torch.device(device):
             self.twin = torch_net.TorchNet(net if net is not None else Skeleton(graph))
         self.inputs = torch_inputs(graph, device, net)
+        self._sgd()
+
+    def _sgd(self):
+        """SGD over ``self.twin``'s learnable parameters, gradients and momentum resident from the
+        start (as sncaffe's diffs and history); ``fixed``: what lives for the whole step."""
         params = [p for p in self.twin.parameters() if p.requires_grad]
         for p in params:
-            p.grad = torch.zeros_like(p)            # resident, as sncaffe's diffs
+            p.grad = torch.zeros_like(p)
         self.opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-        for p in params:                            # the momentum buffers, resident too
+        for p in params:
             self.opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
         self.fixed = [*self.twin.parameters(), *self.twin.buffers(), *(p.grad for p in params),
                       *(self.opt.state[p]["momentum_buffer"] for p in params)]
@@ -442,15 +447,8 @@ class IdiomaticTrainer(TorchTrainer):
         inputs = torch_inputs(graph, device, net)
         self.x, self.y = inputs["data"], inputs["label"].long()
         self.seq = torch_idiomatic.sequential(self.model) if checkpoint else None
-        params = list(self.model.parameters())
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        self.opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-        for p in params:
-            self.opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
         self.twin, self.inputs = self.model, {"data": self.x, "label": self.y}     # what count() reads
-        self.fixed = [*params, *self.model.buffers(), *(p.grad for p in params),
-                      *(self.opt.state[p]["momentum_buffer"] for p in params)]
+        self._sgd()
 
     @staticmethod
     def available(graph) -> bool:

@@ -710,13 +710,9 @@ def throughput_suite(suite, say) -> dict:
 
 
 def sncaffe_overhead() -> int:
-    """Resident bytes of a process that has loaded sncaffe and built nothing: what a machine
-    budget holds besides the pools (measured in a child, as PyTorch's RSS is)."""
-    code = ("import sncaffe, sncaffe.solvers.solver; from sncaffe.backend import threads; "
-            "threads.configure(1); "            # loads the BLAS (MKL), as a training process has
-            # VmHWM: ru_maxrss would include this parent's
-            "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
-    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    """Resident bytes of a process that has loaded sncaffe and its BLAS and built nothing."""
+    import sncaffe_memory
+    return sncaffe_memory.measure_in_child((3, 4, 1, 3), 1, 32, plan_only=True)["rss"]
 
 
 def machine_within(graph, mode, budget, overhead) -> int:
@@ -737,15 +733,18 @@ def machine_within(graph, mode, budget, overhead) -> int:
 
 def deepest_suite(suite, say) -> dict:
     """The deepest ResNet within the budget, twice: a *device* budget (sncaffe's device pool; PyTorch's
-    allocator) and a *machine* budget (the whole process: sncaffe's pools + its fixed overhead; PyTorch's
-    peak RSS). Every PyTorch figure comes from a real step (tools/torch_memory.py, a child process
+    allocator) and a *machine* budget (the whole process: sncaffe's pools + what its process holds besides them,
+    measured: tools/sncaffe_memory.py; PyTorch's peak RSS). Every PyTorch figure comes from a real step (tools/torch_memory.py, a child process
     each); sncaffe's from its plan, which its runtime meets to the byte (verify runs one real step)."""
     import torch_memory
     cfg = suite["deepest"]
     budget, batch, size, k_max = parse_bytes(cfg["budget"]), cfg["batch"], cfg["image_size"], cfg["k_max"]
     want_torch = torch is not None and "pytorch" in suite["frameworks"]
+    import sncaffe_memory
     overhead = sncaffe_overhead()
-    say(f"  sncaffe's process holds {fmt_bytes(overhead)} before any net (counted in the machine budget)")
+    overhead_k = sncaffe_memory.Overhead(batch, size)     # besides the pools, at depth k in a mode
+    say(f"  sncaffe's process holds {fmt_bytes(overhead)} with a small net; the machine budget counts, at "
+        "each depth, what a real step holds besides its pools (tools/sncaffe_memory.py)")
 
     @lru_cache(maxsize=4)           # the variants measure the same first depths
     def graph_k(k):
@@ -757,7 +756,7 @@ def deepest_suite(suite, say) -> dict:
     out = {"budget": budget, "batch": batch, "image_size": size, "k_max": k_max, "overhead": overhead}
     for key, label, torch_key, sncaffe_fn in (
             ("device", "device budget", "device", lambda m: lambda k: peak_within(graph_k(k), m, budget)),
-            ("machine", "machine budget", "rss", lambda m: lambda k: machine_within(graph_k(k), m, budget, overhead))):
+            ("machine", "machine budget", "rss", lambda m: lambda k: machine_within(graph_k(k), m, budget, overhead_k(k, m)))):
         say(f"  {label} {fmt_bytes(budget)}:")
         variants = {f"sncaffe {m}": sncaffe_fn(m) for m in cfg["sncaffe_modes"]}
         if want_torch:
@@ -786,6 +785,7 @@ def deepest_suite(suite, say) -> dict:
                 host[name] = sncaffe_plan(graph_k(k), mode, budget if key == "device" else None).host_peak
         out[key] = {"found": found, "curves": {n: sorted((k, v) for k, v in c.items() if v != math.inf)
                                               for n, c in curves.items()}, "host": host}
+    out["rest"] = dict(overhead_k._rest)       # per mode: a real shallow step's bytes besides its pools
     verified = {}
     v = cfg.get("verify") or {}
     if v.get("sncaffe"):
@@ -941,8 +941,9 @@ def report(results) -> str:
     d = results.get("deepest")
     for key, what in (("device", "sncaffe: the device pool's planned peak; PyTorch: malloc's peak in a real step, "
                        "less the libraries' own heap"),
-                      ("machine", "the whole process: sncaffe's device + host pools + its fixed overhead "
-                       f"({gib((d or {}).get('overhead'))} GiB); PyTorch: the peak RSS of a real step")):
+                      ("machine", "the whole process: sncaffe's device + host pools + what a real step of its process "
+                       "holds besides them (libraries, graph, plan, temporaries: tools/sncaffe_memory.py, "
+                       f"{gib((d or {}).get('overhead'))} GiB with a small net); PyTorch: the peak RSS of a real step")):
         if not d or key not in d:
             continue
         rows = []

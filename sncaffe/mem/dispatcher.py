@@ -37,6 +37,7 @@ the order of events rather than by time.
 """
 from __future__ import annotations
 
+import sys
 import time
 from bisect import bisect_left, bisect_right, insort
 from operator import itemgetter
@@ -45,6 +46,13 @@ from ..trace import Span
 from .executor import SerialExecutor
 from .liveness import op_tensors
 from .streams import Event, Stream
+
+
+# While workers, a comm thread and the issuing thread share the GIL, a thread that wants it back
+# (a GEMM or an MPI test returned, an event fired) waits until the holder gives it up, at the
+# latest after the switch interval: Python's default 5 ms is a whole operator of a small net,
+# and an all-reduce's polls each pay it. A shorter one while operators run concurrently.
+SWITCH_INTERVAL = 2e-4
 
 
 class AllOf:
@@ -102,6 +110,7 @@ class Dispatcher(SerialExecutor):
         self._copies = {}           # id(event) -> event: the device's copy events (stream-side waits)
         self.record = None          # a list to append one dict per operator into (see the module's doc)
         self.pool_trace = None      # a list to append (location, time, bytes in use) into
+        self.waiting_for_collectives = False    # the issuing thread waits for collectives alone
 
     # -- streams ----------------------------------------------------------------------
     def stream(self, location, kind):
@@ -272,13 +281,20 @@ class Dispatcher(SerialExecutor):
     # -- instructions -----------------------------------------------------------------
     def execute(self, instrs):
         self._dispatching = self.threaded
+        concurrent = self.threaded or any(ins.kind == "collective" for ins in instrs)
+        switch = sys.getswitchinterval()
+        if concurrent:      # see SWITCH_INTERVAL
+            sys.setswitchinterval(min(switch, SWITCH_INTERVAL))
         try:
             for i, ins in enumerate(instrs):
                 if ins.kind not in self.KINDS:    # a newer planner's instruction: run it serially
                     self._drain()
                 self._apply(instrs, i)
         finally:
-            self._finish()
+            try:
+                self._finish()
+            finally:
+                sys.setswitchinterval(switch)
 
     def _drain(self):
         """Wait for every operator issued by this execute, collectives last (that wait is traced:
@@ -288,12 +304,14 @@ class Dispatcher(SerialExecutor):
         for event, timeout, on_timeout in sorted(issued, key=lambda x: x[2] is not None):
             if on_timeout is not None and t0 is None:
                 t0 = time.perf_counter()
+                self.waiting_for_collectives = True    # compute is done: they may poll without pause
             try:
                 event.wait(timeout)
             except TimeoutError:
                 error = error or (on_timeout() if on_timeout else TimeoutError("an operator did not finish"))
             except BaseException as exc:        # raised once all the work has stopped
                 error = error or exc
+        self.waiting_for_collectives = False
         if t0 is not None and self.trace is not None:
             self.trace.append(("compute", "wait for the all-reduce", t0, time.perf_counter()))
         if error is not None:

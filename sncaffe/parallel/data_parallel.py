@@ -117,6 +117,8 @@ class DataParallel:
         self._shard()
         self.buckets = make_buckets(self.net, bucket_bytes)
         self.reducer = reducer or make_reducer(comm, solver.device)
+        if hasattr(self.reducer, "hurry"):      # polls without pause once backward is done
+            self.reducer.hurry = lambda: getattr(self.net.executor, "waiting_for_collectives", False)
         for b in self.buckets:
             self.reducer.allocate(b)
         self.ops = [AllReduce(self, b) for b in self.buckets]

@@ -134,7 +134,7 @@ def worker(args) -> None:
     cpu = (time.process_time() - cpu0) / args.iters
     if parallel is not None:
         parallel.close()
-    spans = [t.spans for t in tracers]
+    spans = [[tuple(x[:4]) for x in t.spans] for t in tracers]     # plain tuples: they travel by pickle
     if comm is not None:        # every rank's spans and CPU time to rank 0
         gathered = comm.gather((spans, cpu), root=0)
         if root:

@@ -208,8 +208,8 @@ def main():
                   f"{n * args.batch / r['ms'] * 1e3:>10.1f}"
                   + (f"{base['ms'] / r['ms']:>11.2f}" if name != "1 rank, 2B" else f"{'-':>11}")
                   + (f"{double / r['ms']:>7.2f}" if name == "2 locations" else f"{'-':>7}")
-                  + (f"{r['comm_s'] * 1e3:>12.1f}{100 * r['hidden_share']:>7.0f}%" if exchange else f"{'-':>12}{'-':>8}")
-                  + (hidden_any if exchange else f"{'-':>9}"), flush=True)
+                  + (f"{r['comm_s'] * 1e3:>12.1f}{100 * r['hidden_share']:>7.0f}%{hidden_any}" if exchange
+                     else f"{'-':>12}{'-':>8}{'-':>9}"), flush=True)
         print(f"{net:<13}ceiling of 2 locations vs 2B (1 location's time at 2B over B): {double / base['ms']:.2f}; "
               f"by CPU time {rows[-1][1]['cpu_ms'] / base['cpu_ms']:.2f}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

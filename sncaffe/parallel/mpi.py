@@ -103,10 +103,10 @@ def _abort(comm, prog, text):
     comm.Abort(1)
 
 
-def allreduce_max(comm, flags: np.ndarray) -> None:
-    """``flags`` (int32) becomes its maximum over the ranks, in place."""
+def allreduce_max(comm, flags: np.ndarray, hurry=None) -> None:
+    """``flags`` (int32) becomes its maximum over the ranks, in place (``hurry``: see wait_polling)."""
     MPI = import_mpi()
-    wait_polling(comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+    wait_polling(comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX), hurry=hurry)
 
 
 def wait_polling(request, spins=POLL_SPINS, longest=POLL_LONGEST, hurry=None) -> None:

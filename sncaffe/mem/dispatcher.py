@@ -37,12 +37,22 @@ the order of events rather than by time.
 """
 from __future__ import annotations
 
+import sys
 import time
+from bisect import bisect_left, bisect_right, insort
+from operator import itemgetter
 
 from ..trace import Span
 from .executor import SerialExecutor
 from .liveness import op_tensors
 from .streams import Event, Stream
+
+
+# While workers, a comm thread and the issuing thread share the GIL, a thread that wants it back
+# (a GEMM or an MPI test returned, an event fired) waits until the holder gives it up, at the
+# latest after the switch interval: Python's default 5 ms is a whole operator of a small net,
+# and an all-reduce's polls each pay it. A shorter one while operators run concurrently.
+SWITCH_INTERVAL = 2e-4
 
 
 class AllOf:
@@ -64,6 +74,21 @@ def _live(events):
     return [e for e in events if not e.query() or getattr(e, "error", None) is not None]
 
 
+_start = itemgetter(0)
+
+
+def _static(op):
+    """What the dispatcher needs of an operator each time it issues it, worked out once (the
+    issuing thread's Python time competes for the GIL with the workers'): its (id(root), write)
+    pairs, workspaces included; the ids of its roots; where it runs."""
+    cached = op.__dict__.get("_dispatch")
+    if cached is None:
+        rw = [(id(r), w) for r, w in op_tensors(op)]
+        rw += [(id(t.root), True) for t in op.writes if t.kind == "workspace"]
+        cached = op.__dict__["_dispatch"] = (rw, [id(r) for r, _ in op_tensors(op)], Dispatcher._where(op))
+    return cached
+
+
 class Dispatcher(SerialExecutor):
     KINDS = ("alloc", "free", "run", "offload", "prefetch", "drop", "snapshot", "restore", "collective")
 
@@ -74,7 +99,9 @@ class Dispatcher(SerialExecutor):
         self.threaded = (cpu and len(self.devices) > 1) if threaded is None else threaded
         self._writer = {}           # id(root) -> event of the last operator that wrote it
         self._readers = {}          # id(root) -> events of operators that read it since
-        self._freed = {}            # location -> [(start, end, events)]: blocks freed with work pending
+        self._freed = {}            # location -> [(start, end, events)] by start: blocks freed with work pending
+        self._prune_at = {}         # location -> length of _freed[location] that prunes it
+        self._longest = {}          # location -> the longest block in _freed[location]
         self._issued = []           # (event, timeout, on_timeout) of the current execute's operators
         self._dispatching = False   # inside a threaded execute: operators go to the workers
         self._dirty = set()         # roots whose blobs are bound again when execute returns
@@ -83,6 +110,7 @@ class Dispatcher(SerialExecutor):
         self._copies = {}           # id(event) -> event: the device's copy events (stream-side waits)
         self.record = None          # a list to append one dict per operator into (see the module's doc)
         self.pool_trace = None      # a list to append (location, time, bytes in use) into
+        self.waiting_for_collectives = False    # the issuing thread waits for collectives alone
 
     # -- streams ----------------------------------------------------------------------
     def stream(self, location, kind):
@@ -196,15 +224,23 @@ class Dispatcher(SerialExecutor):
         freed = self._freed.get(location)
         if not freed:
             return []
-        end, out, keep = off + max(nbytes, 1), [], []
-        for start, stop, events in freed:
-            live = _live(events)
-            if not live:
-                continue
-            keep.append((start, stop, live))
-            if start < end and off < stop:
-                out.extend(live)
-        freed[:] = keep
+        end, out = off + max(nbytes, 1), []
+        # the blocks overlapping [off, end) start in (off - longest, end): found by bisection, as
+        # the issuing thread runs a pass ahead of the workers and hundreds of blocks are pending
+        lo = bisect_right(freed, off - self._longest[location], key=_start)
+        hi = bisect_left(freed, end, key=_start)
+        keep = []
+        for entry in freed[lo:hi]:
+            start, stop, events = entry
+            if off < stop:
+                out.extend(_live(events))
+                if off <= start and stop <= end:
+                    continue        # the new tensor carries its events now (its writer waits for them)
+            keep.append(entry)
+        freed[lo:hi] = keep
+        if len(freed) > self._prune_at.get(location, 32):  # blocks whose work has all finished
+            freed[:] = [(a, b, live) for a, b, es in freed for live in (_live(es),) if live]  # protect nothing
+            self._prune_at[location] = max(32, 2 * len(freed))     # amortised: not every allocation
         return out
 
     def free(self, t):
@@ -220,7 +256,8 @@ class Dispatcher(SerialExecutor):
         off = self.offsets.pop(key)
         if pending:                 # the next tensor allocated over this block waits for them
             size = device.pool.size_of(off) if hasattr(device, "pool") else max(t.nbytes, 1)
-            self._freed.setdefault(t.location, []).append((off, off + size, pending))
+            insort(self._freed.setdefault(t.location, []), (off, off + size, pending), key=_start)
+            self._longest[t.location] = max(size, self._longest.get(t.location, 0))
         device.free(off)
         del self.arrays[key]
         self.transient.pop(key, None)
@@ -244,13 +281,20 @@ class Dispatcher(SerialExecutor):
     # -- instructions -----------------------------------------------------------------
     def execute(self, instrs):
         self._dispatching = self.threaded
+        concurrent = self.threaded or any(ins.kind == "collective" for ins in instrs)
+        switch = sys.getswitchinterval()
+        if concurrent:      # see SWITCH_INTERVAL
+            sys.setswitchinterval(min(switch, SWITCH_INTERVAL))
         try:
             for i, ins in enumerate(instrs):
                 if ins.kind not in self.KINDS:    # a newer planner's instruction: run it serially
                     self._drain()
                 self._apply(instrs, i)
         finally:
-            self._finish()
+            try:
+                self._finish()
+            finally:
+                sys.setswitchinterval(switch)
 
     def _drain(self):
         """Wait for every operator issued by this execute, collectives last (that wait is traced:
@@ -260,12 +304,14 @@ class Dispatcher(SerialExecutor):
         for event, timeout, on_timeout in sorted(issued, key=lambda x: x[2] is not None):
             if on_timeout is not None and t0 is None:
                 t0 = time.perf_counter()
+                self.waiting_for_collectives = True    # compute is done: they may poll without pause
             try:
                 event.wait(timeout)
             except TimeoutError:
                 error = error or (on_timeout() if on_timeout else TimeoutError("an operator did not finish"))
             except BaseException as exc:        # raised once all the work has stopped
                 error = error or exc
+        self.waiting_for_collectives = False
         if t0 is not None and self.trace is not None:
             self.trace.append(("compute", "wait for the all-reduce", t0, time.perf_counter()))
         if error is not None:
@@ -298,9 +344,7 @@ class Dispatcher(SerialExecutor):
     @staticmethod
     def _rw(op):
         """(id(root), write) for every tensor the operator touches, its workspaces included."""
-        rw = [(id(r), w) for r, w in op_tensors(op)]
-        rw += [(id(t.root), True) for t in op.writes if t.kind == "workspace"]
-        return rw
+        return _static(op)[0]
 
     def _run(self, ins):
         op = ins.op
@@ -311,7 +355,7 @@ class Dispatcher(SerialExecutor):
             names = node.workspace if op.kind == "forward" else node.backward_workspace
         ws = {k: self.arrays[id(t)] for k, t in names.items()}
         recompute, chunk, run_op = ins.recompute, ins.chunk, self.run_op
-        location, kind, nbytes = self._where(op)
+        rw, keys, (location, kind, nbytes) = _static(op)
         waited = set()
         if not self._dispatching:       # the copies it depends on, waited for on its device
             for r, write in op_tensors(op):
@@ -319,8 +363,8 @@ class Dispatcher(SerialExecutor):
                     if event is not None:
                         self._stream_wait(location, event)
                         waited.add(id(event))
-        bindings = [(self.binders[id(r)], self._array(id(r))) for r, _ in op_tensors(op)
-                    if id(r) in self.binders] if self._dispatching else ()
+        binders = self.binders
+        bindings = [(binders[k], self._array(k)) for k in keys if k in binders] if self._dispatching else ()
 
         def work():
             for binds, arr in bindings:
@@ -328,7 +372,7 @@ class Dispatcher(SerialExecutor):
                     bind(arr)
             run_op(op, recompute, ws, chunk)
         name = op.name + (" (recompute)" if recompute else "")
-        self.issue(location, kind, name, self._rw(op), work, nbytes, waited=waited)
+        self.issue(location, kind, name, rw, work, nbytes, waited=waited)
 
     @staticmethod
     def _where(op):
@@ -465,5 +509,10 @@ class Dispatcher(SerialExecutor):
 
 
 def _is_cpu(device) -> bool:
-    from ..backend.cpu import CPUDevice
-    return isinstance(device, CPUDevice)
+    global _CPUDevice
+    if _CPUDevice is None:
+        from ..backend.cpu import CPUDevice as _CPUDevice
+    return isinstance(device, _CPUDevice)
+
+
+_CPUDevice = None

@@ -12,24 +12,36 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 
 
 class Event:
+    """Fires once. A lock held until then: creating, setting and querying one cost a few
+    hundred nanoseconds (``threading.Event`` builds a Condition per event, and the dispatcher
+    makes one per operator: that Python time competes for the GIL with the workers)."""
+    __slots__ = ("_lock", "done", "error", "start", "end")
+
     def __init__(self):
-        self._done = threading.Event()
+        self._lock = _allocate_lock()
+        self._lock.acquire()
+        self.done = False
         self.error = None
         self.start = self.end = None       # perf_counter seconds, for traces
 
     def set(self):
-        self._done.set()
+        if not self.done:
+            self.done = True
+            self._lock.release()
 
     def query(self) -> bool:
-        return self._done.is_set()
+        return self.done
 
     def wait(self, timeout=None):
         """Block until the work is done (``TimeoutError`` after ``timeout`` seconds); raise its error."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"not done within {timeout:g} s")
+        if not self.done:
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"not done within {timeout:g} s")
+            self._lock.release()            # the next waiter passes too
         if self.error is not None:
             raise self.error
 
@@ -37,29 +49,30 @@ class Event:
 class Stream:
     def __init__(self, name: str):
         self.name = name
-        self._queue: queue.Queue = queue.Queue()
+        self._queue = queue.SimpleQueue()   # C: no Condition per put and get
         self._thread = threading.Thread(target=self._work, name=f"sncaffe-{name}", daemon=True)
         self._thread.start()
         self._last = None
 
     def _work(self):
+        get, clock = self._queue.get, time.perf_counter
         while True:
-            fn, event, after = self._queue.get()
+            fn, event, after = get()
             try:
                 for e in after:
                     e.wait()
-                event.start = time.perf_counter()
+                event.start = clock()
                 fn()
             except BaseException as e:     # handed to whoever waits on the event
                 event.error = e
-            event.end = time.perf_counter()
+            event.end = clock()
             event.set()
 
     def submit(self, fn, after=()) -> Event:
         """Run ``fn`` after the work before it on this stream and the events ``after``;
         ``event.start`` is when ``fn`` began (after the waits)."""
         event = Event()
-        self._queue.put((fn, event, tuple(after)))
+        self._queue.put((fn, event, after))
         self._last = event
         return event
 

@@ -117,6 +117,8 @@ class DataParallel:
         self._shard()
         self.buckets = make_buckets(self.net, bucket_bytes)
         self.reducer = reducer or make_reducer(comm, solver.device)
+        if hasattr(self.reducer, "hurry"):      # polls without pause once backward is done
+            self.reducer.hurry = lambda: getattr(self.net.executor, "waiting_for_collectives", False)
         for b in self.buckets:
             self.reducer.allocate(b)
         self.ops = [AllReduce(self, b) for b in self.buckets]
@@ -193,7 +195,8 @@ class DataParallel:
     def agree(self, stop: bool, snapshot: bool):
         """Stop and snapshot requests of any rank, on every rank (after an iteration)."""
         flags = np.array([stop, snapshot], np.int32)
-        event = self.stream.submit(lambda: allreduce_max(self.comm, flags))
+        # the caller waits for nothing else: tested without sleeping (every iteration pays its latency)
+        event = self.stream.submit(lambda: allreduce_max(self.comm, flags, hurry=lambda: True))
         try:
             event.wait(self.timeout)
         except TimeoutError:

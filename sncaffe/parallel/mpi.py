@@ -103,23 +103,27 @@ def _abort(comm, prog, text):
     comm.Abort(1)
 
 
-def allreduce_max(comm, flags: np.ndarray) -> None:
-    """``flags`` (int32) becomes its maximum over the ranks, in place."""
+def allreduce_max(comm, flags: np.ndarray, hurry=None) -> None:
+    """``flags`` (int32) becomes its maximum over the ranks, in place (``hurry``: see wait_polling)."""
     MPI = import_mpi()
-    wait_polling(comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+    wait_polling(comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX), hurry=hurry)
 
 
-def wait_polling(request, spins=POLL_SPINS, longest=POLL_LONGEST) -> None:
+def wait_polling(request, spins=POLL_SPINS, longest=POLL_LONGEST, hurry=None) -> None:
     """Wait for a non-blocking MPI request, sleeping between tests once it takes a while.
 
     A blocking MPI call busy-waits: on the comm thread it would take a core
     from this rank's backward (and the other ranks') while the slowest rank
     catches up. Testing with growing sleeps leaves the core to the
     computation, at the price of up to ``longest`` seconds of latency.
+    ``hurry()`` true: this rank computes nothing more until the request is
+    done (its update waits for it), so it is tested without sleeping.
     """
     delay = 0.0
     while not request.Test():
-        time.sleep(delay)               # 0 at first: only lets the other threads run
+        if hurry is not None and hurry():
+            delay = 0.0
+        time.sleep(delay)               # 0: only lets the other threads run
         spins -= 1
         if spins < 0:
             delay = min(max(2 * delay, 1e-5), longest)
@@ -134,6 +138,7 @@ class MPIReducer:
         self.comm, self.device = comm, device
         self.size = comm.Get_size()
         self._blocks = []
+        self.hurry = None       # () -> bool: nothing is left to compute before the update (wait_polling)
 
     def allocate(self, bucket) -> None:
         off, raw = self.device.host_alloc(max(bucket.nbytes, 1), f"all-reduce {bucket.name}")
@@ -158,7 +163,7 @@ class MPIReducer:
                 np.copyto(view, a)
             else:
                 a.get(out=view)                 # a CuPy array: device to host
-        wait_polling(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM))
+        wait_polling(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), hurry=self.hurry)
         buf *= bucket.dtype.type(1.0 / self.size)
         for s, a in zip(bucket.slots, arrays):
             view = buf[s.offset:s.offset + s.size].reshape(s.shape)

@@ -15,9 +15,17 @@ of one location at the summed batch: the same batch sums in the same order,
 the same mean, variance and running statistics on every replica.
 
 Forward: 2 exchanges per layer (the mean is needed before the squares are
-summed: the two-pass variance one location computes), backward: 1. Needs the
-dispatcher's workers (several CPU locations): a replica's next stage waits
-for an exchange that is issued with the last replica's operator.
+summed: the two-pass variance one location computes), backward: 1. In one
+process it needs the dispatcher's workers (several CPU locations): a
+replica's next stage waits for an exchange that is issued with the last
+replica's operator.
+
+Over MPI ranks (``rank_batch_norms``, data_parallel.py) each rank has one
+replica and the exchange is an all-gather of the per-image sums on the comm
+stream (where the gradient all-reduces run, so every rank makes its MPI
+calls in the same order), added in rank order: a rank's shard is the
+rank-th part of the global batch, so N ranks at B compute the batch
+statistics of one process at N*B to the bit.
 """
 from __future__ import annotations
 
@@ -44,13 +52,14 @@ class CrossReplicaBatchNorm:
     """The replicas (``nodes``, in location order) of one training BatchNorm layer, reducing their
     batch statistics together (see the module's doc)."""
 
-    def __init__(self, name, nodes):
+    def __init__(self, name, nodes, gather=None, ranks=1):
         self.name, self.nodes = name, list(nodes)
         self.layers = [n.layer for n in self.nodes]
+        self.gather = gather        # over processes: this rank's per-image sums -> every rank's, in rank order
         first = self.layers[0]
         if any(layer.use_global_stats for layer in self.layers):
             raise ValueError(f"{name}: a BatchNorm with global statistics has no batch to reduce")
-        count = sum(layer.view[0] for layer in self.layers) * first.view[2]
+        count = sum(layer.view[0] for layer in self.layers) * first.view[2] * ranks
         dtype = first.blobs[0].data.dtype
         self.totals = np.zeros((2, first.view[1]), dtype)      # the reduced sums (C,) of this exchange
         self.location = first.param.location                  # exchanges on its comm stream
@@ -93,14 +102,15 @@ class CrossReplicaBatchNorm:
 
     def _exchange(self, kind, k):
         """The exchange after stage k: every replica's per-image sums added in image order."""
-        layers, totals = self.layers, self.totals
+        layers, totals, gather = self.layers, self.totals, self.gather
+
+        def reduce(j):
+            partials = [layer.scratch["partials"][j] for layer in layers]
+            sum_over_images([gather(partials[0])] if gather else partials, totals[j])
 
         def run():
-            if kind == "forward":
-                sum_over_images([layer.scratch["partials"][k] for layer in layers], totals[k])
-            else:
-                for j in range(2):
-                    sum_over_images([layer.scratch["partials"][j] for layer in layers], totals[j])
+            for j in ((k,) if kind == "forward" else (0, 1)):
+                reduce(j)
         return run
 
     def _stage(self, i, kind, k):
@@ -125,3 +135,18 @@ def cross_replica_batch_norms(net, groups, locations) -> list:
             return []
         out.append(CrossReplicaBatchNorm(base, nodes))
     return out
+
+
+def rank_batch_norms(net, comm) -> list:
+    """One ``CrossReplicaBatchNorm`` for each training BatchNorm of this rank's ``net``: the batch
+    statistics of all ranks (an MPI all-gather of the per-image sums, in rank order)."""
+    size = comm.Get_size()
+
+    def gather(local):
+        local = np.ascontiguousarray(local)
+        out = np.empty((size * local.shape[0],) + local.shape[1:], local.dtype)
+        comm.Allgather(local, out)
+        return out
+    return [CrossReplicaBatchNorm(node.name, [node], gather, size) for node in net.graph.layers
+            if node.type == "BatchNorm" and not node.layer.use_global_stats
+            and "partials" in node.layer.scratch_specs]

@@ -335,11 +335,15 @@ class Dispatcher(SerialExecutor):
         self.issue(location, kind, name, self._rw(op), work, nbytes, waited=waited)
 
     def _parts(self, op, parts, location, kind, name, work, bindings, ws, nbytes, waited):
-        """An operator its layer splits into parts (mem/parts.py), each issued as an operator."""
+        """An operator its layer splits into parts (mem/parts.py), each issued as an operator: the
+        operator's own work (``fn`` None), its layer's later stages (bound, with its workspace, as
+        the operator), exchanges (on another stream, waiting only for ``after``)."""
         rw, layer = self._rw(op), op.node.layer
         for part in parts:
-            fn = work
-            if part.fn is not None and part.touches:        # bound and with its workspace, as the operator
+            fn, stream = part.fn, part.stream
+            if fn is None:
+                fn, stream = work, kind
+            elif part.touches:
                 def fn(f=part.fn):
                     for binds, arr in bindings:
                         for bind in binds:
@@ -349,11 +353,9 @@ class Dispatcher(SerialExecutor):
                         f()
                     finally:
                         layer.workspace = {}
-            elif part.fn is not None:
-                fn = part.fn
-            event = self.issue(part.location or location, part.stream, part.name or name,
-                               rw if part.touches else [], fn, nbytes if part.fn is None else None,
-                               asynchronous=part.stream == "comm", waited=waited, after=part.after)
+            event = self.issue(part.location or location, stream, part.name or name, rw if part.touches else [],
+                               fn, nbytes if part.fn is None else None, asynchronous=stream == "comm",
+                               waited=waited, after=part.after)
             if part.issued is not None:
                 part.issued(event)
 

@@ -354,7 +354,7 @@ class Dispatcher(SerialExecutor):
                     finally:
                         layer.workspace = {}
             event = self.issue(part.location or location, stream, part.name or name, rw if part.touches else [],
-                               fn, nbytes if part.fn is None else None, asynchronous=stream == "comm",
+                               fn, nbytes if part.fn is None else None, asynchronous=not part.touches,
                                waited=waited, after=part.after)
             if part.issued is not None:
                 part.issued(event)

@@ -21,10 +21,11 @@ BIND_TIMEOUT = 600.0        # seconds a part waits for an operator that is never
 class Part:
     name: str | None = None         # None: the operator's own name
     fn: object = None               # None: the operator itself (its layer's forward or backward)
-    stream: str = "compute"         # (the operator itself: its own); on "comm" asynchronously, always
+    stream: str = "compute"         # (the operator itself: its own)
     location: str | None = None     # None: the operator's
     after: object = ()              # events it waits for besides its tensors' (read when it is issued)
-    touches: bool = True            # the operator's tensors: bound before fn, their events its own
+    touches: bool = True            # the operator's tensors: bound before fn, their events its own;
+    #                                 False: asynchronous, even where the operators run on the calling thread
     issued: object = None           # callable(event), once it is issued
 
 

@@ -7,8 +7,9 @@ of its squares; variance and normalization. Backward: per-image sums of dy
 and dy * x_norm; dx. Between two stages the per-image sums are added image
 after image. ``CrossReplicaBatchNorm`` splits each replica's forward and
 backward operator at those points (``split_op``, mem/parts.py): after the
-last replica's stage, an exchange operator on the comm stream of the first
-location adds every replica's per-image sums in location order, which is
+last replica's stage, an exchange operator on the ``exchange`` stream of the
+first location (its own worker: never queued behind a gradient sum on
+``comm``) adds every replica's per-image sums in location order, which is
 image order (``replicate`` cuts the batch in location order), and the next
 stage of every replica waits for its event. So the replicas compute the bits
 of one location at the summed batch: the same batch sums in the same order,
@@ -52,8 +53,8 @@ class CrossReplicaBatchNorm:
     """The replicas (``nodes``, in location order) of one training BatchNorm layer, reducing their
     batch statistics together (see the module's doc)."""
 
-    def __init__(self, name, nodes, gather=None, ranks=1):
-        self.name, self.nodes = name, list(nodes)
+    def __init__(self, name, nodes, gather=None, ranks=1, stream="exchange"):
+        self.name, self.nodes, self.stream = name, list(nodes), stream
         self.layers = [n.layer for n in self.nodes]
         self.gather = gather        # over processes: this rank's per-image sums -> every rank's, in rank order
         first = self.layers[0]
@@ -62,7 +63,7 @@ class CrossReplicaBatchNorm:
         count = sum(layer.view[0] for layer in self.layers) * first.view[2] * ranks
         dtype = first.blobs[0].data.dtype
         self.totals = np.zeros((2, first.view[1]), dtype)      # the reduced sums (C,) of this exchange
-        self.location = first.param.location                  # exchanges on its comm stream
+        self.location = first.param.location                  # exchanges on its stream ``stream``
         self._passes = {}
         for i, layer in enumerate(self.layers):
             layer.count = count                     # the replicas' batch: its mean and unbiased variance
@@ -93,8 +94,8 @@ class CrossReplicaBatchNorm:
         parts = [Part(issued=p.done[0].append)]
         for k in range(1, len(stages)):
             if last:
-                parts.append(Part(f"sum {self.name}'s {SUMMED[kind][k - 1]}", self._exchange(kind, k - 1),
-                                  stream="comm", location=self.location, touches=False, after=p.done[k - 1],
+                parts.append(Part(f"exchange {self.name}'s {SUMMED[kind][k - 1]}", self._exchange(kind, k - 1),
+                                  stream=self.stream, location=self.location, touches=False, after=p.done[k - 1],
                                   issued=p.exchanged[k - 1].bind))
             parts.append(Part(f"{node.name}:{kind} {stages[k]}", self._stage(i, kind, k),
                               after=[p.exchanged[k - 1]], issued=p.done[k].append))
@@ -147,6 +148,6 @@ def rank_batch_norms(net, comm) -> list:
         out = np.empty((size * local.shape[0],) + local.shape[1:], local.dtype)
         comm.Allgather(local, out)
         return out
-    return [CrossReplicaBatchNorm(node.name, [node], gather, size) for node in net.graph.layers
+    return [CrossReplicaBatchNorm(node.name, [node], gather, size, "comm") for node in net.graph.layers
             if node.type == "BatchNorm" and not node.layer.use_global_stats
             and "partials" in node.layer.scratch_specs]

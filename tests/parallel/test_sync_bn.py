@@ -164,7 +164,7 @@ def test_replicas_with_batch_norm_train_as_one_location(iter_size):
 
 
 def test_the_exchanges_are_operators_in_the_dispatchers_record():
-    """Each BatchNorm's exchanges run on cpu:0's comm stream, two in forward, one in backward; every
+    """Each BatchNorm's exchanges run on cpu:0's exchange stream, two in forward, one in backward; every
     replica's next stage runs on its own location after the exchange has finished."""
     two = make_solver(CONV, True, iters=1)
     reps = Replicas(two)
@@ -173,10 +173,10 @@ def test_the_exchanges_are_operators_in_the_dispatchers_record():
     reps.close()
     names = [r["name"] for r in record]
     for bn in BN_LAYERS:
-        exchanges = [r for r in record if r["name"].startswith(f"sum {bn}'s ")]
-        assert [r["name"] for r in exchanges] == [f"sum {bn}'s batch sums", f"sum {bn}'s batch squares",
-                                                 f"sum {bn}'s gradient sums"]
-        assert all((r["location"], r["stream"]) == ("cpu:0", "comm") for r in exchanges)
+        exchanges = [r for r in record if r["name"].startswith(f"exchange {bn}'s ")]
+        assert [r["name"] for r in exchanges] == [f"exchange {bn}'s batch sums", f"exchange {bn}'s batch squares",
+                                                 f"exchange {bn}'s gradient sums"]
+        assert all((r["location"], r["stream"]) == ("cpu:0", "exchange") for r in exchanges)
         for loc in LOCATIONS:
             before = [f"{bn}@{loc}:forward", f"{bn}@{loc}:forward center", f"{bn}@{loc}:backward"]
             after = [f"{bn}@{loc}:forward center", f"{bn}@{loc}:forward normalize", f"{bn}@{loc}:backward grad input"]
@@ -188,7 +188,7 @@ def test_the_exchanges_are_operators_in_the_dispatchers_record():
     # taken out again: the operators are whole
     record.clear()
     two.net.forward()
-    assert not any(r["name"].startswith("sum bn") for r in record)
+    assert not any(r["name"].startswith("exchange ") for r in record)
 
 
 # -- over MPI ranks: 2 ranks at B are one rank at 2B ----------------------------------------

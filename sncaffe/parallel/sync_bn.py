@@ -46,7 +46,7 @@ class _Pass:
         n = len(STAGES[kind])
         self.done = [[] for _ in range(n)]          # stage k's events, replicas in issue order
         self.exchanged = [Later(f"the exchange of {name}'s {what}") for what in SUMMED[kind]]
-        self.issued = 0                             # replicas whose operator is issued
+        self.issued = set()                         # replicas whose operator is issued
 
 
 class CrossReplicaBatchNorm:
@@ -83,10 +83,10 @@ class CrossReplicaBatchNorm:
         if recompute or kind not in STAGES or (kind == "backward" and not node.propagate_down[0]):
             return None         # a replay uses the kept statistics; no dx wanted: nothing to reduce
         p = self._passes.get(kind)
-        if p is None:
+        if p is None or i in p.issued:          # (a replica again: the last pass was cut short by an error)
             p = self._passes[kind] = _Pass(kind, self.name)
-        p.issued += 1
-        last = p.issued == len(self.nodes)
+        p.issued.add(i)
+        last = len(p.issued) == len(self.nodes)
         if last:
             del self._passes[kind]              # the next pass starts afresh
         node.layer.first_stage = True           # its forward (backward) runs the first stage only
@@ -105,13 +105,16 @@ class CrossReplicaBatchNorm:
         """The exchange after stage k: every replica's per-image sums added in image order."""
         layers, totals, gather = self.layers, self.totals, self.gather
 
-        def reduce(j):
-            partials = [layer.scratch["partials"][j] for layer in layers]
-            sum_over_images([gather(partials[0])] if gather else partials, totals[j])
+        rows = (k,) if kind == "forward" else (0, 1)        # forward: one sum; backward: both at once
 
         def run():
-            for j in ((k,) if kind == "forward" else (0, 1)):
-                reduce(j)
+            if gather is None:
+                for j in rows:
+                    sum_over_images([layer.scratch["partials"][j] for layer in layers], totals[j])
+                return
+            every = gather(layers[0].scratch["partials"][rows[0]:rows[-1] + 1])     # (ranks, rows, N, C)
+            for r, j in enumerate(rows):
+                sum_over_images(every[:, r], totals[j])
         return run
 
     def _stage(self, i, kind, k):
@@ -145,7 +148,7 @@ def rank_batch_norms(net, comm) -> list:
 
     def gather(local):
         local = np.ascontiguousarray(local)
-        out = np.empty((size * local.shape[0],) + local.shape[1:], local.dtype)
+        out = np.empty((size,) + local.shape, local.dtype)
         comm.Allgather(local, out)
         return out
     return [CrossReplicaBatchNorm(node.name, [node], gather, size, "comm") for node in net.graph.layers

@@ -11,9 +11,10 @@ the same synthetic batches, the same starting weights):
 - ``per-replica``: the same with each replica's BatchNorm on its own B
   images (the exchange taken out): what the exchange removes.
 
-It prints, after ``--iters`` iterations, the largest absolute and relative
-difference from ``one`` of the learned parameters, of the BatchNorm blobs
-(running mean and variance sums) and of the solver history, the largest
+It prints, after ``--iters`` iterations, the largest absolute difference
+from ``one`` and the relative one (norm of the differences over the norm of
+the values) of the learned parameters, of the BatchNorm blobs (running mean
+and variance sums) and of the solver history, the largest
 difference between the two replicas (0: they stay equal to the bit) and the
 losses. ``--lr 0`` keeps the weights fixed: then only BatchNorm's statistics
 move, and what differs is what rounding reaches BatchNorm's inputs
@@ -46,6 +47,13 @@ def worker(args):
     from sncaffe.prototxt import read_text, set_batch
     from sncaffe.solvers import Solver
     param = set_batch(read_text(ROOT / "prototxt" / FILES[args.net], pb.NetParameter()), 2 * args.batch)
+    if args.hw:                 # smaller images: the final 7x7 average pooling made global
+        for layer in param.layer:
+            if layer.type == "Input":
+                layer.input_param.shape[0].dim[2] = layer.input_param.shape[0].dim[3] = args.hw
+            elif layer.type == "Pooling" and layer.pooling_param.pool == pb.PoolingParameter.AVE:
+                layer.pooling_param.ClearField("kernel_size")
+                layer.pooling_param.global_pooling = True
     p = pb.SolverParameter(base_lr=args.lr, momentum=0.9, weight_decay=1e-4, lr_policy="fixed",
                            max_iter=args.iters, random_seed=7, snapshot_after_train=False, display=1)
     p.memory_param.mode = args.memory
@@ -81,19 +89,25 @@ def worker(args):
 
 
 def compare(one, other):
-    """{kind: (max abs, max rel)}; rel: a tensor's largest difference over its largest magnitude."""
-    out, between = {}, 0.0
+    """{kind: (max abs, rel)}: the largest difference; the norm of all differences over the norm of
+    all values (a per-tensor ratio is noise for a tensor that stays near 0, as a convolution's
+    bias before BatchNorm, whose gradient is rounding). The replicas' largest difference; the
+    three tensors with the largest per-tensor ratio."""
+    out, between, worst, sq = {}, 0.0, [], {}
     for key, ref in one.items():
         kind = key.split()[0] if " " in key else "param"
         name = key.partition("[")[0]        # "conv1", "bn conv1/bn", "history conv1"
         a = other[key.replace(name, f"{name}@cpu:0", 1)]
         b = other[key.replace(name, f"{name}@cpu:1", 1)]
         between = max(between, float(np.abs(a - b).max()))
-        diff = float(np.abs(a - ref).max())
-        rel = diff / max(float(np.abs(ref).max()), 1e-30)
-        d, r = out.get(kind, (0.0, 0.0))
-        out[kind] = (max(d, diff), max(r, rel))
-    return out, between
+        d = np.abs(a.astype(np.float64) - ref)
+        diff = float(d.max())
+        worst.append((diff / max(float(np.abs(ref).max()), 1e-30), key))
+        num, den, m = sq.get(kind, (0.0, 0.0, 0.0))
+        sq[kind] = (num + float(np.sum(d * d)), den + float(np.sum(np.square(ref, dtype=np.float64))), max(m, diff))
+    for kind, (num, den, m) in sq.items():
+        out[kind] = (m, (num / den) ** 0.5 if den else 0.0)
+    return out, between, sorted(worst, reverse=True)[:3]
 
 
 def main():
@@ -104,6 +118,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--memory", default="liveness", help="memory mode of every configuration")
+    ap.add_argument("--hw", type=int, help="ResNet-50's image size (default 224)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="name the tensors that differ most")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--net", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
@@ -116,6 +132,7 @@ def main():
           f"lr {args.lr}, {args.dtype}, memory {args.memory}; load {os.getloadavg()[0]:.1f}")
     print(f"{'net':14} {'config':12} {'s/iter':>7} {'param abs':>10} {'param rel':>10} {'bn abs':>10} "
           f"{'bn rel':>10} {'hist abs':>10} {'hist rel':>10} {'replicas':>9}  losses")
+    print("(abs: largest difference from one; rel: norm of the differences over the norm of one's values)")
     with tempfile.TemporaryDirectory() as tmp:
         for net in args.nets:
             runs = {}
@@ -123,7 +140,7 @@ def main():
                 out = Path(tmp) / f"{net}-{config}.npz"
                 cmd = [sys.executable, __file__, "--worker", "--net", net, "--config", config, "--out", str(out),
                        "--batch", str(args.batch), "--iters", str(args.iters), "--lr", str(args.lr),
-                       "--dtype", args.dtype, "--memory", args.memory]
+                       "--dtype", args.dtype, "--memory", args.memory] + (["--hw", str(args.hw)] if args.hw else [])
                 res = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if res.returncode:
                     sys.exit(f"{net} {config} failed:\n{res.stderr[-3000:]}")
@@ -135,10 +152,12 @@ def main():
                 if config == "one":
                     print(f"{net:14} {config:12} {info['seconds']:7.2f} {'':>65}  {losses}")
                     continue
-                diffs, between = compare(ref, arrays)
+                diffs, between, worst = compare(ref, arrays)
                 cells = " ".join(f"{diffs.get(k, (0, 0))[0]:10.2e} {diffs.get(k, (0, 0))[1]:10.2e}"
                                  for k in ("param", "bn", "history"))
                 print(f"{net:14} {config:12} {info['seconds']:7.2f} {cells} {between:9.1e}  {losses}")
+                if args.verbose:
+                    print("    largest relative differences: " + ", ".join(f"{k} {r:.1e}" for r, k in worst))
 
 
 if __name__ == "__main__":

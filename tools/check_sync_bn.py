@@ -17,9 +17,13 @@ the values) of the learned parameters, of the BatchNorm blobs (running mean
 and variance sums) and of the solver history, the largest
 difference between the two replicas (0: they stay equal to the bit) and the
 losses. ``--lr 0`` keeps the weights fixed: then only BatchNorm's statistics
-move, and what differs is what rounding reaches BatchNorm's inputs
-(a convolution's GEMM rounds an image's outputs by where the image sits in
-the batch), not BatchNorm's own arithmetic.
+move, and what differs is what rounding reaches BatchNorm's inputs (a
+convolution's GEMM may round an image's outputs by where the image sits in
+the batch), not BatchNorm's own arithmetic. With learning, the replicas sum
+each gradient in another order than one location, and a fresh ResNet
+amplifies that rounding from one iteration to the next (``--dtype float64``
+shows the same pattern some 1e9 times smaller), while per-replica statistics
+differ at the level of the statistics themselves.
 """
 from __future__ import annotations
 

@@ -51,5 +51,3 @@ class Later:
         if not self._bound.wait(BIND_TIMEOUT if timeout is None else timeout):
             raise TimeoutError(f"{self.what} was never issued (an error before it?)")
         self.event.wait(timeout)
-
-    start = end = None

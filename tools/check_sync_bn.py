@@ -22,8 +22,8 @@ convolution's GEMM may round an image's outputs by where the image sits in
 the batch), not BatchNorm's own arithmetic. With learning, the replicas sum
 each gradient in another order than one location, and a fresh ResNet
 amplifies that rounding from one iteration to the next (``--dtype float64``
-shows the same pattern some 1e9 times smaller), while per-replica statistics
-differ at the level of the statistics themselves.
+shows the same growth from a far smaller start), while per-replica
+statistics differ at the level of the statistics themselves.
 """
 from __future__ import annotations
 

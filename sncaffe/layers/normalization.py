@@ -99,6 +99,21 @@ class LRN(Layer):
         dx += inner
 
 
+def sum_over_images(partials, out):
+    """out = the rows of ``partials`` (per-image sums, a sequence of (N_i, C) arrays in image order)
+    added one image after another. One location and the replicas of a data-parallel net reduce
+    in this same order, so both get the same bits (cross-replica BatchNorm, parallel/sync_bn.py)."""
+    first = True
+    for part in partials:
+        for row in part:
+            if first:
+                out[...] = row
+                first = False
+            else:
+                out += row
+    return out
+
+
 @register
 class BatchNorm(Layer):
     """Caffe's BatchNorm: y = (x - mean) / sqrt(var + eps) per channel (axis 1).
@@ -116,6 +131,13 @@ class BatchNorm(Layer):
     - With global stats, mean = mean_sum/factor and var = var_sum/factor
       (0 when factor is 0, as in Caffe).
 
+    On the CPU every reduction over the batch is per-image sums (``partials``)
+    added image after image (``sum_over_images``), in three stages: ``sums``,
+    ``center`` (after the sum: mean, x - mean, per-image squares) and
+    ``normalize`` (after that sum). The replicas of a data-parallel net run
+    the same stages and reduce their partials over all replicas in between
+    (``sync``: parallel/sync_bn.py), so they compute one location's bits.
+
     Runs in place: backward reads only the top diff and scratch (``x_norm``,
     ``std``), never bottom or top data.
     """
@@ -123,6 +145,8 @@ class BatchNorm(Layer):
     exact_bottoms = exact_tops = 1
     learnable = False
     backward_needs = ()
+    sync = None             # the cross-replica group reducing the batch sums (parallel/sync_bn.py)
+    first_stage = False     # set by ``sync`` for one call: forward/backward run their first stage only
 
     def setup(self, bottom_shapes):
         bp = self.param.batch_norm_param
@@ -135,6 +159,7 @@ class BatchNorm(Layer):
         self.maf, self.eps = bp.moving_average_fraction, bp.eps
         C = shape[1] if len(shape) > 1 else 1
         self.view = (shape[0], C, count(shape, 2))      # (num, channels, spatial)
+        self.count = self.view[0] * self.view[2]        # values per channel in the batch (all replicas': sync)
         self.param_shapes = [(C,), (C,), (1,)]
         self.scratch_specs = {"std": ((C,), None)}
         if not self.use_global_stats:
@@ -142,6 +167,8 @@ class BatchNorm(Layer):
             self.scratch_specs["mean"] = ((C,), None)    # kept, with std, so a replay is one pass
             if not is_gpu(self.target):           # the GPU kernels need no temp
                 self.workspace_specs = {"temp": (shape, None)}
+                # per-image sums: [0] of x (of dy in backward), [1] of (x - mean)^2 (of dy * x_norm)
+                self.scratch_specs["partials"] = ((2, shape[0], C), None)
         return [shape]
 
     def init_params(self, rng):
@@ -164,29 +191,46 @@ class BatchNorm(Layer):
         if xp is not np:
             return normalization_gpu.batch_norm_forward(self, x, y, update_stats)
         std = self.scratch["std"]
-        if self.use_global_stats:
-            factor = self.blobs[2].data
-            inv_factor = (factor != 0) / xp.where(factor == 0, 1, factor)   # no host sync
-            xp.subtract(x, (self.blobs[0].data * inv_factor)[:, None], out=y)
-            xp.multiply(self.blobs[1].data, inv_factor, out=std)
-        else:
-            # x_norm = (x - mean) / std, then y = x_norm; the sums are SIMD einsum reductions
-            # (one read each, no squared temporary), as exact as NumPy's pairwise sums here
-            m = self.view[0] * self.view[2]
-            mean = self.scratch["mean"]
-            xp.divide(np.einsum("ncs->c", x), m, out=mean)
-            x_norm = self.scratch["x_norm"].reshape(self.view)
-            xp.subtract(x, mean[:, None], out=x_norm)
-            xp.divide(np.einsum("ncs,ncs->c", x_norm, x_norm), m, out=std)      # the biased variance
-            if update_stats:
-                self._update_stats(mean, std, m)
+        if not self.use_global_stats:
+            partials = self.scratch["partials"]
+            self.sums(bottom)
+            if self.first_stage:        # the sums are reduced over the replicas before the next stage
+                self.first_stage = False
+                return
+            self.center(bottom, sum_over_images([partials[0]], self.scratch["mean"]))
+            self.normalize(top, sum_over_images([partials[1]], std), update_stats)
+            return
+        factor = self.blobs[2].data
+        inv_factor = (factor != 0) / xp.where(factor == 0, 1, factor)   # no host sync
+        xp.subtract(x, (self.blobs[0].data * inv_factor)[:, None], out=y)
+        xp.multiply(self.blobs[1].data, inv_factor, out=std)
         std += self.eps
         xp.sqrt(std, out=std)
-        if self.use_global_stats:
-            y /= std[:, None]
-        else:
-            x_norm /= std[:, None]
-            y[...] = x_norm
+        y /= std[:, None]
+
+    # -- the stages of a training forward on the CPU (see the class's doc) --------------
+    def sums(self, bottom):
+        """partials[0] = each image's sum of x per channel."""
+        np.add.reduce(bottom[0].data.reshape(self.view), axis=2, out=self.scratch["partials"][0])
+
+    def center(self, bottom, total):
+        """mean = total / m; x_norm = x - mean; partials[1] = each image's sum of x_norm^2."""
+        x, x_norm = bottom[0].data.reshape(self.view), self.scratch["x_norm"].reshape(self.view)
+        mean = self.scratch["mean"]
+        np.divide(total, self.count, out=mean)
+        np.subtract(x, mean[:, None], out=x_norm)
+        np.einsum("ncs,ncs->nc", x_norm, x_norm, out=self.scratch["partials"][1])
+
+    def normalize(self, top, total, update_stats=True):
+        """var = total / m (biased); the running sums move; y = x_norm = x_norm / sqrt(var + eps)."""
+        std, x_norm = self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
+        np.divide(total, self.count, out=std)
+        if update_stats:
+            self._update_stats(self.scratch["mean"], std, self.count)
+        std += self.eps
+        np.sqrt(std, out=std)
+        x_norm /= std[:, None]
+        top[0].data.reshape(self.view)[...] = x_norm
 
     def _update_stats(self, mean, var, m):
         mean_sum, var_sum, factor = (b.data for b in self.blobs)
@@ -205,15 +249,32 @@ class BatchNorm(Layer):
         xp = array_module(dy)
         if xp is not np:
             return normalization_gpu.batch_norm_backward(self, dy, dx)
-        std = self.scratch["std"][:, None]
         if self.use_global_stats:
-            xp.divide(dy, std, out=dx)
+            xp.divide(dy, self.scratch["std"][:, None], out=dx)
             return
-        m = self.view[0] * self.view[2]
+        partials = self.scratch["partials"]
+        self.grad_sums(top)
+        if self.first_stage:            # the sums are reduced over the replicas before the next stage
+            self.first_stage = False
+            return
+        C = self.view[1]
+        totals = np.empty((2, C), partials.dtype)
+        self.grad_input(top, bottom, sum_over_images([partials[0]], totals[0]),
+                        sum_over_images([partials[1]], totals[1]))
+
+    # -- the stages of a training backward on the CPU --------------------------------
+    def grad_sums(self, top):
+        """partials = each image's sums of dy and of dy * x_norm per channel."""
+        dy, partials = top[0].diff.reshape(self.view), self.scratch["partials"]
+        np.add.reduce(dy, axis=2, out=partials[0])
+        np.einsum("ncs,ncs->nc", self.scratch["x_norm"].reshape(self.view), dy, out=partials[1])
+
+    def grad_input(self, top, bottom, sum_dy, sum_dy_xn):
+        """dx from the batch sums of dy and dy * x_norm."""
+        dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
-        mean_dy_xn = np.einsum("ncs,ncs->c", x_norm, dy) / m
-        mean_dy = np.einsum("ncs->c", dy) / m
-        xp.multiply(x_norm, mean_dy_xn[:, None], out=temp)
-        xp.subtract(dy, mean_dy[:, None], out=dx)       # dx may be dy itself (in place)
+        mean_dy_xn, mean_dy = sum_dy_xn / self.count, sum_dy / self.count
+        np.multiply(x_norm, mean_dy_xn[:, None], out=temp)
+        np.subtract(dy, mean_dy[:, None], out=dx)       # dx may be dy itself (in place)
         dx -= temp
-        dx /= std
+        dx /= self.scratch["std"][:, None]

@@ -151,14 +151,14 @@ class Dispatcher(SerialExecutor):
             self._wait(e)           # counts the waits that block (tools/bench_memory.py times them)
 
     def issue(self, location, kind, name, rw, fn, nbytes=None, asynchronous=False, timeout=None,
-              on_timeout=None, waited=()):
+              on_timeout=None, waited=(), after=()):
         """Run ``fn`` on the location's stream ``kind`` once the events of ``rw`` ((id(root), write)
         pairs) have fired; its event becomes those tensors' event. On the calling thread when not
         dispatching to workers, unless ``asynchronous`` (a collective). Returns the event.
         ``fn`` runs under its location's device (``device.active()``: that GPU current, its
         stream and cuDNN handle), on whichever thread runs it. ``waited``: events the caller has
-        already waited for on the device."""
-        deps = [d for d in self._deps(rw) if id(d) not in waited]
+        already waited for on the device; ``after``: more events to wait for (mem/parts.py)."""
+        deps = [d for d in self._deps(rw) if id(d) not in waited] + list(after)
         index, self._issue_index = self._issue_index, self._issue_index + 1
         device = self.devices[location]
         work = fn
@@ -372,7 +372,36 @@ class Dispatcher(SerialExecutor):
                     bind(arr)
             run_op(op, recompute, ws, chunk)
         name = op.name + (" (recompute)" if recompute else "")
+        split = getattr(getattr(node, "layer", None), "split_op", None)
+        parts = split(op.kind, recompute) if split is not None else None
+        if parts:
+            return self._parts(op, parts, location, kind, name, work, bindings, ws, nbytes, waited)
         self.issue(location, kind, name, rw, work, nbytes, waited=waited)
+
+    def _parts(self, op, parts, location, kind, name, work, bindings, ws, nbytes, waited):
+        """An operator its layer splits into parts (mem/parts.py), each issued as an operator: the
+        operator's own work (``fn`` None), its layer's later stages (bound, with its workspace, as
+        the operator), exchanges (on another stream, waiting only for ``after``)."""
+        rw, layer = self._rw(op), op.node.layer
+        for part in parts:
+            fn, stream = part.fn, part.stream
+            if fn is None:
+                fn, stream = work, kind
+            elif part.touches:
+                def fn(f=part.fn):
+                    for binds, arr in bindings:
+                        for bind in binds:
+                            bind(arr)
+                    layer.workspace = ws
+                    try:
+                        f()
+                    finally:
+                        layer.workspace = {}
+            event = self.issue(part.location or location, stream, part.name or name, rw if part.touches else [],
+                               fn, nbytes if part.fn is None else None, asynchronous=not part.touches,
+                               waited=waited, after=part.after)
+            if part.issued is not None:
+                part.issued(event)
 
     @staticmethod
     def _where(op):

@@ -16,6 +16,9 @@ set-up plus one graph pass:
   backward goes on; whatever touches the gradients next (an offload, the
   update at the end of the pass) waits for its event. With iter_size > 1 it
   all-reduces only in the last pass of an iteration;
+- a training BatchNorm normalizes with the statistics of the global batch:
+  the ranks all-gather their per-image sums on the comm stream
+  (``rank_batch_norms``, sync_bn.py), so its statistics are one process's;
 - only rank 0 tests and snapshots (``solver.is_root``); stop and snapshot
   requests (signals) are agreed by all ranks after each iteration
   (``solver.sync_requests``).
@@ -33,6 +36,7 @@ import numpy as np
 from ..mem.schedule import Instr
 from .buckets import BUCKET_BYTES, describe, make_buckets
 from .mpi import MPIReducer, allreduce_max
+from .sync_bn import rank_batch_norms
 
 log = logging.getLogger("sncaffe")
 TIMEOUT = 1800.0        # seconds a rank waits for the others in a collective before giving up
@@ -123,6 +127,7 @@ class DataParallel:
             self.reducer.allocate(b)
         self.ops = [AllReduce(self, b) for b in self.buckets]
         self.instructions = insert_allreduce(self.net.plan.schedule, self.ops)
+        self.batch_norms = rank_batch_norms(self.net, comm) if self.size > 1 else []
         location = self.ops[0].location if self.ops else ""
         self.stream = self.net.executor.stream(location, "comm")
         self._runs, self._seen, self._pass = [0] * len(self.buckets), 0, 0
@@ -210,4 +215,6 @@ class DataParallel:
         backward = self.net.plan.schedule.backward
         backward[:] = [ins for ins in backward if not any(ins is x for x in self.instructions)]
         self.solver.sync_requests = None
+        for group in self.batch_norms:
+            group.detach()
         self.reducer.close()

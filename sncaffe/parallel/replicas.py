@@ -20,9 +20,14 @@ replica, on the comm stream of the first location, while backward goes on.
 Each replica then applies the same update to the same weights, so they stay
 equal to the bit. The result is that of one location at the summed batch up
 to float summation order: one location sums a parameter's gradient over the
-whole batch in one GEMM, the replicas in parts, then across parts. (Nets with
-BatchNorm also see per-replica batch statistics, as in Caffe's multi-GPU
-training and MPI data parallelism.)
+whole batch in one GEMM, the replicas in parts, then across parts.
+
+A training BatchNorm normalizes with the statistics of the whole batch, not
+of its replica's part: its replicas exchange per-image sums through operators
+of the graph (``CrossReplicaBatchNorm``, sync_bn.py) and compute one
+location's bits, running statistics included. (Where the dispatcher has no
+workers, a GPU's replicas, each replica keeps its own batch statistics, as in
+Caffe's multi-GPU training.)
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ import numpy as np
 
 from ..proto import sncaffe_pb2 as pb
 from .data_parallel import insert_allreduce
+from .sync_bn import cross_replica_batch_norms
 
 log = logging.getLogger("sncaffe")
 
@@ -161,9 +167,15 @@ class Replicas:
             if slots[0]:
                 self.ops.append(ReplicaSum(self, base, {node.name for node in nodes}, slots))
         self.instructions = insert_allreduce(self.net.plan.schedule, self.ops)
+        self.batch_norms = cross_replica_batch_norms(self.net, groups, self.locations)
+        bn = sum(1 for g in groups.values() if next(iter(g.values())).type == "BatchNorm")
+        if bn and not self.batch_norms:
+            log.warning("BatchNorm keeps per-replica batch statistics: cross-replica BatchNorm needs the "
+                        "dispatcher's workers (replicas on CPU locations)")
         self._seen, self._pass = 0, 0
-        log.info("Data parallel in one process: %d replicas at %s, %d summing operators", len(self.locations),
-                 ", ".join(self.locations), len(self.ops))
+        log.info("Data parallel in one process: %d replicas at %s, %d summing operators, %d cross-replica "
+                 "BatchNorm layers", len(self.locations), ", ".join(self.locations), len(self.ops),
+                 len(self.batch_norms))
 
     def last_pass(self, op) -> bool:
         """Whether this pass is the last of an iteration (its gradients complete); counts passes."""
@@ -175,5 +187,7 @@ class Replicas:
 
     def close(self) -> None:
         self.net.executor.synchronize()
+        for group in self.batch_norms:
+            group.detach()
         backward = self.net.plan.schedule.backward
         backward[:] = [ins for ins in backward if not any(ins is x for x in self.instructions)]

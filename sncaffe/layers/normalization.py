@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from ..backend import is_gpu
+from ..backend import is_gpu, workers
 from . import normalization_gpu
 from .base import TEST, Layer, array_module, count, register
 from .pooling import padded_view
@@ -70,7 +70,15 @@ class LRN(Layer):
         xp = array_module(x)
         if xp is not np and self.axes == (1,):
             return normalization_gpu.lrn_forward(self, x, y, scale)
-        ws = self.workspace["padded"]
+        if xp is not np:
+            return self._forward(x, y, scale, self.workspace["padded"])
+        ws, work = self.workspace["padded"], (4 + self.size ** len(self.axes)) * x.size
+        workers.split(x.shape[0], work, lambda n: self._forward(x[n], y[n], scale[n], ws[n]))
+
+    # Images are independent (the windows run over channels or within one): on NumPy the batch
+    # is split over threads (backend/workers).
+    def _forward(self, x, y, scale, ws):
+        xp = array_module(x)
         xp.multiply(x, x, out=padded_view(ws, x.shape, self.offsets, 0))
         window_sum(ws, scale, self.size, self.axes)
         scale *= self.alpha_over_n
@@ -87,7 +95,13 @@ class LRN(Layer):
         xp = array_module(x)
         if xp is not np and self.axes == (1,):
             return normalization_gpu.lrn_backward(self, x, y, dy, dx, scale)
-        ws = self.workspace["padded"]
+        if xp is not np:
+            return self._backward(x, y, dy, dx, scale, self.workspace["padded"])
+        ws, work = self.workspace["padded"], (7 + self.size ** len(self.axes)) * x.size
+        workers.split(x.shape[0], work, lambda n: self._backward(x[n], y[n], dy[n], dx[n], scale[n], ws[n]))
+
+    def _backward(self, x, y, dy, dx, scale, ws):
+        xp = array_module(x)
         inner = padded_view(ws, x.shape, self.offsets, 0)
         xp.multiply(dy, y, out=inner)
         inner /= scale
@@ -154,39 +168,53 @@ class BatchNorm(Layer):
         x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
         if self.use_global_stats or array_module(x) is not np:
             return self.forward(bottom, top, update_stats=False)
-        np.subtract(x, self.scratch["mean"][:, None], out=y)
-        y /= self.scratch["std"][:, None]
-        self.scratch["x_norm"].reshape(self.view)[...] = y
+        mean, std, x_norm = self.scratch["mean"], self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
 
+        def normalize(cs):
+            np.subtract(x[:, cs], mean[cs, None], out=y[:, cs])
+            y[:, cs] /= std[cs, None]
+            x_norm[:, cs] = y[:, cs]
+        workers.split(self.view[1], 3 * x.size, normalize)
+
+    # Channels are independent: forward and backward run each channel's whole computation,
+    # its sums included, on one thread (backend/workers), so every sum keeps its order.
     def forward(self, bottom, top, *, update_stats=True):
         x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
         xp = array_module(x)
         if xp is not np:
             return normalization_gpu.batch_norm_forward(self, x, y, update_stats)
-        std = self.scratch["std"]
+        std, eps = self.scratch["std"], self.eps
         if self.use_global_stats:
             factor = self.blobs[2].data
-            inv_factor = (factor != 0) / xp.where(factor == 0, 1, factor)   # no host sync
-            xp.subtract(x, (self.blobs[0].data * inv_factor)[:, None], out=y)
-            xp.multiply(self.blobs[1].data, inv_factor, out=std)
-        else:
-            # x_norm = (x - mean) / std, then y = x_norm; the sums are SIMD einsum reductions
-            # (one read each, no squared temporary), as exact as NumPy's pairwise sums here
-            m = self.view[0] * self.view[2]
-            mean = self.scratch["mean"]
-            xp.divide(np.einsum("ncs->c", x), m, out=mean)
-            x_norm = self.scratch["x_norm"].reshape(self.view)
-            xp.subtract(x, mean[:, None], out=x_norm)
-            xp.divide(np.einsum("ncs,ncs->c", x_norm, x_norm), m, out=std)      # the biased variance
-            if update_stats:
-                self._update_stats(mean, std, m)
-        std += self.eps
-        xp.sqrt(std, out=std)
-        if self.use_global_stats:
-            y /= std[:, None]
-        else:
-            x_norm /= std[:, None]
-            y[...] = x_norm
+            inv_factor = (factor != 0) / np.where(factor == 0, 1, factor)
+            mean = self.blobs[0].data * inv_factor
+            np.multiply(self.blobs[1].data, inv_factor, out=std)
+            std += eps
+            np.sqrt(std, out=std)
+
+            def normalize(cs):
+                np.subtract(x[:, cs], mean[cs, None], out=y[:, cs])
+                y[:, cs] /= std[cs, None]
+            workers.split(self.view[1], 2 * x.size, normalize)
+            return
+        # x_norm = (x - mean) / std, then y = x_norm; the sums are SIMD einsum reductions
+        # (one read each, no squared temporary), as exact as NumPy's pairwise sums here
+        m = self.view[0] * self.view[2]
+        mean, var = self.scratch["mean"], np.empty_like(std)
+        x_norm = self.scratch["x_norm"].reshape(self.view)
+
+        def normalize(cs):
+            xc, xn = x[:, cs], x_norm[:, cs]
+            np.divide(np.einsum("ncs->c", xc), m, out=mean[cs])
+            np.subtract(xc, mean[cs, None], out=xn)
+            np.divide(np.einsum("ncs,ncs->c", xn, xn), m, out=var[cs])      # the biased variance
+            np.add(var[cs], eps, out=std[cs])
+            np.sqrt(std[cs], out=std[cs])
+            xn /= std[cs, None]
+            y[:, cs] = xn
+        workers.split(self.view[1], 4 * x.size, normalize)
+        if update_stats:
+            self._update_stats(mean, var, m)
 
     def _update_stats(self, mean, var, m):
         mean_sum, var_sum, factor = (b.data for b in self.blobs)
@@ -205,15 +233,19 @@ class BatchNorm(Layer):
         xp = array_module(dy)
         if xp is not np:
             return normalization_gpu.batch_norm_backward(self, dy, dx)
-        std = self.scratch["std"][:, None]
+        std = self.scratch["std"]
         if self.use_global_stats:
-            xp.divide(dy, std, out=dx)
+            workers.split(self.view[1], 2 * dy.size, lambda cs: np.divide(dy[:, cs], std[cs, None], out=dx[:, cs]))
             return
         m = self.view[0] * self.view[2]
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
-        mean_dy_xn = np.einsum("ncs,ncs->c", x_norm, dy) / m
-        mean_dy = np.einsum("ncs->c", dy) / m
-        xp.multiply(x_norm, mean_dy_xn[:, None], out=temp)
-        xp.subtract(dy, mean_dy[:, None], out=dx)       # dx may be dy itself (in place)
-        dx -= temp
-        dx /= std
+
+        def grad(cs):
+            xn, g, d, t = x_norm[:, cs], dy[:, cs], dx[:, cs], temp[:, cs]
+            mean_dy_xn = np.einsum("ncs,ncs->c", xn, g) / m
+            mean_dy = np.einsum("ncs->c", g) / m
+            np.multiply(xn, mean_dy_xn[:, None], out=t)
+            np.subtract(g, mean_dy[:, None], out=d)       # dx may be dy itself (in place)
+            d -= t
+            d /= std[cs, None]
+        workers.split(self.view[1], 5 * dy.size, grad)

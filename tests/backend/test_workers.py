@@ -18,10 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def two_threads(monkeypatch):
-    """A budget of two, every tensor split into pieces (GEMMs keep the process's own BLAS)."""
+    """A budget of two, every tensor split into pieces (GEMMs keep the process's own BLAS);
+    returns the list of the split calls' thread counts, to show the pieces ran."""
+    counts = []
+    sized = workers.threads_for
+
     def use():
         monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
         monkeypatch.setattr(workers, "ELEMENTS_PER_THREAD", 1)
+        monkeypatch.setattr(workers, "threads_for", lambda work, n: counts.append(sized(work, n)) or counts[-1])
+        return counts
     return use
 
 
@@ -139,12 +145,14 @@ def _same_bits(one, two):
     assert not differ, f"differ on two threads: {differ}"
 
 
-@pytest.mark.parametrize("memory", ["none", "all"])
-def test_every_split_layer_gives_the_same_bits_on_two_threads(two_threads, memory):
-    param = parse_text(LAYERS, pb.NetParameter())
+@pytest.mark.parametrize("memory, batch", [("none", 3), ("all", 3), ("none", 1)])
+def test_every_split_layer_gives_the_same_bits_on_two_threads(two_threads, memory, batch):
+    """Memory mode "all" recomputes (BatchNorm's replay); a batch of one splits channels."""
+    param = set_batch(parse_text(LAYERS, pb.NetParameter()), batch)
     one = _step(param, memory)
-    two_threads()
+    counts = two_threads()
     _same_bits(one, _step(param, memory))
+    assert counts.count(2) >= 40, counts
 
 
 def test_a_batchnorm_resnet_step_gives_the_same_bits_on_two_threads(two_threads):
@@ -152,5 +160,6 @@ def test_a_batchnorm_resnet_step_gives_the_same_bits_on_two_threads(two_threads)
     packing) at batch 4: one forward and backward at one thread, then at two."""
     param = set_batch(read_text(ROOT / "prototxt" / "cifar10_resnet.prototxt", pb.NetParameter()), 4)
     one = _step(param)
-    two_threads()
+    counts = two_threads()
     _same_bits(one, _step(param))
+    assert counts.count(2) >= 100, counts

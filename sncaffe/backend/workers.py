@@ -18,6 +18,8 @@ own: kernels and GEMMs run one after the other, never together, so they never ov
 """
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -28,16 +30,17 @@ from . import threads as _threads
 ELEMENTS_PER_THREAD = 1 << 18
 PIECES_PER_THREAD = 4
 
+_PREFIX = "sncaffe-kernel"
 _pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_pool_key = (0, 0)              # (threads, process id): a forked child starts its own pool
 
 
 def _executor(size: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    if _pool is None or _pool_size < size:
-        if _pool is not None:
+    global _pool, _pool_key
+    if _pool is None or _pool_key[0] < size or _pool_key[1] != os.getpid():
+        if _pool is not None and _pool_key[1] == os.getpid():
             _pool.shutdown(wait=True)
-        _pool, _pool_size = ThreadPoolExecutor(size, thread_name_prefix="sncaffe-kernel"), size
+        _pool, _pool_key = ThreadPoolExecutor(size, thread_name_prefix=_PREFIX), (size, os.getpid())
     return _pool
 
 
@@ -57,7 +60,7 @@ def split(n: int, work: float, fn) -> None:
     """``fn(rows)`` for contiguous slices ``rows`` covering ``range(n)``, on as many threads as
     ``work`` (elements touched) pays for; returns when all are done (re-raising an error)."""
     k = threads_for(work, n)
-    if k == 1:
+    if k == 1 or threading.current_thread().name.startswith(_PREFIX):    # a piece's own split: inline
         fn(slice(0, n))
         return
     parts = chunks(n, min(n, k * PIECES_PER_THREAD))
@@ -70,10 +73,14 @@ def split(n: int, work: float, fn) -> None:
     try:
         work_off()
     finally:
-        for f in futures:          # every piece done before the caller goes on (or an error leaves)
-            f.exception()
+        # a thread that has not started yet finds nothing left: cancel it rather than wait for
+        # it to be scheduled; one that started is waited for (its piece is being written)
+        for f in futures:
+            if not f.cancel():
+                f.exception()
     for f in futures:
-        f.result()
+        if not f.cancelled():
+            f.result()
 
 
 def elementwise(fn, *arrays) -> None:

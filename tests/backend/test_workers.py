@@ -55,18 +55,31 @@ def test_sizing_follows_the_budget_and_the_work(monkeypatch):
     assert workers.chunks(10, 3) == [slice(0, 3), slice(3, 6), slice(6, 10)]
 
 
-def test_an_error_in_a_piece_reaches_the_caller_after_all_pieces(monkeypatch):
+def test_an_error_in_a_piece_reaches_the_caller_once_no_piece_runs(monkeypatch):
     monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
-    done = []
+    started, finished = [], []
 
     def fn(rows):
+        started.append(rows.start)
         if rows.start == 0:
             raise ValueError("bad piece")
         threading.Event().wait(0.002)
-        done.append(rows.start)
+        finished.append(rows.start)
     with pytest.raises(ValueError, match="bad piece"):
         workers.split(8, 8 * workers.ELEMENTS_PER_THREAD, fn)
-    assert len(done) == 7 and sorted(done) == list(range(1, 8))
+    assert sorted(finished) == sorted(started)[1:]      # what the other thread began, it ended
+
+
+def test_a_split_inside_a_piece_runs_inline(monkeypatch):
+    """A piece that splits again runs that split on its own thread: the pool's threads may all
+    be busy with the outer pieces, and waiting on them would never end."""
+    monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
+    seen = []
+    piece = threading.Thread(target=workers.split, name=workers._PREFIX + "_0",
+                             args=(4, 4 * workers.ELEMENTS_PER_THREAD, lambda rows: seen.append(rows)))
+    piece.start()
+    piece.join(timeout=30)
+    assert not piece.is_alive() and seen == [slice(0, 4)]
 
 
 def test_elementwise_flattens_contiguous_arrays_and_passes_none(monkeypatch):

@@ -1,0 +1,140 @@
+"""Benchmark sncaffe's CPU training step at 1 and 2 threads, with and without kernel threads (not a test).
+
+    python tools/bench_threads.py [--nets resnet50,cifar] [--threads 1,2] [--iterations 3] [--rounds 2]
+
+Each configuration runs in a child process of its own (a process decides its threads once):
+a net at its batch (ResNet-50 at 8, CIFAR ResNet-20 at 128), ``--threads N`` for the GEMMs
+and the element-wise kernels (backend/threads.py, backend/workers.py), and for N > 1 also
+"gemm only": the kernels held to one thread (ELEMENTS_PER_THREAD out of reach), which is how
+sncaffe ran before the kernels were split. The configurations run in rotating order for
+``--rounds`` rounds; each child times one warm-up and ``--iterations`` forward+backward
+passes. Printed: seconds per iteration (best and median over all rounds), the speed-up of
+each configuration over one thread (best against best), the time per layer type of each
+configuration's best iteration, and the load average (``uptime``) beside every figure: the
+machine is shared, and other processes' load slows threaded runs most.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NETS = {"resnet50": ("prototxt/resnet50.prototxt", 8), "cifar": ("prototxt/cifar10_resnet.prototxt", 128)}
+
+
+def child(net, threads, kernels, iterations):
+    """Time ``net`` in this process; print one JSON line."""
+    import resource
+    from collections import defaultdict
+
+    import numpy as np
+    sys.path.insert(0, str(ROOT))
+    from sncaffe import Net
+    from sncaffe.backend import threads as policy
+    from sncaffe.backend import workers
+    from sncaffe.proto import sncaffe_pb2 as pb
+    from sncaffe.prototxt import read_text, set_batch
+    decision = policy.configure(threads)
+    if not kernels:
+        workers.ELEMENTS_PER_THREAD = float("inf")
+    path, batch = NETS[net]
+    n = Net(set_batch(read_text(ROOT / path, pb.NetParameter()), batch), "TRAIN", seed=0)
+    rng = np.random.default_rng(0)
+    for name in n.inputs:
+        blob = n.blobs[name].data
+        blob[...] = rng.integers(0, 10, blob.shape) if "label" in name else rng.standard_normal(blob.shape)
+    types = {node.name: node.type for node in n.graph.layers}
+    n.forward()
+    n.backward()
+    runs = []
+    for _ in range(iterations):
+        ops = {}
+        t0 = time.perf_counter()
+        n.forward(timings=ops)
+        n.backward(timings=ops)
+        total = time.perf_counter() - t0
+        by_type = defaultdict(float)
+        for k, v in ops.items():
+            by_type[types[k.rsplit(":", 1)[0]]] += v
+        runs.append({"seconds": total, "by_type": dict(by_type), "load": os.getloadavg()[0]})
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print(json.dumps({"net": net, "batch": batch, "threads": decision.threads, "kernels": kernels,
+                      "runs": runs, "rss_gib": rss}))
+
+
+def configs(nets, thread_counts):
+    for net in nets:
+        for t in thread_counts:
+            yield net, t, True
+            if t > 1:
+                yield net, t, False
+
+
+def name(t, kernels):
+    return f"{t} thread{'s' * (t > 1)}" + ("" if kernels or t == 1 else ", gemm only")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nets", default="resnet50,cifar")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--child", nargs=4, metavar=("NET", "THREADS", "KERNELS", "ITERATIONS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        net, t, k, it = args.child
+        return child(net, int(t), k == "1", int(it))
+    from tables import table        # tools/tables.py
+    todo = list(configs(args.nets.split(","), [int(t) for t in args.threads.split(",")]))
+    print(f"python tools/bench_threads.py --nets {args.nets} --threads {args.threads} --iterations "
+          f"{args.iterations} --rounds {args.rounds}; {os.cpu_count()} cores; the machine is shared: "
+          "other processes' load (uptime, beside each figure) slows threaded runs most")
+    results = {c: [] for c in todo}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    for r in range(args.rounds):
+        for c in todo[r % len(todo):] + todo[:r % len(todo)]:       # rotating order
+            net, t, k = c
+            load = os.getloadavg()[0]
+            out = subprocess.run([sys.executable, __file__, "--child", net, str(t), str(int(k)), str(args.iterations)],
+                                 capture_output=True, text=True, env=env)
+            if out.returncode:
+                print(out.stderr[-2000:])
+                raise SystemExit(f"child {c} failed")
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            res["load_before"] = load
+            results[c].append(res)
+            best = min(x["seconds"] for x in res["runs"])
+            print(f"  round {r + 1}: {net} {name(t, k)}: best {best:.3f} s/iter "
+                  f"(load {load:.2f} before, {res['runs'][-1]['load']:.2f} after; RSS {res['rss_gib']:.2f} GiB)", flush=True)
+    for net in args.nets.split(","):
+        rows, base = [], None
+        cs = [c for c in todo if c[0] == net]
+        per_type = {}
+        for c in cs:
+            runs = sorted((x for res in results[c] for x in res["runs"]), key=lambda x: x["seconds"])
+            best, median = runs[0], runs[len(runs) // 2]
+            batch = results[c][0]["batch"]
+            base = base or best["seconds"]
+            loads = [res["load_before"] for res in results[c]]
+            rows.append([name(c[1], c[2]), f"{best['seconds']:.3f}", f"{median['seconds']:.3f}",
+                         f"{batch / best['seconds']:.1f}", f"{base / best['seconds']:.2f}x",
+                         f"{min(loads):.1f}-{max(loads):.1f}"])
+            per_type[name(c[1], c[2])] = best["by_type"]
+        print(f"\n## {net} (batch {batch}): seconds per forward+backward, over {args.rounds} rounds x "
+              f"{args.iterations} iterations\n")
+        table(rows, ["config", "best s", "median s", "img/s (best)", "speed-up vs 1 thread", "load before"])
+        kinds = sorted({t for v in per_type.values() for t in v}, key=lambda t: -max(v.get(t, 0) for v in per_type.values()))
+        print(f"\n### {net}: seconds per layer type, in each configuration's best iteration\n")
+        table([[t] + [f"{per_type[n].get(t, 0):.3f}" for n in per_type] for t in kinds if
+               max(per_type[n].get(t, 0) for n in per_type) >= 0.0005], ["type"] + list(per_type))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()

@@ -67,16 +67,19 @@ def child(net, threads, kernels, iterations):
                       "runs": runs, "rss_gib": rss}))
 
 
-def configs(nets, thread_counts):
+def configs(nets, thread_counts, blocktime):
     for net in nets:
         for t in thread_counts:
-            yield net, t, True
+            yield net, t, True, None
             if t > 1:
-                yield net, t, False
+                yield net, t, False, None
+                if blocktime:
+                    yield net, t, True, blocktime
 
 
-def name(t, kernels):
-    return f"{t} thread{'s' * (t > 1)}" + ("" if kernels or t == 1 else ", gemm only")
+def name(t, kernels, blocktime=None):
+    return (f"{t} thread{'s' * (t > 1)}" + ("" if kernels or t == 1 else ", gemm only")
+            + (f", KMP_BLOCKTIME={blocktime}" if blocktime else ""))
 
 
 def main():
@@ -85,24 +88,28 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--blocktime", help="also run 2 threads with this KMP_BLOCKTIME (sncaffe's default: "
+                                        "backend/threads.KMP_BLOCKTIME_MS ms)")
     ap.add_argument("--child", nargs=4, metavar=("NET", "THREADS", "KERNELS", "ITERATIONS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         net, t, k, it = args.child
         return child(net, int(t), k == "1", int(it))
     from tables import table        # tools/tables.py
-    todo = list(configs(args.nets.split(","), [int(t) for t in args.threads.split(",")]))
+    todo = list(configs(args.nets.split(","), [int(t) for t in args.threads.split(",")], args.blocktime))
     print(f"python tools/bench_threads.py --nets {args.nets} --threads {args.threads} --iterations "
           f"{args.iterations} --rounds {args.rounds}; {os.cpu_count()} cores; the machine is shared: "
           "other processes' load (uptime, beside each figure) slows threaded runs most")
     results = {c: [] for c in todo}
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_BLOCKTIME")}
     for r in range(args.rounds):
         for c in todo[r % len(todo):] + todo[:r % len(todo)]:       # rotating order
-            net, t, k = c
+            net, t, k, blocktime = c
             load = os.getloadavg()[0]
             out = subprocess.run([sys.executable, __file__, "--child", net, str(t), str(int(k)), str(args.iterations)],
-                                 capture_output=True, text=True, env=env)
+                                 capture_output=True, text=True,
+                                 env={**env, **({"KMP_BLOCKTIME": blocktime} if blocktime else {})})
             if out.returncode:
                 print(out.stderr[-2000:])
                 raise SystemExit(f"child {c} failed")
@@ -110,7 +117,7 @@ def main():
             res["load_before"] = load
             results[c].append(res)
             best = min(x["seconds"] for x in res["runs"])
-            print(f"  round {r + 1}: {net} {name(t, k)}: best {best:.3f} s/iter "
+            print(f"  round {r + 1}: {net} {name(t, k, blocktime)}: best {best:.3f} s/iter "
                   f"(load {load:.2f} before, {res['runs'][-1]['load']:.2f} after; RSS {res['rss_gib']:.2f} GiB)", flush=True)
     for net in args.nets.split(","):
         rows, base = [], None
@@ -122,10 +129,10 @@ def main():
             batch = results[c][0]["batch"]
             base = base or best["seconds"]
             loads = [res["load_before"] for res in results[c]]
-            rows.append([name(c[1], c[2]), f"{best['seconds']:.3f}", f"{median['seconds']:.3f}",
+            rows.append([name(*c[1:]), f"{best['seconds']:.3f}", f"{median['seconds']:.3f}",
                          f"{batch / best['seconds']:.1f}", f"{base / best['seconds']:.2f}x",
                          f"{min(loads):.1f}-{max(loads):.1f}"])
-            per_type[name(c[1], c[2])] = best["by_type"]
+            per_type[name(*c[1:])] = best["by_type"]
         print(f"\n## {net} (batch {batch}): seconds per forward+backward, over {args.rounds} rounds x "
               f"{args.iterations} iterations\n")
         table(rows, ["config", "best s", "median s", "img/s (best)", "speed-up vs 1 thread", "load before"])

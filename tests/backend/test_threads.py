@@ -12,7 +12,7 @@ import pytest
 from sncaffe.backend import blas, threads
 
 ROOT = Path(__file__).resolve().parents[2]
-VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS")
+VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS", "KMP_BLOCKTIME")
 HAS_MKL = blas._mkl_path() is not None
 
 # Decide, then read the runtimes' counts: at once, after a tiny GEMM, after a big one.
@@ -25,7 +25,8 @@ flag = json.loads(sys.argv[1])
 d = threads.configure(flag)
 def counts():
     return {i["internal_api"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
-out = {"decision": d.__dict__, "blas": blas.BLAS.name, "at_once": counts()}
+import os
+out = {"decision": d.__dict__, "blas": blas.BLAS.name, "at_once": counts(), "blocktime": os.environ.get("KMP_BLOCKTIME")}
 for name, n in (("tiny", 8), ("big", 512)):
     a = np.ones((n, n), np.float32)
     blas.gemm(a, a, np.empty_like(a))
@@ -63,6 +64,8 @@ def test_two_threads_go_to_big_gemms_only(lib):
     assert (out["at_once"][lib], out["tiny"][lib], out["big"][lib]) == (2, 1, 2)
     if lib == "mkl":
         assert out["at_once"]["openblas"] == out["big"]["openblas"] == 1
+        assert out["blocktime"] == str(threads.KMP_BLOCKTIME_MS)     # Intel's threads sleep soon
+        assert _child(2, SNCAFFE_BLAS=lib, KMP_BLOCKTIME="50")["blocktime"] == "50"     # the user's wins
 
 
 def test_the_gemm_librarys_own_variable_comes_first():

@@ -63,7 +63,9 @@ def split(n: int, work: float, fn) -> None:
     if k == 1 or threading.current_thread().name.startswith(_PREFIX):    # a piece's own split: inline
         fn(slice(0, n))
         return
-    parts = chunks(n, min(n, k * PIECES_PER_THREAD))
+    # pieces of at least half a thread's share each: each costs a few microseconds of Python
+    pieces = max(k, min(k * PIECES_PER_THREAD, int(2 * work // ELEMENTS_PER_THREAD)))
+    parts = chunks(n, min(n, pieces))
     taken = iter(range(len(parts)))     # next() on it is atomic under the GIL
 
     def work_off():

@@ -8,14 +8,18 @@ each other more than they work: on the shared 2-core machine LeNet's 300 iterati
 
 - the budget: ``--threads N``, else the GEMM library's own variable (``MKL_NUM_THREADS`` or
   ``OPENBLAS_NUM_THREADS``), else ``OMP_NUM_THREADS``, else the other BLAS's variable; unset,
-  the usable cores (affinity and cgroup quota) less those the 1-minute load average says
-  other processes keep busy, shared among the data-parallel ranks on the machine, at least one;
+  the usable cores (affinity and cgroup quota) less those other processes keep busy now
+  (``/proc/stat`` sampled over ``SAMPLE_SECONDS``: the 1-minute load average it replaces still
+  counted the user's own previous run, so a second run at once got one thread of two), shared
+  among the data-parallel ranks on the machine, at least one;
 - every BLAS loaded is held to the budget (threadpoolctl; MKL's OpenMP threads follow MKL's
   count, and another library's OpenMP pool, torch's, is left alone); NumPy's own
   OpenBLAS to one thread where MKL runs the GEMMs (sncaffe's GEMMs all go through
   ``backend.blas.gemm``);
 - each GEMM runs on ``gemm_threads(flops)``: one thread per ``FLOPS_PER_THREAD`` of work,
-  at most the budget.
+  at most the budget;
+- the element-wise and per-channel kernels (``backend/workers.py``) run on the same budget:
+  they and the GEMMs take turns, never overlap, so together they never oversubscribe.
 """
 from __future__ import annotations
 
@@ -25,6 +29,14 @@ from dataclasses import dataclass
 # A thread pays for waking and joining (tens of microseconds, more on a busy machine) when
 # it gets ~100 us of GEMM: 8 MFLOP at the ~90 GFLOP/s one core runs these GEMMs at.
 FLOPS_PER_THREAD = 8e6
+# How long MKL's (Intel OpenMP) threads spin after a GEMM before they sleep, unless
+# KMP_BLOCKTIME is set (backend/blas.py).
+KMP_BLOCKTIME_MS = 1
+# Long enough for a few scheduler ticks on each core (10 ms at HZ=100), short beside a run.
+SAMPLE_SECONDS = 0.15
+# A core counts as busy once other processes take this much of it: a thread sharing a core
+# runs at half speed, and the kernels' threads wait for their slowest.
+BUSY_FRACTION = 0.5
 VARS = {"mkl": ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"),
         "openblas": ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
@@ -35,12 +47,12 @@ class Decision:
     threads: int            # the most threads one kernel runs on
     cores: int              # usable cores
     source: str             # "--threads", an environment variable, or "cores"
-    load: float | None = None   # the load average that sized a default budget
+    busy: float | None = None   # cores other processes kept busy while sampled (a default budget)
     share: int = 1              # processes sharing the cores (data-parallel ranks)
 
     def describe(self) -> str:
         if self.source == "cores":
-            why = f"{self.cores} usable cores, load average {self.load:.2f}"
+            why = f"{self.cores} usable cores, {self.busy:.1f} of them busy with other processes now"
             why += f", {self.share} ranks on them" if self.share > 1 else ""
             how = "--threads N or OMP/OPENBLAS/MKL_NUM_THREADS to choose"
         else:
@@ -75,9 +87,57 @@ def _requested(env, blas_name):
     return None
 
 
-def decide(threads=None, env=None, blas_name="mkl", cores=None, load=None, share=1) -> Decision:
+def _cpu_times(cpus):
+    """{cpu: (idle, total)} jiffies of the given cpus from /proc/stat (empty where unreadable)."""
+    out = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                    v = [int(x) for x in fields[:8]]        # user nice system idle iowait irq softirq steal
+                    out[int(name[3:])] = (v[3] + v[4], sum(v))
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+_busy: float | None = None
+
+
+def busy_cores() -> float:
+    """Cores other processes keep busy now: the non-idle share of this process's cpus over
+    ``SAMPLE_SECONDS``, while this process sleeps (measured once per process). Where /proc/stat
+    cannot be read, the 1-minute load average stands in."""
+    global _busy
+    if _busy is None:
+        import time
+        try:
+            cpus = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            cpus = set(range(os.cpu_count() or 1))
+        before = _cpu_times(cpus)
+        time.sleep(SAMPLE_SECONDS)
+        after = _cpu_times(cpus)
+        spans = [(after[c][0] - before[c][0], after[c][1] - before[c][1]) for c in before if c in after]
+        if spans and sum(t for _, t in spans) > 0:
+            _busy = sum(1 - i / t for i, t in spans if t > 0)
+        else:
+            _busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return _busy
+
+
+def free_cores(cores: int, busy: float, share: int = 1) -> int:
+    """Threads for one of ``share`` processes on ``cores`` usable cores when others keep
+    ``busy`` cores busy: the cores less those taken at least ``BUSY_FRACTION``, at least one."""
+    taken = int(busy + 1 - BUSY_FRACTION)      # 0.4 busy: none taken; 0.5-1.49: one; ...
+    return max(1, min(cores, cores - taken) // share)
+
+
+def decide(threads=None, env=None, blas_name="mkl", cores=None, busy=None, share=1) -> Decision:
     """The budget for ``--threads`` (None: unset) under ``env`` (default os.environ), for one
-    of ``share`` processes on the machine."""
+    of ``share`` processes on the machine; ``busy``: the cores other processes keep busy
+    (default measured, ``busy_cores``)."""
     cores = usable_cores() if cores is None else cores
     if threads is not None:
         if threads < 1:
@@ -86,9 +146,8 @@ def decide(threads=None, env=None, blas_name="mkl", cores=None, load=None, share
     asked = _requested(os.environ if env is None else env, blas_name)
     if asked:
         return Decision(asked[0], cores, f"{asked[1]}={asked[0]}")
-    load = os.getloadavg()[0] if load is None else load
-    # processes that kept a core busy over the last minute: int(), so a brief burst takes none
-    return Decision(max(1, min(cores, cores - int(load)) // share), cores, "cores", load, share)
+    busy = busy_cores() if busy is None else busy
+    return Decision(free_cores(cores, busy, share), cores, "cores", busy, share)
 
 
 _flag: int | None = None             # --threads, once the CLI has set it

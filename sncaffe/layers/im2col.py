@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend import workers
 from ..backend.blas import gemm
 from .base import array_module
 
@@ -244,10 +245,7 @@ class ConvPlan:
         rows[..., :self.lead] = 0
         rows[..., self.lead + n * self.grid:] = 0
         g = rows[0, :, :, self.lead:self.lead + n * self.grid]
-        valid, garbage = self._grid_view(g, n)
-        for v in garbage:
-            v[...] = 0
-        valid[...] = dy
+        self._fill_grid(*self._grid_view(g, n), dy)
         return g, rows
 
     @staticmethod
@@ -255,6 +253,26 @@ class ConvPlan:
         return ws[name][:int(np.prod(shape))].reshape(shape)
 
     # -- packing -------------------------------------------------------------------
+    # Packing copies each (image, channel) plane on its own, so the planes are split over
+    # threads (backend/workers): images where the chunk has several, else channels.
+    @staticmethod
+    def _pieces(a, work, fn):
+        """``fn(images, channels)`` over pieces of the (n, C) planes of NumPy array ``a``."""
+        if type(a) is not np.ndarray:
+            fn(slice(None), slice(None))
+        elif a.shape[0] > 1:
+            workers.split(a.shape[0], work, lambda ns: fn(ns, slice(None)))
+        else:
+            workers.split(a.shape[1], work, lambda cs: fn(slice(None), cs))
+
+    def _fill_grid(self, valid, garbage, y):
+        """The grid's valid view = y, its garbage views zero."""
+        def fill(ns, cs):
+            for v in garbage:
+                v[ns, cs] = 0
+            valid[ns, cs] = y[ns, cs]
+        self._pieces(y, 2 * y.size, fill)
+
     def _phases(self, xq, n):
         """Per phase: its (n, C, Hq, Wq) view, its slack tail, and its data spans (or None).
         A packed image of 4 axes holds rows (B, P, C, L); of 5, transposed rows (B, P, L, C, 1)."""
@@ -285,17 +303,23 @@ class ConvPlan:
         if self.direct_image():
             return x.reshape(n, 1, self.C, -1)
         xq = self._xq(n, ws, transposed and not self.col and len(self.taps) > 1)
-        for view, tail, spans in self._phases(xq, n):
+        phases = list(self._phases(xq, n))
+        for _, tail, _ in phases:
             tail[...] = 0
-            if not spans:
-                view[...] = 0
-                continue
-            (qh, ih), (qw, iw) = spans
-            view[:, :, :qh.start] = 0
-            view[:, :, qh.stop:] = 0
-            view[:, :, qh, :qw.start] = 0
-            view[:, :, qh, qw.stop:] = 0
-            view[:, :, qh, qw] = x[:, :, ih, iw]
+
+        def pack(ns, cs):
+            for view, _, spans in phases:
+                view = view[ns, cs]
+                if not spans:
+                    view[...] = 0
+                    continue
+                (qh, ih), (qw, iw) = spans
+                view[:, :, :qh.start] = 0
+                view[:, :, qh.stop:] = 0
+                view[:, :, qh, :qw.start] = 0
+                view[:, :, qh, qw.stop:] = 0
+                view[:, :, qh, qw] = x[ns, cs, ih, iw]
+        self._pieces(x, x.size + xq.size, pack)
         return xq
 
     def _zeroed_image(self, x, ws):
@@ -316,13 +340,19 @@ class ConvPlan:
         covered = self.h.covers_image() and self.w.covers_image()
         # positions no output reads (stride > kernel) get zero: fill and copy by cached blocks
         step = C if covered else max(1, (1 << 17) // (n * H * W))
-        for cs in (slice(c, c + step) for c in range(0, C, step)):
-            if not covered:
-                x[:, cs].fill(0)
-            for view, _, spans in self._phases(xq, n):
-                if spans:
-                    (qh, ih), (qw, iw) = spans
-                    x[:, cs, ih, iw] = view[:, cs, qh, qw]
+        phases = [spans for _, _, spans in self._phases(xq, n)]
+        views = [view for view, _, _ in self._phases(xq, n)]
+
+        def unpack(ns, channels):
+            c0, c1, _ = channels.indices(C)
+            for cs in (slice(c, min(c + step, c1)) for c in range(c0, c1, step)):
+                if not covered:
+                    x[ns, cs].fill(0)
+                for view, spans in zip(views, phases):
+                    if spans:
+                        (qh, ih), (qw, iw) = spans
+                        x[ns, cs, ih, iw] = view[ns, cs, qh, qw]
+        self._pieces(x, 2 * x.size, unpack)
 
     def _grid_view(self, g, n, col=None):
         """The (n, M, Ho, Wo) view of grid g's valid positions, and views of its garbage."""
@@ -345,23 +375,22 @@ class ConvPlan:
             return y.reshape(B, self.M, G)
         g = self._buf(ws, "grid", (B, self.M, G))
         if fill:
-            valid, garbage = self._grid_view(g, n, col)
-            for v in garbage:
-                v[...] = 0
-            valid[...] = y
+            self._fill_grid(*self._grid_view(g, n, col), y)
         return g
 
     def _unpack_grid(self, g, y, bias=None):
         """y (n, M, Ho, Wo) = the valid positions of grid g (+ bias per channel)."""
-        if self.direct_grid():
-            if bias is not None:
-                y += bias.reshape(-1, 1, 1)
+        valid = y if self.direct_grid() else self._grid_view(g, y.shape[0])[0]
+        if valid is y and bias is None:
             return
-        valid, _ = self._grid_view(g, y.shape[0])
-        if bias is None:
-            y[...] = valid
-        else:
-            array_module(y).add(valid, bias.reshape(-1, 1, 1), out=y)
+        b = None if bias is None else bias.reshape(-1, 1, 1)
+
+        def unpack(ns, cs):
+            if b is None:
+                y[ns, cs] = valid[ns, cs]
+            else:
+                array_module(y).add(valid[ns, cs], b[cs], out=y[ns, cs])
+        self._pieces(y, 2 * y.size, unpack)
 
     # -- GEMMs ---------------------------------------------------------------------
     def _weights(self, w, ws):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import workers
 from . import loss_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
@@ -27,6 +28,12 @@ def _softmax(xp, x3, out3):
     xp.subtract(x3, m, out=out3)
     xp.exp(out3, out=out3)
     out3 /= out3.sum(axis=1, keepdims=True)
+
+
+def _softmax_rows(x3, out3):
+    """``_softmax`` of NumPy views, its outer rows on threads (backend/workers): each row's
+    max and sum are its own, so the pieces keep every sum's order."""
+    workers.split(x3.shape[0], 4 * x3.size, lambda rows: _softmax(np, x3[rows], out3[rows]))
 
 
 def _sigmoid(xp, x, out):
@@ -127,7 +134,7 @@ class Softmax(Layer):
         xp = array_module(bottom[0].data)
         if xp is not np:
             return loss_gpu.softmax_forward(bottom[0].data, top[0].data, self.dims)
-        _softmax(xp, bottom[0].data.reshape(self.dims), top[0].data.reshape(self.dims))
+        _softmax_rows(bottom[0].data.reshape(self.dims), top[0].data.reshape(self.dims))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -136,10 +143,13 @@ class Softmax(Layer):
         if xp is not np:
             return loss_gpu.softmax_backward(top[0].data, top[0].diff, bottom[0].diff, self.dims)
         y, dy = top[0].data.reshape(self.dims), top[0].diff.reshape(self.dims)
-        dot = xp.einsum("ocn,ocn->on", dy, y)[:, None, :]   # before dx: dx may alias dy in place
         dx = bottom[0].diff.reshape(self.dims)
-        xp.subtract(dy, dot, out=dx)
-        dx *= y
+
+        def rows(r):        # each outer row's sum is its own: split over threads
+            dot = np.einsum("ocn,ocn->on", dy[r], y[r])[:, None, :]   # before dx: dx may alias dy in place
+            np.subtract(dy[r], dot, out=dx[r])
+            dx[r] *= y[r]
+        workers.split(self.dims[0], 4 * y.size, rows)
 
 
 @register
@@ -172,7 +182,7 @@ class SoftmaxWithLoss(_Loss):
         if xp is not np:
             return loss_gpu.softmax_loss_forward(self, bottom, top)
         prob = (top[1].data if len(top) > 1 else self.workspace["prob"]).reshape(self.dims)
-        _softmax(xp, bottom[0].data.reshape(self.dims), prob)
+        _softmax_rows(bottom[0].data.reshape(self.dims), prob)
         lab, valid = self.read_labels(xp, bottom[1].data)
         logp = xp.log(xp.maximum(_pick(prob, lab), FLT_MIN))
         if valid is not None:
@@ -187,7 +197,7 @@ class SoftmaxWithLoss(_Loss):
             return
         xp = array_module(bottom[0].data)
         dx = bottom[0].diff.reshape(self.dims)
-        _softmax(xp, bottom[0].data.reshape(self.dims), dx)
+        _softmax_rows(bottom[0].data.reshape(self.dims), dx)
         lab, valid = self.read_labels(xp, bottom[1].data)
         outer, _, inner = self.dims
         dx[xp.arange(outer)[:, None], lab, xp.arange(inner)[None, :]] -= 1

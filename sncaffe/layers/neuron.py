@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import workers
 from ..backend.upload import upload
 from . import neuron_gpu
 from .base import TRAIN, Layer, array_module, register
@@ -19,6 +20,7 @@ class NeuronLayer(Layer):
     exact_bottoms = exact_tops = 1
     needs_x = needs_y = False   # what backward reads; set by read_param where it depends on it
     forward_gpu = backward_gpu = None   # the GPU kernels (neuron_gpu), else the array code on CuPy
+    per_element = True      # the array code works element by element: run on pieces over threads
 
     def read_param(self, shape):
         """Read the layer's parameters (hook)."""
@@ -37,13 +39,17 @@ class NeuronLayer(Layer):
         x = bottom[0].data
         if self.keeps_x:
             self.scratch["bottom"][...] = x
-        if array_module(x) is np or self.forward_gpu is None or self.forward_gpu(x, top[0].data) is False:
+        if array_module(x) is np and self.per_element:
+            workers.elementwise(self.forward_array, x, top[0].data)
+        elif array_module(x) is np or self.forward_gpu is None or self.forward_gpu(x, top[0].data) is False:
             self.forward_array(x, top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         x = self.scratch["bottom"] if self.keeps_x else bottom[0].data
         args = (x, top[0].data, top[0].diff, bottom[0].diff, propagate_down[0])
-        if array_module(top[0].diff) is np or self.backward_gpu is None or self.backward_gpu(*args) is False:
+        if array_module(top[0].diff) is np and self.per_element:
+            workers.elementwise(lambda *arrays: self.backward_array(*arrays, propagate_down[0]), *args[:4])
+        elif array_module(top[0].diff) is np or self.backward_gpu is None or self.backward_gpu(*args) is False:
             self.backward_array(*args)
 
     def forward_array(self, x, y):
@@ -97,6 +103,7 @@ class PReLU(NeuronLayer):
     type = "PReLU"
     forward_gpu, backward_gpu = neuron_gpu.prelu_forward, neuron_gpu.prelu_backward
     needs_x = True
+    per_element = False     # slopes broadcast per channel; backward sums the slopes' gradient
 
     def read_param(self, shape):
         if len(shape) < 2:

@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from ..backend import is_gpu
+from ..backend import is_gpu, workers
 from . import normalization_gpu
 from .base import TEST, Layer, array_module, count, register
 from .pooling import padded_view
@@ -70,7 +70,15 @@ class LRN(Layer):
         xp = array_module(x)
         if xp is not np and self.axes == (1,):
             return normalization_gpu.lrn_forward(self, x, y, scale)
-        ws = self.workspace["padded"]
+        if xp is not np:
+            return self._forward(x, y, scale, self.workspace["padded"])
+        ws, work = self.workspace["padded"], (4 + self.size ** len(self.axes)) * x.size
+        workers.split(x.shape[0], work, lambda n: self._forward(x[n], y[n], scale[n], ws[n]))
+
+    # Images are independent (the windows run over channels or within one): on NumPy the batch
+    # is split over threads (backend/workers).
+    def _forward(self, x, y, scale, ws):
+        xp = array_module(x)
         xp.multiply(x, x, out=padded_view(ws, x.shape, self.offsets, 0))
         window_sum(ws, scale, self.size, self.axes)
         scale *= self.alpha_over_n
@@ -87,7 +95,13 @@ class LRN(Layer):
         xp = array_module(x)
         if xp is not np and self.axes == (1,):
             return normalization_gpu.lrn_backward(self, x, y, dy, dx, scale)
-        ws = self.workspace["padded"]
+        if xp is not np:
+            return self._backward(x, y, dy, dx, scale, self.workspace["padded"])
+        ws, work = self.workspace["padded"], (7 + self.size ** len(self.axes)) * x.size
+        workers.split(x.shape[0], work, lambda n: self._backward(x[n], y[n], dy[n], dx[n], scale[n], ws[n]))
+
+    def _backward(self, x, y, dy, dx, scale, ws):
+        xp = array_module(x)
         inner = padded_view(ws, x.shape, self.offsets, 0)
         xp.multiply(dy, y, out=inner)
         inner /= scale
@@ -181,10 +195,16 @@ class BatchNorm(Layer):
         x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
         if self.use_global_stats or array_module(x) is not np:
             return self.forward(bottom, top, update_stats=False)
-        np.subtract(x, self.scratch["mean"][:, None], out=y)
-        y /= self.scratch["std"][:, None]
-        self.scratch["x_norm"].reshape(self.view)[...] = y
+        mean, std, x_norm = self.scratch["mean"], self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
 
+        def normalize(cs):
+            np.subtract(x[:, cs], mean[cs, None], out=y[:, cs])
+            y[:, cs] /= std[cs, None]
+            x_norm[:, cs] = y[:, cs]
+        workers.split(self.view[1], 3 * x.size, normalize)
+
+    # Channels are independent: each stage runs a channel's whole share, its per-image sums
+    # included, on one thread (backend/workers), so every sum keeps its order.
     def forward(self, bottom, top, *, update_stats=True):
         x, y = bottom[0].data.reshape(self.view), top[0].data.reshape(self.view)
         xp = array_module(x)
@@ -201,36 +221,49 @@ class BatchNorm(Layer):
             self.normalize(top, sum_over_images([partials[1]], std), update_stats)
             return
         factor = self.blobs[2].data
-        inv_factor = (factor != 0) / xp.where(factor == 0, 1, factor)   # no host sync
-        xp.subtract(x, (self.blobs[0].data * inv_factor)[:, None], out=y)
-        xp.multiply(self.blobs[1].data, inv_factor, out=std)
+        inv_factor = (factor != 0) / np.where(factor == 0, 1, factor)
+        mean = self.blobs[0].data * inv_factor
+        np.multiply(self.blobs[1].data, inv_factor, out=std)
         std += self.eps
-        xp.sqrt(std, out=std)
-        y /= std[:, None]
+        np.sqrt(std, out=std)
 
-    # -- the stages of a training forward on the CPU (see the class's doc) --------------
+        def normalize(cs):
+            np.subtract(x[:, cs], mean[cs, None], out=y[:, cs])
+            y[:, cs] /= std[cs, None]
+        workers.split(self.view[1], 2 * x.size, normalize)
+
+    # -- the stages of a training forward on the CPU (see the class's doc); each is split over
+    # channels on the worker threads, which keeps every (image, channel) sum in its own order ------
     def sums(self, bottom):
         """partials[0] = each image's sum of x per channel."""
-        np.add.reduce(bottom[0].data.reshape(self.view), axis=2, out=self.scratch["partials"][0])
+        x, partials = bottom[0].data.reshape(self.view), self.scratch["partials"][0]
+        workers.split(self.view[1], x.size, lambda cs: np.add.reduce(x[:, cs], axis=2, out=partials[:, cs]))
 
     def center(self, bottom, total):
         """mean = total / m; x_norm = x - mean; partials[1] = each image's sum of x_norm^2."""
         x, x_norm = bottom[0].data.reshape(self.view), self.scratch["x_norm"].reshape(self.view)
-        mean = self.scratch["mean"]
+        mean, partials = self.scratch["mean"], self.scratch["partials"][1]
         np.divide(total, self.count, out=mean)
-        np.subtract(x, mean[:, None], out=x_norm)
-        np.einsum("ncs,ncs->nc", x_norm, x_norm, out=self.scratch["partials"][1])
+
+        def center(cs):
+            np.subtract(x[:, cs], mean[cs, None], out=x_norm[:, cs])
+            np.einsum("ncs,ncs->nc", x_norm[:, cs], x_norm[:, cs], out=partials[:, cs])
+        workers.split(self.view[1], 3 * x.size, center)
 
     def normalize(self, top, total, update_stats=True):
         """var = total / m (biased); the running sums move; y = x_norm = x_norm / sqrt(var + eps)."""
         std, x_norm = self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
+        y = top[0].data.reshape(self.view)
         np.divide(total, self.count, out=std)
         if update_stats:
             self._update_stats(self.scratch["mean"], std, self.count)
         std += self.eps
         np.sqrt(std, out=std)
-        x_norm /= std[:, None]
-        top[0].data.reshape(self.view)[...] = x_norm
+
+        def normalize(cs):
+            x_norm[:, cs] /= std[cs, None]
+            y[:, cs] = x_norm[:, cs]
+        workers.split(self.view[1], 2 * x_norm.size, normalize)
 
     def _update_stats(self, mean, var, m):
         mean_sum, var_sum, factor = (b.data for b in self.blobs)
@@ -249,8 +282,9 @@ class BatchNorm(Layer):
         xp = array_module(dy)
         if xp is not np:
             return normalization_gpu.batch_norm_backward(self, dy, dx)
+        std = self.scratch["std"]
         if self.use_global_stats:
-            xp.divide(dy, self.scratch["std"][:, None], out=dx)
+            workers.split(self.view[1], 2 * dy.size, lambda cs: np.divide(dy[:, cs], std[cs, None], out=dx[:, cs]))
             return
         partials = self.scratch["partials"]
         self.grad_sums(top)
@@ -266,15 +300,23 @@ class BatchNorm(Layer):
     def grad_sums(self, top):
         """partials = each image's sums of dy and of dy * x_norm per channel."""
         dy, partials = top[0].diff.reshape(self.view), self.scratch["partials"]
-        np.add.reduce(dy, axis=2, out=partials[0])
-        np.einsum("ncs,ncs->nc", self.scratch["x_norm"].reshape(self.view), dy, out=partials[1])
+        x_norm = self.scratch["x_norm"].reshape(self.view)
+
+        def grad_sums(cs):
+            np.add.reduce(dy[:, cs], axis=2, out=partials[0][:, cs])
+            np.einsum("ncs,ncs->nc", x_norm[:, cs], dy[:, cs], out=partials[1][:, cs])
+        workers.split(self.view[1], 2 * dy.size, grad_sums)
 
     def grad_input(self, top, bottom, sum_dy, sum_dy_xn):
         """dx from the batch sums of dy and dy * x_norm."""
         dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
-        mean_dy_xn, mean_dy = sum_dy_xn / self.count, sum_dy / self.count
-        np.multiply(x_norm, mean_dy_xn[:, None], out=temp)
-        np.subtract(dy, mean_dy[:, None], out=dx)       # dx may be dy itself (in place)
-        dx -= temp
-        dx /= self.scratch["std"][:, None]
+        mean_dy_xn, mean_dy, std = sum_dy_xn / self.count, sum_dy / self.count, self.scratch["std"]
+
+        def grad(cs):
+            xn, g, d, t = x_norm[:, cs], dy[:, cs], dx[:, cs], temp[:, cs]
+            np.multiply(xn, mean_dy_xn[cs, None], out=t)
+            np.subtract(g, mean_dy[cs, None], out=d)       # dx may be dy itself (in place)
+            d -= t
+            d /= std[cs, None]
+        workers.split(self.view[1], 4 * dy.size, grad)

@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from ..backend import is_gpu
+from ..backend import is_gpu, workers
 from . import pooling_gpu
 from .base import TEST, Layer, array_module, register
 
@@ -131,13 +131,13 @@ class Pooling(Layer):
             size = (len(range(h0, H, sh)), len(range(w0, W, sw)))
             yield (a, b), ((h0 + ph) // sh, (w0 + pw) // sw), size, (slice(h0, None, sh), slice(w0, None, sw))
 
-    def _source(self, x, fill):
-        """x split by stride phase into the workspace, ``fill`` around it; or a view of x
-        split so when there is no padding or clipped window and the stride is 1 or tiles it."""
+    def _source(self, x, fill, ws):
+        """x split by stride phase into workspace ``ws`` (the layer's "padded", or rows of it),
+        ``fill`` around it; or a view of x split so when there is no padding or clipped window
+        and the stride is 1 or tiles it."""
         if "padded" not in self.workspace_specs:
             return self._phase_view(x)
         N, C = x.shape[:2]
-        ws = self.workspace["padded"]
         for phase, offsets, size, cells in self._phases():
             padded_view(ws[(slice(None), slice(None)) + phase], (N, C) + size, (0, 0) + offsets,
                         fill)[...] = x[(Ellipsis,) + cells]
@@ -170,12 +170,35 @@ class Pooling(Layer):
         out[...] = xp.where((h >= 0) & (h < H) & (w >= 0) & (w < W), h * W + w, -1)
 
     # -- forward ------------------------------------------------------------
+    def _split(self, arrays, work, fn):
+        """``fn({name: rows})`` over pieces of the N*C planes of ``arrays`` (each (N, C, ...),
+        None skipped) and of the workspace, on threads (backend/workers): every plane's windows
+        are its own, so the pieces compute exactly what the whole would."""
+        arrays = {**self.workspace, **{k: a for k, a in arrays.items() if a is not None}}
+        planes = {k: a.reshape((a.shape[0] * a.shape[1], 1) + a.shape[2:]) for k, a in arrays.items()}
+        if any(type(a) is not np.ndarray for a in planes.values()):
+            return fn(planes)                   # CuPy's (STOCHASTIC's backward): whole
+        n = next(iter(planes.values())).shape[0]
+        workers.split(n, work, lambda rows: fn({k: a[rows] for k, a in planes.items()}))
+
     def forward(self, bottom, top):
         x, y = bottom[0].data, top[0].data
         xp = array_module(x)
         idx = self.scratch.get("argmax")
         if xp is not np and self.method != STOCHASTIC:      # GPU: Caffe's kernels
             return pooling_gpu.pool_forward(self, x, y, idx, top[1].data if len(top) > 1 else None)
+        if self.method == STOCHASTIC:       # one random draw for the whole top: not split
+            self._forward_stochastic(xp, self._source(x, 0, self.workspace.get("padded")), y, idx)
+        else:
+            taps = 1 if self.is_global else self.kernel[0] * self.kernel[1]
+            self._split({"x": x, "y": y, "idx": idx}, x.size + 3 * taps * y.size, self._forward_planes)
+        if len(top) > 1:
+            self._mask(xp, idx, top[1].data)
+
+    def _forward_planes(self, a):
+        """MAX or AVE pooling of planes a["x"] into a["y"] (and MAX's a["idx"]), with the
+        workspace's rows of these planes."""
+        x, y, idx = a["x"], a["y"], a.get("idx")
         if self.is_global:
             N, C, H, W = x.shape
             x3, y2 = x.reshape(N, C, H * W), y.reshape(N, C)
@@ -186,31 +209,27 @@ class Pooling(Layer):
                 x3.sum(axis=2, out=y2)
                 y2 /= H * W
         elif self.method == MAX:
-            src, hit, step = self._source(x, -FLT_MAX), self.workspace["hit"], self.workspace["step"]
+            src, hit, step = self._source(x, -FLT_MAX, a.get("padded")), a["hit"], a["step"]
             for t, win in self._taps():
                 if t == 0:
                     y[...] = src[win]
                     idx.fill(0)
                     continue
-                xp.greater(src[win], y, out=hit)     # strict: the first maximum in the window wins
-                xp.maximum(y, src[win], out=y)
+                np.greater(src[win], y, out=hit)     # strict: the first maximum in the window wins
+                np.maximum(y, src[win], out=y)
                 # idx = t where hit, branch-free (masked copies are slow on random masks);
                 # exact in uint8 too, where the arithmetic wraps modulo 256.
-                xp.subtract(t, idx, out=step)
+                np.subtract(t, idx, out=step)
                 step *= hit
                 idx += step
-        elif self.method == AVE:
-            src = self._source(x, 0)
+        else:
+            src = self._source(x, 0, a.get("padded"))
             for t, win in self._taps():
                 if t == 0:
                     y[...] = src[win]
                 else:
                     y += src[win]
-            y /= self._divisor(xp, y.dtype)
-        else:
-            self._forward_stochastic(xp, self._source(x, 0), y, idx)
-        if len(top) > 1:
-            self._mask(xp, idx, top[1].data)
+            y /= self._divisor(np, y.dtype)
 
     def _forward_stochastic(self, xp, src, y, idx):
         """Caffe's (GPU-only) STOCHASTIC pooling, for non-negative inputs. TRAIN:
@@ -256,6 +275,13 @@ class Pooling(Layer):
             raise self.error("STOCHASTIC pooling has no backward in TEST phase: its TEST forward picks no cell")
         if xp is not np and self.method != STOCHASTIC:
             return pooling_gpu.pool_backward(self, dy, dx, idx)
+        taps = 1 if self.is_global else self.kernel[0] * self.kernel[1]
+        self._split({"dy": dy, "dx": dx, "idx": idx}, dx.size + 4 * taps * dy.size, self._backward_planes)
+
+    def _backward_planes(self, a):
+        """dx of planes a["dx"] from a["dy"] (and a["idx"]), with the workspace's rows of them."""
+        dy, dx, idx = a["dy"], a["dx"], a.get("idx")
+        xp = array_module(dy)
         if self.is_global:
             N, C, H, W = dx.shape
             if self.method == MAX:
@@ -265,10 +291,9 @@ class Pooling(Layer):
             else:
                 dx.reshape(N, C, H * W)[...] = dy.reshape(N, C, 1) / (H * W)
             return
-        N, C, H, W = dx.shape
-        dst = self.workspace["padded"] if "padded" in self.workspace_specs else self._phase_view(dx)
+        dst = a["padded"] if "padded" in self.workspace_specs else self._phase_view(dx)
         dst.fill(0)
-        tmp, hit = self.workspace["tmp"], self.workspace.get("hit")
+        tmp, hit = a["tmp"], a.get("hit")
         if self.method == AVE:
             xp.divide(dy, self._divisor(xp, dy.dtype), out=tmp)
         for t, win in self._taps():
@@ -277,5 +302,5 @@ class Pooling(Layer):
                 xp.multiply(dy, hit, out=tmp)
             dst[win] += tmp          # overlapping windows accumulate, one tap at a time
         if "padded" in self.workspace_specs:
-            for (a, b), (q0, r0), (nq, nr), cells in self._phases():
-                dx[(Ellipsis,) + cells] = dst[:, :, a, b, q0:q0 + nq, r0:r0 + nr]
+            for (a_, b), (q0, r0), (nq, nr), cells in self._phases():
+                dx[(Ellipsis,) + cells] = dst[:, :, a_, b, q0:q0 + nq, r0:r0 + nr]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import workers
 from . import scale_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
@@ -86,17 +87,28 @@ class Scale(_BroadcastLayer):
     def scale_blob(self, bottom):
         return self.blobs[0] if self.scale_is_param else bottom[1]
 
+    # The broadcast axis is split over threads (backend/workers): each piece of channels does
+    # its own whole computation, its sums included, so every sum keeps its order.
     def forward(self, bottom, top):
         x = bottom[0].data
-        if self.inplace and "bottom" not in self.shared_scratch:
-            self.scratch["bottom"][...] = x
+        keep = self.inplace and "bottom" not in self.shared_scratch
         if array_module(x) is not np:
+            if keep:
+                self.scratch["bottom"][...] = x
             return scale_gpu.scale_forward(self, x, self.scale_blob(bottom).data,
                                            self.blobs[-1].data if self.bias_term else None, top[0].data)
-        y3 = self.as3(top[0].data)
-        array_module(x).multiply(self.as3(x), self.operand3(self.scale_blob(bottom).data), out=y3)
-        if self.bias_term:
-            y3 += self.operand3(self.blobs[-1].data)
+        x3, y3 = self.as3(x), self.as3(top[0].data)
+        kept = self.as3(self.scratch["bottom"]) if keep else None
+        scale = self.scale_blob(bottom).data.reshape(-1)
+        bias = self.blobs[-1].data.reshape(-1) if self.bias_term else None
+
+        def run(cs):
+            if keep:
+                kept[:, cs] = x3[:, cs]
+            np.multiply(x3[:, cs], scale[cs, None], out=y3[:, cs])
+            if bias is not None:
+                y3[:, cs] += bias[cs, None]
+        workers.split(self.view[1], (2 + keep) * x.size, run)
 
     def backward(self, top, propagate_down, bottom):
         xp = array_module(top[0].diff)
@@ -104,13 +116,25 @@ class Scale(_BroadcastLayer):
             return scale_gpu.scale_backward(self, top, propagate_down, bottom)
         dy3 = self.as3(top[0].diff)
         scale = self.scale_blob(bottom)
+        scale_grad = self.scale_is_param or propagate_down[1]
+        x3 = self.as3(self.scratch["bottom"] if self.inplace else bottom[0].data) if scale_grad else None
+        dx3 = self.as3(bottom[0].diff) if propagate_down[0] else None
+        sums = np.empty((2, self.view[1]), dy3.dtype)        # per channel: bias, scale gradients
+        s = scale.data.reshape(-1)
+
+        def run(cs):
+            g = dy3[:, cs]
+            if self.bias_term:
+                sums[0, cs] = np.einsum("ijk->j", g)
+            if scale_grad:
+                sums[1, cs] = np.einsum("ijk,ijk->j", g, x3[:, cs])
+            if dx3 is not None:                      # last: dx may be dy itself (in place)
+                np.multiply(g, s[cs, None], out=dx3[:, cs])
+        workers.split(self.view[1], (1 + self.bias_term + 2 * scale_grad + 2 * (dx3 is not None)) * dy3.size, run)
         if self.bias_term:
-            self.sum_into(np.einsum("ijk->j", dy3), self.blobs[-1].diff, True)
-        if self.scale_is_param or propagate_down[1]:
-            x3 = self.as3(self.scratch["bottom"] if self.inplace else bottom[0].data)
-            self.sum_into(xp.einsum("ijk,ijk->j", dy3, x3), scale.diff, self.scale_is_param)
-        if propagate_down[0]:
-            xp.multiply(dy3, self.operand3(scale.data), out=self.as3(bottom[0].diff))
+            self.sum_into(sums[0], self.blobs[-1].diff, True)
+        if scale_grad:
+            self.sum_into(sums[1], scale.diff, self.scale_is_param)
 
 
 @register

@@ -12,7 +12,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..backend import is_gpu
+from ..backend import is_gpu, workers
 from . import structure_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
@@ -98,9 +98,17 @@ class Eltwise(Layer):
             self.backward_needs = ()
         return [shape]
 
+    # Element by element: on NumPy the arrays run in pieces over threads (backend/workers).
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
         y, x = top[0].data, [b.data for b in bottom]
+        if xp is not np and self.op == "MAX":
+            return structure_gpu.eltwise_max_forward(x, y, self.scratch["argmax"])
+        named = (self.scratch.get("argmax"), self.workspace.get("mask"), self.workspace.get("scaled"))
+        workers.elementwise(lambda y, argmax, mask, scaled, *x: self._forward(xp, y, x, argmax, mask, scaled),
+                            y, *named, *x)
+
+    def _forward(self, xp, y, x, argmax, mask, scaled):
         if self.op == "PROD":
             xp.multiply(x[0], x[1], out=y)
             for xi in x[2:]:
@@ -111,12 +119,9 @@ class Eltwise(Layer):
                 if c == 1:
                     y += xi
                 else:
-                    y += xp.multiply(xi, c, out=self.workspace["scaled"])
-        elif xp is not np:
-            structure_gpu.eltwise_max_forward(x, y, self.scratch["argmax"])
+                    y += xp.multiply(xi, c, out=scaled)
         else:
             # Caffe's order: ties between bottoms 0 and 1 go to 1, later ties keep the earlier
-            argmax, mask = self.scratch["argmax"], self.workspace["mask"]
             xp.greater(x[0], x[1], out=mask)
             xp.copyto(y, x[1])
             xp.copyto(y, x[0], where=mask)
@@ -129,27 +134,33 @@ class Eltwise(Layer):
 
     def backward(self, top, propagate_down, bottom):
         xp = array_module(top[0].diff)
-        dy = top[0].diff
-        for i, b in enumerate(bottom):
-            if not propagate_down[i]:
+        n = len(bottom)
+        prod = self.op == "PROD"
+        data = [b.data if prod else None for b in bottom]
+        diffs = [b.diff if p else None for b, p in zip(bottom, propagate_down)]
+        y = top[0].data if prod and not self.stable_prod_grad else None
+        workers.elementwise(lambda dy, y, argmax, mask, *rest: self._backward(xp, dy, y, argmax, mask, rest[:n], rest[n:]),
+                            top[0].diff, y, self.scratch.get("argmax"), self.workspace.get("mask"), *data, *diffs)
+
+    def _backward(self, xp, dy, y, argmax, mask, data, diffs):
+        for i, dx in enumerate(diffs):
+            if dx is None:
                 continue
-            dx = b.diff
             if self.op == "PROD":
                 if self.stable_prod_grad:      # the product of the other bottoms
-                    others = [o.data for j, o in enumerate(bottom) if j != i]
+                    others = [o for j, o in enumerate(data) if j != i]
                     xp.copyto(dx, others[0])
                     for o in others[1:]:
                         dx *= o
                 else:
-                    xp.divide(top[0].data, b.data, out=dx)
+                    xp.divide(y, data[i], out=dx)
                 dx *= dy
             elif self.op == "SUM":
                 xp.multiply(dy, self.coeffs[i], out=dx)
             elif xp is not np:
-                structure_gpu.eltwise_max_backward(dy, self.scratch["argmax"], dx, i)
+                structure_gpu.eltwise_max_backward(dy, argmax, dx, i)
             else:
-                mask = self.workspace["mask"]
-                xp.equal(self.scratch["argmax"], i, out=mask)
+                xp.equal(argmax, i, out=mask)
                 dx.fill(0)
                 xp.copyto(dx, dy, where=mask)
 
@@ -175,8 +186,16 @@ class Concat(Layer):
         return [first[:axis] + (sum(self.sizes),) + first[axis + 1:]]
 
     def forward(self, bottom, top):
-        for piece, b in zip(pieces(top[0].data, self.outer, self.sizes, self.inner), bottom):
-            assign(piece, b.data)
+        tops = pieces(top[0].data, self.outer, self.sizes, self.inner)
+        if array_module(top[0].data) is not np:
+            for piece, b in zip(tops, bottom):
+                assign(piece, b.data)
+            return
+        # the outer rows (images, where the axis is 1) copied on threads (backend/workers)
+        copies = [(piece, b.data.reshape(piece.shape)) for piece, b in zip(tops, bottom)
+                  if not same_memory(piece, b.data)]
+        workers.split(self.outer, 2 * top[0].data.size,
+                      lambda rows: [np.copyto(piece[rows], b[rows]) for piece, b in copies])
 
     def backward(self, top, propagate_down, bottom):
         for i, piece in enumerate(pieces(top[0].diff, self.outer, self.sizes, self.inner)):
@@ -246,9 +265,11 @@ class Split(Layer):
         if len(top) == 1:
             assign(dx, top[0].diff)
             return
-        array_module(dx).add(top[0].diff, top[1].diff, out=dx)
-        for t in top[2:]:
-            dx += t.diff
+        def add(dx, *diffs):
+            array_module(dx).add(diffs[0], diffs[1], out=dx)
+            for d in diffs[2:]:
+                dx += d
+        workers.elementwise(add, dx, *(t.diff for t in top))    # in pieces over threads
 
 
 class _View(Layer):

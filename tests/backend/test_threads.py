@@ -12,7 +12,7 @@ import pytest
 from sncaffe.backend import blas, threads
 
 ROOT = Path(__file__).resolve().parents[2]
-VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS")
+VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS", "KMP_BLOCKTIME")
 HAS_MKL = blas._mkl_path() is not None
 
 # Decide, then read the runtimes' counts: at once, after a tiny GEMM, after a big one.
@@ -25,7 +25,8 @@ flag = json.loads(sys.argv[1])
 d = threads.configure(flag)
 def counts():
     return {i["internal_api"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
-out = {"decision": d.__dict__, "blas": blas.BLAS.name, "at_once": counts()}
+import os
+out = {"decision": d.__dict__, "blas": blas.BLAS.name, "at_once": counts(), "blocktime": os.environ.get("KMP_BLOCKTIME")}
 for name, n in (("tiny", 8), ("big", 512)):
     a = np.ones((n, n), np.float32)
     blas.gemm(a, a, np.empty_like(a))
@@ -63,6 +64,8 @@ def test_two_threads_go_to_big_gemms_only(lib):
     assert (out["at_once"][lib], out["tiny"][lib], out["big"][lib]) == (2, 1, 2)
     if lib == "mkl":
         assert out["at_once"]["openblas"] == out["big"]["openblas"] == 1
+        assert out["blocktime"] == str(threads.KMP_BLOCKTIME_MS)     # Intel's threads sleep soon
+        assert _child(2, SNCAFFE_BLAS=lib, KMP_BLOCKTIME="50")["blocktime"] == "50"     # the user's wins
 
 
 def test_the_gemm_librarys_own_variable_comes_first():
@@ -74,21 +77,24 @@ def test_the_gemm_librarys_own_variable_comes_first():
 
 
 def test_default_is_the_free_cores():
-    """Nothing set: the usable cores less the busy ones by the load average, read in the child."""
+    """Nothing set: the usable cores less those other processes keep busy, sampled in the child."""
     out = _child()
     d = out["decision"]
     assert d["source"] == "cores" and d["cores"] == threads.usable_cores()
-    assert d["threads"] == max(1, min(d["cores"], d["cores"] - int(d["load"])))
+    assert 0 <= d["busy"] <= d["cores"] + 0.01
+    assert d["threads"] == threads.free_cores(d["cores"], d["busy"])
     assert out["at_once"][_gemm_lib(out)] == out["big"][_gemm_lib(out)] == d["threads"]
     assert out["tiny"][_gemm_lib(out)] == 1
 
 
 def test_decide_rules():
-    d = threads.decide(env={}, cores=8, load=2.7)
-    assert (d.threads, d.source) == (6, "cores")
-    assert threads.decide(env={}, cores=8, load=0.9).threads == 8
-    assert threads.decide(env={}, cores=2, load=7.0).threads == 1
-    assert threads.decide(env={}, cores=8, load=0.0, share=3).threads == 2
+    d = threads.decide(env={}, cores=8, busy=2.7)
+    assert (d.threads, d.source, d.busy) == (5, "cores", 2.7)
+    assert "8 usable cores, 2.7 of them busy with other processes now" in d.describe()
+    assert threads.decide(env={}, cores=8, busy=0.4).threads == 8      # a brief burst takes no core
+    assert threads.decide(env={}, cores=2, busy=0.6).threads == 1      # a core half taken is taken
+    assert threads.decide(env={}, cores=2, busy=7.0).threads == 1
+    assert threads.decide(env={}, cores=8, busy=0.0, share=3).threads == 2
     assert threads.decide(3, env={"OMP_NUM_THREADS": "1"}, cores=2).threads == 3     # the flag first
     assert threads.decide(env={"OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "1"},
                           blas_name="mkl", cores=2).source == "OMP_NUM_THREADS=4"
@@ -96,6 +102,23 @@ def test_decide_rules():
         threads.decide(env={"OMP_NUM_THREADS": "two"})
     with pytest.raises(ValueError, match="--threads 0"):
         threads.decide(0)
+
+
+def test_busy_cores_come_from_proc_stat(monkeypatch):
+    """Busy is the non-idle share of each cpu between two reads of /proc/stat, whatever the
+    load average says (a previous run of the user's own stays in that for a minute)."""
+    reads = iter([{0: (100, 200), 1: (50, 100)}, {0: (190, 300), 1: (60, 200)}])
+    monkeypatch.setattr(threads, "_cpu_times", lambda cpus: next(reads))
+    monkeypatch.setattr(threads, "_busy", None)
+    monkeypatch.setattr(threads, "SAMPLE_SECONDS", 0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    assert threads.busy_cores() == pytest.approx(0.1 + 0.9)         # cpu0 90% idle, cpu1 10% idle
+    assert threads.busy_cores() == pytest.approx(1.0)               # measured once per process
+
+
+def test_cpu_times_read_this_machine():
+    times = threads._cpu_times(os.sched_getaffinity(0))
+    assert times and all(0 <= idle <= total for idle, total in times.values())
 
 
 def test_gemm_threads_are_sized_to_the_work(monkeypatch):

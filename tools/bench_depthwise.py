@@ -67,7 +67,8 @@ def sncaffe_layer(np, C, M, H, s, group, options):
     h = Harness(layer, [x], np.float32)
     h.forward()
     h.top[0].diff[...] = np.random.default_rng(1).standard_normal(h.top[0].diff.shape, dtype=np.float32)
-    return lambda: (layer.forward(h.bottom, h.top), layer.backward(h.top, [True], h.bottom)), type(layer.plan).__name__
+    kind = layer.dnn.conv(BATCH).impl("forward") if layer.dnn else type(layer.plan).__name__
+    return lambda: (layer.forward(h.bottom, h.top), layer.backward(h.top, [True], h.bottom)), kind
 
 
 def torch_layer(torch, C, M, H, s, group):
@@ -153,13 +154,14 @@ def layer_table(np, torch, args, tables):
         if args.only not in name:
             continue
         fast, kind = sncaffe_layer(np, C, C, H, s, C, {})
+        native, _ = sncaffe_layer(np, C, C, H, s, C, {"grouped": None})     # options: off oneDNN
         old, _ = sncaffe_layer(np, C, C, H, s, C, {"grouped": False})
-        fns = [fast, old] + ([torch_layer(torch, C, C, H, s, C)] if torch else [])
+        fns = [fast, native, old] + ([torch_layer(torch, C, C, H, s, C)] if torch else [])
         t = medians(fns, args.repeat)
-        rows.append([name, kind, f"{t[0] * 1e3:.2f}", f"{t[1] * 1e3:.2f}", f"{t[1] / t[0]:.2f}"]
-                    + ([f"{t[2] * 1e3:.2f}", f"{t[2] / t[0]:.2f}"] if torch else []))
-    tables.table(rows, ["depthwise 3x3, fwd+bwd", "plan", "sncaffe ms", "ConvPlan ms", "x faster",
-                        "torch ms", "torch/sncaffe"][:7 if torch else 5])
+        rows.append([name, kind, f"{t[0] * 1e3:.2f}", f"{t[1] * 1e3:.2f}", f"{t[2] * 1e3:.2f}", f"{t[1] / t[0]:.2f}"]
+                    + ([f"{t[3] * 1e3:.2f}", f"{t[3] / t[0]:.2f}"] if torch else []))
+    tables.table(rows, ["depthwise 3x3, fwd+bwd", "kernel", "sncaffe ms", "GroupedPlan ms", "ConvPlan ms",
+                        "Grouped/sncaffe", "torch ms", "torch/sncaffe"][:8 if torch else 6])
 
 
 def block_table(np, torch, args, tables):

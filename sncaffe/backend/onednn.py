@@ -75,6 +75,13 @@ def _load():
     return None
 
 
+def preload():
+    """Load oneDNN (and the libgomp it links) before the BLAS loads: MKL then takes its GNU
+    OpenMP layer, and oneDNN's and MKL's threads are one team, never two spinning at once."""
+    if not _tried and os.environ.get("SNCAFFE_CONV", "").strip().lower() != "native":
+        _load()
+
+
 def choice(env=None) -> str:
     """``onednn`` or ``native``: ``SNCAFFE_CONV``, else oneDNN where it loads."""
     value = (os.environ if env is None else env).get("SNCAFFE_CONV", "").strip().lower()

@@ -227,7 +227,13 @@ class _Step:
         stream = _stream()
         exec_args, mems = [], []
         for arg, (user, want, reorder, off) in self.args.items():
-            ptr = arrays[arg].ctypes.data
+            a = arrays[arg]
+            if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != _lib.dnnl_memory_desc_get_size(user):
+                # oneDNN reads raw memory: a strided view or a wrong shape would be read wrongly, silently
+                raise ValueError(f"oneDNN argument {arg}: needs a C-contiguous float32 array of "
+                                 f"{_lib.dnnl_memory_desc_get_size(user)} bytes, got {a.dtype} {a.shape} "
+                                 f"strides {a.strides}")
+            ptr = a.ctypes.data
             if reorder is None:
                 mem = _memory(want, ptr)
             else:

@@ -51,11 +51,20 @@ def geometry(layer, plan, size):
             return None
     except (ValueError, RuntimeError) as e:
         raise layer.error(str(e)) from None
-    # Measured (tools/bench_conv.py --backends): a 1x1 convolution is one GEMM on NCHW, faster
-    # than reordering its (large) bottom and top to the blocked layout and back; every larger
-    # kernel runs 1.5-3x faster on the blocked direct kernels, reorders included.
     return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
-                    (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), blocked=plan.kernel != (1, 1))
+                    (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), blocked=blocked(plan))
+
+
+def blocked(plan) -> bool:
+    """Whether the layer runs on oneDNN's blocked direct kernels (its arguments reordered in and
+    out) rather than on NCHW. Measured (tools/bench_conv.py --backends, one thread): a 1x1
+    convolution is one GEMM on NCHW, faster than reordering its bottom and top (ResNet-50's 1x1s
+    0.7-0.9x the blocked time); output channels per group that are not a multiple of the
+    vector block (8 floats) pad every block (LeNet's 20 and 50: NCHW 0.35x and 0.75x the blocked
+    time); every other kernel, depthwise included, runs 1.5-3x faster blocked, reorders included."""
+    if plan.kernel == (1, 1):
+        return False
+    return plan.Cg == 1 and plan.Mg == 1 or plan.Mg % 8 == 0
 
 
 def _blocks(layer, n):

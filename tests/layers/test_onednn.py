@@ -9,6 +9,7 @@ from sncaffe import Net
 from sncaffe.backend import CPUDevice, onednn
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers.base import LayerError
+from sncaffe.layers.conv_onednn import blocked
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
 from test_conv import _text
@@ -61,7 +62,7 @@ def test_float32_on_onednn_matches_convplan_in_float64(kind, shape, M, kw):
     ref, *want = _run(kind, shape, M, kw, np.float64)
     assert ref.dnn is None, "float64 runs on ConvPlan"
     layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
-    assert layer.dnn is not None and layer.dnn.blocked == (layer.plan.kernel != (1, 1))
+    assert layer.dnn is not None and layer.dnn.blocked == blocked(layer.plan)
     top, dx, dparams = got
     for what, g, w in [("top", top, want[0]), ("bottom diff", dx, want[1])] + [
             (f"param diff {i}", g, w) for i, (g, w) in enumerate(zip(dparams, want[2]))]:
@@ -179,3 +180,26 @@ def test_forced_and_absent_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.delenv("SNCAFFE_CONV")
     layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
     assert layer.dnn is None
+
+
+@needs_onednn
+def test_cases_run_both_layouts():
+    """The cases above cover the blocked kernels (reorders through the workspace) and NCHW."""
+    layouts = set()
+    for kind, shape, M, kw in CASES:
+        layer = make_layer(_text(kind, M, kw))
+        Harness(layer, [np.zeros(shape)], np.float32)
+        layouts.add(layer.dnn.blocked)
+    assert layouts == {True, False}
+
+
+@needs_onednn
+def test_a_strided_argument_is_refused():
+    """oneDNN reads raw memory: a view with other strides must not reach it."""
+    conv = onednn.conv(2, 4, 4, 1, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1))
+    x = np.zeros((2, 8, 5, 5), np.float32)[:, ::2]
+    w, y = np.zeros((4, 4, 3, 3), np.float32), np.zeros((2, 4, 5, 5), np.float32)
+    ws = np.zeros(conv.nbytes("forward"), np.uint8)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        conv.run("forward", ws, x=x, w=w, y=y)
+    conv.run("forward", ws, x=np.ascontiguousarray(x), w=w, y=y)

@@ -225,7 +225,7 @@ class _Step:
         base = ws.ctypes.data if self.nbytes else None
         pad = base + self.scratch_offset if self.nbytes else None
         stream = _stream()
-        exec_args, mems = [], []
+        exec_args = []          # holds the memory objects until the primitive has run
         for arg, (user, want, reorder, off) in self.args.items():
             a = arrays[arg]
             if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != _lib.dnnl_memory_desc_get_size(user):
@@ -241,7 +241,6 @@ class _Step:
                 if arg not in self.outputs:
                     _execute(self.reorders[arg], stream, [(SRC, _memory(user, ptr)), (DST, mem)],
                              pad, self.reorder_pad[arg])
-            mems.append(mem)
             exec_args.append((arg, mem))
         _execute(self.prim, stream, exec_args, pad, self.pad_md)
         for arg in self.outputs:

@@ -572,6 +572,11 @@ def cmd_time(args) -> int:
     if net.device.name == "cpu":
         from .backend.blas import BLAS
         print(f"CPU GEMMs: {BLAS.describe()} (SNCAFFE_BLAS=mkl|openblas|numpy).")
+        from .backend import onednn
+        convs = [node.layer for node in net.graph.layers if hasattr(node.layer, "dnn")]
+        where = (f"{sum(c.dnn is not None for c in convs)} of {len(convs)} on oneDNN {onednn.version()}"
+                 if onednn.version() else f"oneDNN not installed ({onednn.INSTALL})")
+        print(f"CPU convolutions: {where}, the others on sncaffe's GEMMs (SNCAFFE_CONV=onednn|native).")
     return 0
 
 

@@ -37,6 +37,7 @@ class Harness:
 
     def __init__(self, layer, bottoms, dtype=np.float64, seed=0, params=None):
         self.layer, self.dtype, self.seed = layer, dtype, seed
+        layer.dtype = np.dtype(dtype)       # as build_graph does: setup picks the kernels for it
         self.inputs = [np.asarray(b, dtype=dtype).copy() for b in bottoms]
         layer.check_counts(len(bottoms), len(layer.param.top))
         top_shapes = layer.setup([b.shape for b in self.inputs])
@@ -86,13 +87,14 @@ class Harness:
 
 def check_gradient(layer, bottoms, *, seed=0, eps=1e-6, rtol=1e-5, atol=1e-7,
                    check_bottoms=None, check_params=True, max_probes=400, params=None,
-                   propagate_down=None, ignored_tops=()):
+                   propagate_down=None, ignored_tops=(), dtype=np.float64):
     """Assert that backward matches finite differences. Returns the Harness.
 
     ``propagate_down``: per bottom (default: where the layer allows force_backward).
     ``ignored_tops``: indices of tops whose diff the layer ignores by design (Caffe's exposed
-    recurrent state); they get a zero gradient so the objective leaves them out."""
-    h = Harness(layer, bottoms, np.float64, seed, params)
+    recurrent state); they get a zero gradient so the objective leaves them out. ``dtype``: the
+    layer's (float32 checks float32-only kernels, with a larger ``eps`` and tolerances)."""
+    h = Harness(layer, bottoms, dtype, seed, params)
     rng = np.random.default_rng(seed + 7)
     tops = h.forward()
     grads = [rng.standard_normal(t.shape) * (i not in ignored_tops) for i, t in enumerate(tops)]

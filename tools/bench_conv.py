@@ -6,7 +6,11 @@ fraction of the GEMM rate) and, when torch is importable, torch's conv2d on the
 same shape. The totals weight each shape by how often ResNet-50 has it (conv1's
 backward-data is left out: the data layer below it takes no gradient).
 
-    .venv/bin/python tools/bench_conv.py [--threads 1] [--repeat 3] [--batch 8] [--quick]
+With --backends: per shape (ResNet-50's at --batch, CIFAR ResNet-20's at --cifar-batch)
+forward + both backward passes of the layer on oneDNN (backend/onednn.py, layouts of the
+kernels' choice), on oneDNN with NCHW arguments, on sncaffe's own ConvPlan, and torch's.
+
+    .venv/bin/python tools/bench_conv.py [--threads 1] [--repeat 3] [--batch 8] [--quick] [--backends]
 """
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ import os
 import sys
 import time
 
+# CIFAR ResNet-20 (name, channels, num_output, input size, kernel, stride, pad, bias, count)
+CIFAR = [("cifar 3x3 3>16 32", 3, 16, 32, 3, 1, 1, False, 1), ("cifar 3x3 16 32", 16, 16, 32, 3, 1, 1, False, 6),
+         ("cifar 3x3/2 16>32", 16, 32, 32, 3, 2, 1, False, 1), ("cifar 3x3 32 16", 32, 32, 16, 3, 1, 1, False, 5),
+         ("cifar 3x3/2 32>64", 32, 64, 16, 3, 2, 1, False, 1), ("cifar 3x3 64 8", 64, 64, 8, 3, 1, 1, False, 5)]
 # (name, channels, num_output, input size, kernel, stride, pad, bias, count in ResNet-50)
 SHAPES = [
     ("conv1 7x7/2", 3, 64, 224, 7, 2, 3, True, 1),
@@ -48,7 +56,12 @@ def parse_args():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--only", default="", help="run shapes whose name contains this")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--backends", action="store_true", help="oneDNN, oneDNN on NCHW, ConvPlan and torch")
+    ap.add_argument("--cifar-batch", type=int, default=128)
     return ap.parse_args()
+
+
+CLOCK = time.perf_counter      # main: the process's CPU time at one thread (the shared machine's load aside)
 
 
 def best_times(fns, repeat):
@@ -59,9 +72,9 @@ def best_times(fns, repeat):
     best = [float("inf")] * len(fns)
     for _ in range(repeat):
         for i, fn in enumerate(fns):
-            t = time.perf_counter()
+            t = CLOCK()
             fn()
-            best[i] = min(best[i], time.perf_counter() - t)
+            best[i] = min(best[i], CLOCK() - t)
     return best
 
 
@@ -73,15 +86,21 @@ def gemm_rate(np, repeat):
     return 2 * 2048 ** 3 / best_times([lambda: gemm(a, b, c)], repeat)[0] / 1e9
 
 
-def sncaffe_passes(np, shape, N):
-    """(forward, backward-data, backward-filter) of sncaffe's Convolution, as functions."""
+def sncaffe_passes(np, shape, N, options=None):
+    """(forward, backward-data, backward-filter) of sncaffe's Convolution, as functions
+    (``options``: ConvPlan's, which keep the layer off oneDNN)."""
     from sncaffe.gradcheck import Harness, make_layer
     _, C, M, H, k, s, p, bias, _ = shape
     text = (f'type: "Convolution" convolution_param {{ num_output: {M} kernel_size: {k} '
             f'stride: {s} pad: {p} bias_term: {str(bias).lower()} }}')
     x = np.random.default_rng(0).standard_normal((N, C, H, H), dtype=np.float32)
+
+    def layer(frozen):
+        one = make_layer(text + frozen)
+        one.plan_options = options or {}
+        return one
     # lr_mult 0: Caffe (and sncaffe) skip the parameter gradients, leaving backward-data
-    h, hd = (Harness(make_layer(text + frozen), [x], np.float32)
+    h, hd = (Harness(layer(frozen), [x], np.float32)
              for frozen in ("", " param { lr_mult: 0 } param { lr_mult: 0 }"))
     for one in (h, hd):
         one.forward()
@@ -106,8 +125,68 @@ def torch_passes(torch, shape, N):
             run([False, True, bias]))
 
 
+def onednn_plain(np, shape, N):
+    """forward + both backward passes on oneDNN with NCHW arguments (no reorders), one function."""
+    from sncaffe.backend import onednn
+    _, C, M, H, k, s, p, bias, _ = shape
+    conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), blocked=False)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((N, C, H, H), dtype=np.float32), rng.standard_normal((M, C, k, k), dtype=np.float32)
+    Ho = (H + 2 * p - k) // s + 1
+    y = np.zeros((N, M, Ho, Ho), np.float32)
+    dx, dw = np.zeros_like(x), np.zeros_like(w)
+    ws = np.zeros(max(conv.nbytes(kind) for kind in ("forward", "data", "weights")), np.uint8)
+    return lambda: (conv.run("forward", ws, x=x, w=w, y=y), conv.run("data", ws, x=dx, w=w, y=y),
+                    conv.run("weights", ws, x=x, w=dw, y=y))
+
+
+def backends(np, torch, args):
+    """The --backends table: fwd+bwd ms per shape on each path, and the weighted totals."""
+    from sncaffe.backend import onednn
+    have = onednn.choice() == "onednn"
+    head = f"{'shape':22s} {'n':>3s} {'x':>2s} | {'oneDNN':>7s} {'NCHW':>7s} {'native':>7s} {'torch':>7s} | " \
+           f"{'dnn/torch':>9s} {'nat/torch':>9s}  oneDNN kernels (fwd, bwd-data, bwd-weights)"
+    print(head + "\n" + "-" * len(head))
+    totals = {}
+    for net, shapes, N in (("CIFAR ResNet-20", CIFAR, args.cifar_batch), ("ResNet-50", SHAPES, args.batch)):
+        sums = [0.0] * 4
+        for shape in shapes:
+            name, C, M, H, k, s, p, bias, count = shape
+            if args.only not in name:
+                continue
+            fns = []
+            if have:
+                f = sncaffe_passes(np, shape, N)
+                fns += [lambda f=f: (f[0](), f[1](), f[2]()), onednn_plain(np, shape, N)]
+            f = sncaffe_passes(np, shape, N, {"grouped": None})
+            fns.append(lambda f=f: (f[0](), f[1](), f[2]()))
+            if torch:
+                t = torch_passes(torch, shape, N)
+                fns.append(lambda t=t: (t[0](), t[1](), t[2]()))
+            times = best_times(fns, 1 if args.quick else args.repeat)
+            times = ([None, None] if not have else []) + times + ([None] if not torch else [])
+            for i, t in enumerate(times):
+                sums[i] += count * (t or 0)
+            ms = " ".join(f"{t * 1e3:7.2f}" if t else f"{'-':>7s}" for t in times)
+            ratio = " ".join(f"{t / times[3]:9.2f}" if t and times[3] else f"{'-':>9s}" for t in (times[0], times[2]))
+            kinds = ""
+            if have:
+                c = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1))
+                kinds = ", ".join(c.impl(kind) for kind in ("forward", "data", "weights"))
+            print(f"{name:22s} {N:3d} {count:2d} | {ms} | {ratio}  {kinds}", flush=True)
+        totals[net] = sums
+    for net, sums in totals.items():
+        line = ", ".join(f"{what} {t:.3f} s" for what, t in zip(("oneDNN", "NCHW", "native", "torch"), sums) if t)
+        print(f"{net} convolutions, fwd+bwd, weighted by count: {line}"
+              + (f"; oneDNN/torch {sums[0] / sums[3]:.2f}, native/torch {sums[2] / sums[3]:.2f}"
+                 if sums[0] and sums[3] else ""))
+
+
 def main():
+    global CLOCK
     args = parse_args()
+    if args.threads == 1:       # every kernel runs on the calling thread: CPU time is its time
+        CLOCK = time.process_time
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)     # before NumPy loads its BLAS
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
@@ -124,10 +203,14 @@ def main():
     N = args.batch
     rate = gemm_rate(np, repeat)
     print(f"threads {args.threads} (OPENBLAS_NUM_THREADS{', torch.set_num_threads' if torch else ''}), "
-          f"batch {N}, best of {repeat}")
+          f"batch {N}, best of {repeat}, {'CPU time' if CLOCK is time.process_time else 'wall clock'}")
     from sncaffe.backend.blas import BLAS
     print(f"fp32 GEMM (2048^3, {BLAS.describe()}): {rate:.1f} GFLOP/s")
     print(f"torch {torch.__version__}" if torch else "torch: not importable, sncaffe only")
+    if args.backends:
+        backends(np, torch, args)
+        print("load average %.2f %.2f %.2f" % os.getloadavg())
+        return
     head = f"{'shape':22s} {'n':>2s} | {'fwd ms':>7s} {'GF/s':>5s} {'%gemm':>5s} | {'bwdD ms':>7s} {'GF/s':>5s} " \
            f"{'%gemm':>5s} | {'bwdF ms':>7s} {'GF/s':>5s} {'%gemm':>5s}"
     if torch:

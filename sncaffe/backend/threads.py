@@ -160,6 +160,8 @@ def configure(threads=None, share=1) -> Decision:
     MKL's threading layer."""
     global _flag, _decision
     _flag = threads
+    from . import onednn
+    onednn.preload()                     # before the BLAS: one OpenMP runtime for both
     from . import blas                   # loads the BLAS under this flag
     _decision = decide(threads, blas_name=blas.BLAS.name, share=share)
     from threadpoolctl import threadpool_limits

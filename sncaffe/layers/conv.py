@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backend import is_gpu
 from ..fillers import fill
-from . import conv_gpu
+from . import conv_gpu, conv_onednn
 from .base import Layer, array_module, register
 from .grouped import make_plan
 
@@ -43,6 +43,8 @@ class _ConvolutionBase(Layer):
     backward_needs = ("bottom",)    # weight gradient reads bottom data; top data is never read
     deconv = False
     chunk = None                    # images per pass (None: the whole batch)
+    reduce_block = None             # images per block of the weight gradient's sum (None: the chunk)
+    dnn = None                      # conv_onednn.Geometry where oneDNN runs the layer
     plan_options: dict = {}         # ConvPlan layout overrides (tests, benchmarks)
 
     def setup(self, bottom_shapes):
@@ -76,17 +78,19 @@ class _ConvolutionBase(Layer):
                 raise self.error(f"output size {out} < 1 (input {H}x{W}, kernel extent {extent}, pad {pad})")
             # conv view: the image side is top (M channels), the grid side is bottom (C)
             self.plan = make_plan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
+            self.dnn = conv_onednn.geometry(self, self.plan, out)
             self.param_shapes = [(C, M // group) + kernel]
         else:
             if any(n + 2 * q < e for n, q, e in zip((H, W), pad, extent)):
                 raise self.error(f"kernel extent {extent} exceeds the padded input "
                                  f"{H + 2 * pad[0]}x{W + 2 * pad[1]}")
             self.plan = make_plan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
+            self.dnn = conv_onednn.geometry(self, self.plan, (H, W))
             out = self.plan.out_shape
             self.param_shapes = [(M, C // group) + kernel]
         self.bias_term = p.bias_term
         self.param_shapes += [(M,)] * self.bias_term
-        self.workspace_specs = {k: ((n,), None) for k, n in self.plan.workspace(self.chunk or N).items()}
+        self.workspace_specs = self._cpu_workspace(self.chunk or N)
         if is_gpu(self.target):                     # cuDNN's workspace, not the CPU kernels'
             self.workspace_specs, self.backward_workspace_specs = conv_gpu.workspace_specs(self, shape, self.chunk)
         return [(N, M) + tuple(out)] * len(bottom_shapes)
@@ -95,7 +99,12 @@ class _ConvolutionBase(Layer):
         """The memory runtime's choice when the full workspace does not fit: ``chunk`` images a pass."""
         if is_gpu(self.target):
             return conv_gpu.workspace_for_chunk(self, chunk)
-        return {k: ((n,), None) for k, n in self.plan.workspace(chunk).items()}
+        return self._cpu_workspace(chunk)
+
+    def _cpu_workspace(self, n):
+        if self.dnn:
+            return conv_onednn.workspace(self, n)
+        return {k: ((size,), None) for k, size in self.plan.workspace(n).items()}
 
     def init_params(self, rng):
         p = self.param.convolution_param
@@ -144,10 +153,14 @@ class Convolution(_ConvolutionBase):
     type = "Convolution"
 
     def _forward_chunk(self, x, y):
+        if self.dnn:
+            return conv_onednn.conv_forward(self, x, y)
         bias = self.blobs[1].data if self.bias_term else None
         self.plan.forward(x, self.blobs[0].data, y, self.workspace, bias)
 
     def _backward_chunk(self, dy, x, dx):
+        if self.dnn:
+            return conv_onednn.conv_backward(self, dy, x, dx)
         self.plan.backward(x, dy, self.blobs[0].data, self.workspace, dx=dx,
                            dw=self.blobs[0].diff if self._learns(0) else None)
 
@@ -161,11 +174,15 @@ class Deconvolution(_ConvolutionBase):
     deconv = True
 
     def _forward_chunk(self, x, y):
+        if self.dnn:
+            return conv_onednn.deconv_forward(self, x, y)
         self.plan.backward(None, x, self.blobs[0].data, self.workspace, dx=y)
         if self.bias_term:
             y += self.blobs[1].data.reshape(-1, 1, 1)
 
     def _backward_chunk(self, dy, x, dx):
+        if self.dnn:
+            return conv_onednn.deconv_backward(self, dy, x, dx)
         if self._learns(0):
             self.plan.backward(dy, x, self.blobs[0].data, self.workspace, dw=self.blobs[0].diff)
         if dx is not None:

@@ -128,8 +128,10 @@ def test_device_run_moves_what_the_plan_says():
 
     def evicts(plan):
         return plan.fits and plan.cache_misses > 0 and plan.cache_hits > 0
-    # from the uncached peak down (convolutions chunk their batch there) to where the cache misses
-    capacity = next(c for c in range(uncached.peak + 256, uncached.peak // 2, -4096)
+    # from above the uncached peak (a capacity just above it can fail on fragmentation where a
+    # convolution's workspace does not shrink with its chunk: oneDNN's scratchpads) down to where
+    # the cache misses
+    capacity = next(c for c in range(2 * uncached.peak, uncached.peak // 2, -4096)
                     if evicts(make_plan(graph, "offload", c)))
     net = Net(param, "TRAIN", device=CPUDevice(capacity), memory="offload")
     assert net.plan.cache_misses > 0 and net.plan.cache_hits > 0

@@ -6,6 +6,7 @@ keep every layer and connection, so the memory runtime sees the same graph with 
 tensors. ResNet-2500 (0.9 billion parameters) is only planned: see test_planner.py.
 """
 import math
+import os
 
 import numpy as np
 import pytest
@@ -141,11 +142,21 @@ _reference = {}
 
 
 def reference(path):
-    """Mode none's run of ``path`` (cases are ordered net by net: keep only the last)."""
-    if path not in _reference:
+    """Mode none's run of ``path`` on this test's convolutions (cases are ordered net by net:
+    keep only the last)."""
+    key = (path, os.environ.get("SNCAFFE_CONV"))
+    if key not in _reference:
         _reference.clear()
-        _reference[path] = train(net_param(path), "none")
-    return _reference[path]
+        _reference[key] = train(net_param(path), "none")
+    return _reference[key]
+
+
+@pytest.fixture
+def native_conv(monkeypatch):
+    """Convolutions on ConvPlan: these tests need workspaces that shrink with the chunk down to
+    a few images, and capacities drawn from ConvPlan's sizes (oneDNN's scratchpads do not
+    shrink with the chunk; tests/layers/test_onednn.py checks its pool peak against the plan)."""
+    monkeypatch.setenv("SNCAFFE_CONV", "native")
 
 
 def assert_same_bits(steps, ref_steps):
@@ -182,7 +193,7 @@ def test_mode_matches_plan_and_none(path, mode):
 @pytest.mark.parametrize("path,mode", [pytest.param(c.values[0], m, id=f"{c.id}-{m}", marks=c.marks)
                                        for c in CASES for m in ("offload", "all")
                                        if c.values[0] is None or c.values[0].stem in TIGHT])
-def test_tight_capacity_matches_plan_and_none(path, mode):
+def test_tight_capacity_matches_plan_and_none(path, mode, native_conv):
     """The smallest device (in steps of 1/64 of the transient bytes) whose capacity-bound plan
     fits, from the peak of the plan without a cache: the LRU cache evicts and prefetches, and
     every block is placed where the planner placed it."""
@@ -204,7 +215,7 @@ def test_tight_capacity_matches_plan_and_none(path, mode):
 
 
 @pytest.mark.parametrize("mode", ["offload", "all"])
-def test_fits_at_its_uncached_peak(mode):
+def test_fits_at_its_uncached_peak(mode, native_conv):
     """At the uncached plan's own peak the free memory is fragmented; a convolution whose full
     workspace cannot be placed works in chunks of the batch, and the run meets its plan."""
     param = net_param(ROOT / "prototxt" / "resnet50.prototxt")

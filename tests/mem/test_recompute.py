@@ -144,7 +144,10 @@ def test_dropout_recompute_keeps_its_mask():
 
 
 @pytest.mark.parametrize("mode", ["recompute", "all"])
-def test_batchnorm_and_dropout_nets_recompute_exactly(mode):
+def test_batchnorm_and_dropout_nets_recompute_exactly(mode, monkeypatch):
+    # ConvPlan: the planner replays bn1 and drop1 where that lowers the peak, which its conv1
+    # workspace leaves them to do (oneDNN's smaller one moves the peak elsewhere)
+    monkeypatch.setenv("SNCAFFE_CONV", "native")
     plan, steps = train(param_of(BN_DROP), mode, iters=2)
     replayed = {ins.op.node.name for ins in plan.schedule.backward if ins.kind == "run" and ins.recompute}
     assert {"bn1", "drop1"} <= replayed

@@ -1,0 +1,391 @@
+"""Intel oneDNN's CPU convolutions through its C API (ctypes), as the GPU path calls cuDNN.
+
+oneDNN's direct kernels (JIT-compiled for the core's vector width, on channel-blocked layouts)
+run the convolutions sncaffe's GEMM kernels (``layers/im2col.py``) run at 0.4-0.7x their
+speed; PyTorch's CPU convolutions are these kernels. The library is the ``onednn`` extra
+(``onednn-cpu-gomp``: the CPU-only build on GNU OpenMP, ``sys.prefix/lib/libdnnl.so.3``).
+
+- ``SNCAFFE_CONV``: ``onednn`` (an error if the library is absent), ``native`` (ConvPlan),
+  unset: oneDNN where it loads. float32 only: oneDNN has no float64 convolution on the CPU.
+- Memory: every buffer oneDNN uses is sncaffe's. Primitives run with the user scratchpad
+  mode; a ``Conv`` says how many bytes one pass needs (its scratchpad and, where the kernel
+  wants a blocked layout, the reordered copies of its arguments) and takes them from a
+  workspace array the memory runtime planned.
+- Threads: oneDNN's OpenMP threads follow ``backend.threads`` (set on the calling thread
+  before every primitive is created or run, so they never exceed the budget).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import sysconfig
+import threading
+
+import numpy as np
+
+from . import threads as _threads
+
+LIBRARY = "libdnnl.so.3"
+INSTALL = "pip install sncaffe[onednn]"
+# dnnl_types.h / dnnl_common_types.h (oneDNN v3.2)
+_CPU, _F32, _ANY, _A = 1, 3, 1, 2
+_NCHW, _OIHW, _GOIHW = 5, 5, 6
+_FWD_TRAINING, _DIRECT, _SCRATCHPAD_USER = 64, 1, 1
+_Q_IMPL_INFO, _Q_EXEC_ARG_MD = 8, 255
+SRC, DST, WEIGHTS, BIAS, SCRATCHPAD = 1, 17, 33, 41, 80
+DIFF_SRC, DIFF_DST, DIFF_WEIGHTS = 129, 145, 161
+ALIGN = 64
+_Dims = ctypes.c_int64 * 12
+
+
+class _ExecArg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
+
+
+_lib = _gomp = _engine = None
+_tried = False
+_local = threading.local()          # a stream per thread: oneDNN's CPU stream is not shared
+
+
+def _candidates():
+    dirs = [os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib"),
+            os.path.join(sysconfig.get_path("data"), "lib")]
+    dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    found = [p for d in dict.fromkeys(dirs) for p in sorted(glob.glob(os.path.join(d, LIBRARY)))]
+    return found + [LIBRARY]            # last: the loader's own search path
+
+
+def _load():
+    global _lib, _gomp, _engine, _tried
+    _tried = True
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        _declare(lib)
+        engine = ctypes.c_void_p()
+        _check(lib.dnnl_engine_create(ctypes.byref(engine), _CPU, 0), "engine_create")
+        _lib, _engine = lib, engine
+        # the libgomp libdnnl links: its thread count is per calling thread
+        _gomp = ctypes.CDLL("libgomp.so.1")
+        return lib
+    return None
+
+
+def preload():
+    """Load oneDNN (and the libgomp it links) before the BLAS loads: MKL then takes its GNU
+    OpenMP layer, and oneDNN's and MKL's threads are one team, never two spinning at once."""
+    if not _tried and os.environ.get("SNCAFFE_CONV", "").strip().lower() != "native":
+        _load()
+
+
+def choice(env=None) -> str:
+    """``onednn`` or ``native``: ``SNCAFFE_CONV``, else oneDNN where it loads."""
+    value = (os.environ if env is None else env).get("SNCAFFE_CONV", "").strip().lower()
+    if value not in ("", "onednn", "native"):
+        raise ValueError(f"SNCAFFE_CONV={value!r}: give 'onednn' or 'native'")
+    if value == "native":
+        return "native"
+    if not _tried:
+        _load()
+    if _lib is None and value == "onednn":
+        raise RuntimeError(f"SNCAFFE_CONV=onednn, but oneDNN's {LIBRARY} was not found "
+                           f"(looked in {', '.join(_candidates()[:-1])} and the loader's path): {INSTALL}")
+    return "onednn" if _lib is not None else "native"
+
+
+def version() -> str | None:
+    if not _tried:
+        _load()
+    if _lib is None:
+        return None
+    v = _lib.dnnl_version().contents
+    return f"{v.major}.{v.minor}.{v.patch}"
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint), ("gpu_runtime", ctypes.c_uint)]
+
+
+def _declare(lib):
+    P, I, p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER
+    sigs = {
+        "dnnl_engine_create": [p(P), I, ctypes.c_size_t],
+        "dnnl_stream_create": [p(P), P, ctypes.c_uint],
+        "dnnl_memory_desc_create_with_tag": [p(P), I, _Dims, I, I],
+        "dnnl_memory_desc_destroy": [P],
+        "dnnl_memory_desc_equal": [P, P],
+        "dnnl_memory_desc_get_size": [P],
+        "dnnl_memory_create": [p(P), P, P, P],
+        "dnnl_memory_set_data_handle": [P, P],
+        "dnnl_memory_destroy": [P],
+        "dnnl_primitive_attr_create": [p(P)],
+        "dnnl_primitive_attr_destroy": [P],
+        "dnnl_primitive_attr_set_scratchpad_mode": [P, I],
+        "dnnl_convolution_forward_primitive_desc_create":
+            [p(P), P, I, I, P, P, P, P, _Dims, _Dims, _Dims, _Dims, P],
+        "dnnl_convolution_backward_data_primitive_desc_create":
+            [p(P), P, I, P, P, P, _Dims, _Dims, _Dims, _Dims, P, P],
+        "dnnl_convolution_backward_weights_primitive_desc_create":
+            [p(P), P, I, P, P, P, P, _Dims, _Dims, _Dims, _Dims, P, P],
+        "dnnl_reorder_primitive_desc_create": [p(P), P, P, P, P, P],
+        "dnnl_primitive_desc_query": [P, I, I, P],
+        "dnnl_primitive_desc_query_md": [P, I, I],
+        "dnnl_primitive_desc_destroy": [P],
+        "dnnl_primitive_create": [p(P), P],
+        "dnnl_primitive_execute": [P, P, I, P],
+        "dnnl_primitive_destroy": [P],
+    }
+    for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = ctypes.c_int
+    lib.dnnl_memory_desc_equal.restype = ctypes.c_int
+    lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
+    lib.dnnl_primitive_desc_query_md.restype = ctypes.c_void_p
+    lib.dnnl_version.restype = ctypes.POINTER(_Version)
+
+
+def _check(status, what):
+    if status != 0:
+        raise RuntimeError(f"oneDNN {what} failed (dnnl_status_t {status})")
+
+
+def _dims(values):
+    return _Dims(*values)
+
+
+def _set_threads():
+    """oneDNN's OpenMP team on this thread: sncaffe's budget."""
+    n = _threads.current().threads
+    if getattr(_local, "threads", None) != n:
+        _gomp.omp_set_num_threads(n)
+        _local.threads = n
+    return n
+
+
+def _stream():
+    s = getattr(_local, "stream", None)
+    if s is None:
+        s = ctypes.c_void_p()
+        _check(_lib.dnnl_stream_create(ctypes.byref(s), _engine, 1), "stream_create")
+        _local.stream = s
+    return s
+
+
+class _Desc:
+    """A memory descriptor we own."""
+
+    def __init__(self, dims, tag):
+        self.ptr = ctypes.c_void_p()
+        _check(_lib.dnnl_memory_desc_create_with_tag(ctypes.byref(self.ptr), len(dims), _dims(dims), _F32, tag),
+               "memory_desc_create")
+
+    def __del__(self):
+        if _lib is not None and self.ptr:
+            _lib.dnnl_memory_desc_destroy(self.ptr)
+
+
+class _Step:
+    """One primitive and how its arguments reach it: per argument the user's descriptor, and,
+    where the kernel wants another layout, a reorder into (or out of) a workspace slot."""
+
+    def __init__(self, pd, user, outputs):
+        self.pd = pd
+        self.prim = None
+        self.impl = _impl(pd)
+        self.args = {}              # arg -> (user md, kernel md, reorder pd, slot offset)
+        offset = 0
+        for arg, md in user.items():
+            want = _lib.dnnl_primitive_desc_query_md(pd, _Q_EXEC_ARG_MD, arg)
+            if _lib.dnnl_memory_desc_equal(want, md.ptr):
+                self.args[arg] = (md.ptr, want, None, None)
+                continue
+            src, dst = (want, md.ptr) if arg in outputs else (md.ptr, want)
+            reorder = _reorder_pd(src, dst)
+            self.args[arg] = (md.ptr, want, reorder, offset)
+            offset += _round(_lib.dnnl_memory_desc_get_size(want))
+        self.scratch_offset = offset
+        self.pad_md = _lib.dnnl_primitive_desc_query_md(pd, _Q_EXEC_ARG_MD, SCRATCHPAD)
+        self.reorder_pad = {a: _lib.dnnl_primitive_desc_query_md(r, _Q_EXEC_ARG_MD, SCRATCHPAD)
+                            for a, (_, _, r, _) in self.args.items() if r}
+        sizes = [_lib.dnnl_memory_desc_get_size(m) for m in [self.pad_md, *self.reorder_pad.values()]]
+        self.nbytes = offset + _round(max(sizes))
+        self.outputs = outputs
+
+    def run(self, arrays, ws):
+        """Execute on ``arrays`` {arg: ndarray} with ``ws`` (a uint8 array of ``nbytes``)."""
+        if self.prim is None:
+            self.prim = _primitive(self.pd)
+            self.reorders = {a: _primitive(r) for a, (_, _, r, _) in self.args.items() if r}
+        base = ws.ctypes.data if self.nbytes else None
+        pad = base + self.scratch_offset if self.nbytes else None
+        stream = _stream()
+        exec_args = []          # holds the memory objects until the primitive has run
+        for arg, (user, want, reorder, off) in self.args.items():
+            a = arrays[arg]
+            if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != _lib.dnnl_memory_desc_get_size(user):
+                # oneDNN reads raw memory: a strided view or a wrong shape would be read wrongly, silently
+                raise ValueError(f"oneDNN argument {arg}: needs a C-contiguous float32 array of "
+                                 f"{_lib.dnnl_memory_desc_get_size(user)} bytes, got {a.dtype} {a.shape} "
+                                 f"strides {a.strides}")
+            ptr = a.ctypes.data
+            if reorder is None:
+                mem = _memory(want, ptr)
+            else:
+                mem = _memory(want, base + off)
+                if arg not in self.outputs:
+                    _execute(self.reorders[arg], stream, [(SRC, _memory(user, ptr)), (DST, mem)],
+                             pad, self.reorder_pad[arg])
+            exec_args.append((arg, mem))
+        _execute(self.prim, stream, exec_args, pad, self.pad_md)
+        for arg in self.outputs:
+            user, want, reorder, off = self.args[arg]
+            if reorder is not None:
+                _execute(self.reorders[arg], stream,
+                         [(SRC, _memory(want, base + off)), (DST, _memory(user, arrays[arg].ctypes.data))],
+                         pad, self.reorder_pad[arg])
+
+
+def _round(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _impl(pd):
+    s = ctypes.c_char_p()
+    _lib.dnnl_primitive_desc_query(pd, _Q_IMPL_INFO, 0, ctypes.byref(s))
+    return s.value.decode()
+
+
+def _attr():
+    attr = ctypes.c_void_p()
+    _check(_lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")
+    _check(_lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "set_scratchpad_mode")
+    return attr
+
+
+def _reorder_pd(src, dst):
+    pd, attr = ctypes.c_void_p(), _attr()
+    try:
+        _check(_lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), src, _engine, dst, _engine, attr), "reorder")
+    finally:
+        _lib.dnnl_primitive_attr_destroy(attr)
+    return pd
+
+
+def _primitive(pd):
+    prim = ctypes.c_void_p()
+    _check(_lib.dnnl_primitive_create(ctypes.byref(prim), pd), "primitive_create")
+    return prim
+
+
+class _Memory(ctypes.c_void_p):
+    def __del__(self):
+        if _lib is not None and self:
+            _lib.dnnl_memory_destroy(self)
+
+
+def _memory(md, ptr):
+    mem = _Memory()
+    _check(_lib.dnnl_memory_create(ctypes.byref(mem), md, _engine, ctypes.c_void_p(ptr)), "memory_create")
+    return mem
+
+
+def _execute(prim, stream, args, pad, pad_md):
+    if pad is not None and _lib.dnnl_memory_desc_get_size(pad_md):
+        args = list(args) + [(SCRATCHPAD, _memory(pad_md, pad))]
+    arr = (_ExecArg * len(args))(*[_ExecArg(a, m) for a, m in args])
+    _check(_lib.dnnl_primitive_execute(prim, stream, len(args), arr), "primitive_execute")
+
+
+class Conv:
+    """One 2-D convolution (Caffe's conv view: image x (n, C, H, W) -> grid y (n, M, Ho, Wo),
+    weight (M, C/group, kh, kw)) at one batch size: its forward, backward-data and
+    backward-weights primitives on NCHW arrays. ``blocked``: the kernels choose their layouts
+    (reordered in and out through the workspace), else NCHW arguments as given."""
+
+    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, blocked=True):
+        self.threads = _set_threads()
+        out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, k, st, p, d in zip(size, kernel, stride, pad, dilation)]
+        self.geometry = dict(strides=_dims(stride), dilates=_dims([d - 1 for d in dilation]), padding_l=_dims(pad),
+                             padding_r=_dims([(o - 1) * st + d * (k - 1) + 1 - s - p for o, st, d, k, s, p in
+                                              zip(out, stride, dilation, kernel, size, pad)]))
+        cg = channels // group
+        wdims = (num_output, cg) + tuple(kernel) if group == 1 else (group, num_output // group, cg) + tuple(kernel)
+        self.user = {"x": _Desc((n, channels) + tuple(size), _NCHW),
+                     "y": _Desc((n, num_output) + tuple(out), _NCHW),
+                     "w": _Desc(wdims, _OIHW if group == 1 else _GOIHW),
+                     "b": _Desc((num_output,), _A)}
+        any_ = {"x": _Desc((n, channels) + tuple(size), _ANY), "y": _Desc((n, num_output) + tuple(out), _ANY),
+                "w": _Desc(wdims, _ANY)}
+        kern = any_ if blocked else dict(self.user, w=any_["w"])
+        self._kern = kern
+        self.attr = _attr()
+        self.fwd_pd = self._pd_forward(kern, with_bias=False)
+        self.fwd_bias_pd = self._pd_forward(kern, with_bias=True)
+        self._steps = {}
+
+    def _pd_forward(self, kern, with_bias):
+        pd = ctypes.c_void_p()
+        g = self.geometry
+        _check(_lib.dnnl_convolution_forward_primitive_desc_create(
+            ctypes.byref(pd), _engine, _FWD_TRAINING, _DIRECT, kern["x"].ptr, kern["w"].ptr,
+            self.user["b"].ptr if with_bias else None, kern["y"].ptr, g["strides"], g["dilates"],
+            g["padding_l"], g["padding_r"], self.attr), "convolution forward")
+        return pd
+
+    def step(self, kind):
+        """The _Step of ``kind``: forward, forward_bias, data, weights."""
+        s = self._steps.get(kind)
+        if s is None:
+            u, k, g = self.user, self._kern, self.geometry
+            pd = ctypes.c_void_p()
+            if kind == "forward":
+                s = _Step(self.fwd_pd, {SRC: u["x"], WEIGHTS: u["w"], DST: u["y"]}, (DST,))
+            elif kind == "forward_bias":
+                s = _Step(self.fwd_bias_pd, {SRC: u["x"], WEIGHTS: u["w"], BIAS: u["b"], DST: u["y"]}, (DST,))
+            elif kind == "data":
+                _check(_lib.dnnl_convolution_backward_data_primitive_desc_create(
+                    ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, k["y"].ptr, g["strides"],
+                    g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr), "convolution backward data")
+                s = _Step(pd, {DIFF_SRC: u["x"], WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_SRC,))
+            else:
+                _check(_lib.dnnl_convolution_backward_weights_primitive_desc_create(
+                    ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, None, k["y"].ptr, g["strides"],
+                    g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr),
+                    "convolution backward weights")
+                s = _Step(pd, {SRC: u["x"], DIFF_WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_WEIGHTS,))
+            self._steps[kind] = s
+        return s
+
+    def nbytes(self, kind):
+        return self.step(kind).nbytes
+
+    def impl(self, kind):
+        return self.step(kind).impl
+
+    def run(self, kind, ws, **arrays):
+        """Run ``kind`` on x, y, w (and b) (C-contiguous float32 arrays); ws: uint8 workspace."""
+        _set_threads()
+        names = {"forward": {SRC: "x", WEIGHTS: "w", DST: "y"},
+                 "forward_bias": {SRC: "x", WEIGHTS: "w", BIAS: "b", DST: "y"},
+                 "data": {DIFF_SRC: "x", WEIGHTS: "w", DIFF_DST: "y"},
+                 "weights": {SRC: "x", DIFF_WEIGHTS: "w", DIFF_DST: "y"}}[kind]
+        self.step(kind).run({arg: arrays[n] for arg, n in names.items()}, ws)
+
+
+_cache: dict = {}
+
+
+def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, blocked=True) -> Conv:
+    """The Conv of this geometry and batch size (primitive creation is slow: kept per process)."""
+    key = (n, channels, num_output, group, tuple(size), tuple(kernel), tuple(stride), tuple(pad), tuple(dilation),
+           blocked, _threads.current().threads)
+    c = _cache.get(key)
+    if c is None:
+        c = _cache[key] = Conv(*key[:-1])
+    return c

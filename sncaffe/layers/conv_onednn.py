@@ -1,0 +1,118 @@
+"""Convolution and Deconvolution on oneDNN (``backend/onednn.py``): float32 on the CPU.
+
+In Caffe's conv view (image -> grid), as ``im2col.ConvPlan``: a Convolution's forward is
+oneDNN's forward, its input gradient oneDNN's backward-data; a Deconvolution's forward is
+the backward-data and its input gradient the forward. The weight gradient runs on blocks of
+``layer.reduce_block`` images (None: the whole chunk), each block's gradient written by
+oneDNN into the workspace and added into the diff in image order, so every chunk size that
+is a multiple of the block gives the same bits. The workspace holds everything oneDNN uses:
+the block's weight gradient, then the pass's scratchpad and blocked copies of its arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend import is_gpu, onednn
+
+WORKSPACE = "onednn"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A convolution in the conv view, as oneDNN is given it."""
+    channels: int           # image side
+    num_output: int         # grid side
+    group: int
+    size: tuple             # image (h, w)
+    kernel: tuple
+    stride: tuple
+    pad: tuple
+    dilation: tuple
+    blocked: bool           # the kernels' own layouts (reorders through the workspace), else NCHW
+
+    def conv(self, n) -> onednn.Conv:
+        return onednn.conv(n, self.channels, self.num_output, self.group, self.size, self.kernel, self.stride,
+                           self.pad, self.dilation, self.blocked)
+
+    @property
+    def weight_size(self):
+        return self.num_output * self.channels // self.group * self.kernel[0] * self.kernel[1]
+
+
+def geometry(layer, plan, size):
+    """The layer's Geometry where oneDNN runs it (float32 on the CPU, no ConvPlan options,
+    ``SNCAFFE_CONV`` not ``native``, oneDNN loaded), else None."""
+    if is_gpu(layer.target) or np.dtype(layer.dtype) != np.float32 or layer.plan_options:
+        return None
+    try:
+        if onednn.choice() != "onednn":
+            return None
+    except (ValueError, RuntimeError) as e:
+        raise layer.error(str(e)) from None
+    return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
+                    (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), blocked=blocked(plan))
+
+
+def blocked(plan) -> bool:
+    """Whether the layer runs on oneDNN's blocked direct kernels (its arguments reordered in and
+    out) rather than on NCHW. Measured (tools/bench_conv.py --backends, one thread): a 1x1
+    convolution is one GEMM on NCHW, faster than reordering its bottom and top (ResNet-50's 1x1s
+    0.7-0.9x the blocked time); output channels per group that are not a multiple of the
+    vector block (8 floats) pad every block (LeNet's 20 and 50: NCHW 0.35x and 0.75x the blocked
+    time); every other kernel, depthwise included, runs 1.5-3x faster blocked, reorders included."""
+    if plan.kernel == (1, 1):
+        return False
+    return plan.Cg == 1 and plan.Mg == 1 or plan.Mg % 8 == 0
+
+
+def _blocks(layer, n):
+    step = min(layer.reduce_block or n, n)
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def workspace(layer, n):
+    """Workspace specs for chunks of ``n`` images: one byte buffer, sized for the largest pass."""
+    g = layer.dnn
+    sizes = {len(range(*b.indices(n))) for b in _blocks(layer, n)}
+    dw = onednn._round(4 * g.weight_size)
+    need = [g.conv(n).nbytes(k) for k in ("forward", "forward_bias", "data")]
+    need += [dw + g.conv(m).nbytes("weights") for m in sizes]
+    return {WORKSPACE: ((max(need),), np.uint8)}
+
+
+def _weight_grad(layer, x, dy, dw):
+    """dw += the weight gradient of image side x and grid side dy, block by block."""
+    g, ws = layer.dnn, layer.workspace[WORKSPACE]
+    nw = onednn._round(4 * g.weight_size)
+    buf, rest = ws[:4 * g.weight_size].view(np.float32).reshape(dw.shape), ws[nw:]
+    for b in _blocks(layer, x.shape[0]):
+        g.conv(b.stop - b.start).run("weights", rest, x=x[b], w=buf, y=dy[b])
+        dw += buf
+
+
+def conv_forward(layer, x, y):
+    bias = layer.blobs[1].data if layer.bias_term else None
+    kind = "forward" if bias is None else "forward_bias"
+    layer.dnn.conv(x.shape[0]).run(kind, layer.workspace[WORKSPACE], x=x, w=layer.blobs[0].data, y=y, b=bias)
+
+
+def conv_backward(layer, dy, x, dx):
+    if layer._learns(0):
+        _weight_grad(layer, x, dy, layer.blobs[0].diff)
+    if dx is not None:
+        layer.dnn.conv(dy.shape[0]).run("data", layer.workspace[WORKSPACE], x=dx, w=layer.blobs[0].data, y=dy)
+
+
+def deconv_forward(layer, x, y):
+    layer.dnn.conv(x.shape[0]).run("data", layer.workspace[WORKSPACE], x=y, w=layer.blobs[0].data, y=x)
+    if layer.bias_term:
+        y += layer.blobs[1].data.reshape(-1, 1, 1)
+
+
+def deconv_backward(layer, dy, x, dx):
+    if layer._learns(0):
+        _weight_grad(layer, dy, x, layer.blobs[0].diff)
+    if dx is not None:
+        layer.dnn.conv(dy.shape[0]).run("forward", layer.workspace[WORKSPACE], x=dy, w=layer.blobs[0].data, y=dx)

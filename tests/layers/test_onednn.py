@@ -1,0 +1,205 @@
+"""Convolution and Deconvolution on oneDNN (backend/onednn.py, layers/conv_onednn.py): float32
+against ConvPlan in float64, numerical gradients in float32, the weight gradient's block
+sums (same bits for every chunk that is a multiple of reduce_block), the pool peak against
+the plan, and the errors of SNCAFFE_CONV."""
+import numpy as np
+import pytest
+
+from sncaffe import Net
+from sncaffe.backend import CPUDevice, onednn
+from sncaffe.gradcheck import Harness, check_gradient, make_layer
+from sncaffe.layers.base import LayerError
+from sncaffe.layers.conv_onednn import blocked
+from sncaffe.proto import sncaffe_pb2 as pb
+from sncaffe.prototxt import parse_text
+from test_conv import _text
+
+needs_onednn = pytest.mark.skipif(onednn.version() is None,
+                                  reason=f"oneDNN is not installed ({onednn.INSTALL})")
+
+# (kind, bottom shape, num_output, convolution_param fields)
+CASES = [
+    ("Convolution", (2, 3, 7, 6), 4, dict(kernel_size=3)),
+    ("Convolution", (2, 4, 9, 8), 6, dict(kernel_size=3, stride=2, pad=1)),
+    ("Convolution", (2, 16, 8, 8), 16, dict(kernel_size=3, pad=1)),                # blocked channels
+    ("Convolution", (1, 6, 9, 9), 6, dict(kernel_size=3, stride=2, pad=1, dilation=2, group=3)),
+    ("Convolution", (2, 3, 8, 7), 4, dict(kernel_h=3, kernel_w=2, stride_h=1, stride_w=2, pad_h=0, pad_w=1,
+                                          bias_term=False)),
+    ("Convolution", (2, 5, 6, 6), 3, dict(kernel_size=1)),                          # 1x1: NCHW
+    ("Convolution", (2, 16, 7, 7), 32, dict(kernel_size=1, stride=2, bias_term=False)),
+    ("Convolution", (2, 2, 11, 10), 3, dict(kernel_size=5, stride=3, pad=2)),
+    ("Convolution", (1, 3, 9, 9), 2, dict(kernel_size=2, stride=3)),               # unread pixels
+    ("Convolution", (2, 16, 9, 9), 16, dict(kernel_size=3, pad=1, group=16)),      # depthwise
+    ("Convolution", (2, 8, 10, 10), 8, dict(kernel_size=3, stride=2, pad=1, group=8, bias_term=False)),
+    ("Convolution", (2, 16, 6, 6), 32, dict(kernel_size=3, pad=1, group=4)),
+    ("ConvolutionDepthwise", (2, 8, 7, 7), 8, dict(kernel_size=3, pad=1)),
+    ("Deconvolution", (2, 4, 5, 5), 3, dict(kernel_size=3, stride=2, pad=1)),
+    ("Deconvolution", (2, 6, 4, 4), 6, dict(kernel_size=4, stride=2, pad=1, group=3)),
+    ("Deconvolution", (2, 16, 5, 5), 8, dict(kernel_size=1, bias_term=False)),
+]
+IDS = [f"{k}-{'x'.join(map(str, s))}-{M}-" + "-".join(f"{a}{v}" for a, v in kw.items()) for k, s, M, kw in CASES]
+
+
+@pytest.fixture(autouse=True)
+def default_choice(monkeypatch):
+    monkeypatch.delenv("SNCAFFE_CONV", raising=False)
+
+
+def _run(kind, shape, M, kw, dtype, params=None, chunk=None, reduce_block=None, seed=0):
+    layer = make_layer(_text(kind, M, kw))
+    layer.chunk, layer.reduce_block = chunk, reduce_block
+    x = np.random.default_rng(seed).standard_normal(shape)
+    h = Harness(layer, [x], dtype, params=params)
+    top = h.forward()[0]
+    dy = np.random.default_rng(seed + 1).standard_normal(top.shape)
+    (dx,), dparams = h.backward([dy])
+    return layer, top, dx, dparams
+
+
+@needs_onednn
+@pytest.mark.parametrize("kind,shape,M,kw", CASES, ids=IDS)
+def test_float32_on_onednn_matches_convplan_in_float64(kind, shape, M, kw):
+    ref, *want = _run(kind, shape, M, kw, np.float64)
+    assert ref.dnn is None, "float64 runs on ConvPlan"
+    layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
+    assert layer.dnn is not None and layer.dnn.blocked == blocked(layer.plan)
+    top, dx, dparams = got
+    for what, g, w in [("top", top, want[0]), ("bottom diff", dx, want[1])] + [
+            (f"param diff {i}", g, w) for i, (g, w) in enumerate(zip(dparams, want[2]))]:
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max(), err_msg=what)
+
+
+@needs_onednn
+@pytest.mark.parametrize("kind,shape,M,kw", [CASES[i] for i in (1, 3, 6, 10, 14)], ids=[IDS[i] for i in (1, 3, 6, 10, 14)])
+def test_gradient_through_onednn(kind, shape, M, kw):
+    """The gradient checker in float32: a convolution is linear, so a large step is exact up to
+    float32 rounding."""
+    layer = make_layer(_text(kind, M, kw))
+    x = np.random.default_rng(3).standard_normal(shape)
+    check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=2e-3, atol=2e-3, max_probes=60)
+    assert layer.dnn is not None
+
+
+@needs_onednn
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+def test_chunks_that_are_multiples_of_reduce_block_give_the_same_weight_bits(kind):
+    shape, M, kw = (12, 16, 6, 6), 8, dict(kernel_size=3, stride=2, pad=1, bias_term=False)
+    runs = {chunk: _run(kind, shape, M, kw, np.float32, chunk=chunk, reduce_block=2)
+            for chunk in (None, 2, 4, 6, 12)}
+    ref = runs[None]
+    params = [b.data for b in ref[0].blobs]
+    for chunk, (layer, top, dx, dparams) in runs.items():
+        assert layer.dnn is not None
+        assert [b.data.tobytes() for b in layer.blobs] == [p.tobytes() for p in params]   # the same weights
+        assert dparams[0].tobytes() == ref[3][0].tobytes(), f"chunk {chunk}"
+        np.testing.assert_allclose(dx, ref[2], rtol=1e-5, atol=1e-5)
+    # a block of the whole batch sums in another order: close, and (most likely) other bits
+    whole = _run(kind, shape, M, kw, np.float32)
+    np.testing.assert_allclose(whole[3][0], ref[3][0], rtol=1e-4, atol=1e-4)
+
+
+NET = """
+name: "onednn" force_backward: true
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 8 dim: 16 dim: 12 dim: 12 } } }
+layer { name: "target" type: "Input" top: "target" input_param { shape { dim: 8 dim: 8 dim: 12 dim: 12 } } }
+layer { name: "c1" type: "Convolution" bottom: "data" top: "c1"
+        convolution_param { num_output: 32 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "r1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "dw" type: "Convolution" bottom: "c1" top: "dw"
+        convolution_param { num_output: 32 group: 32 kernel_size: 3 stride: 2 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "pw" type: "Convolution" bottom: "dw" top: "pw"
+        convolution_param { num_output: 16 kernel_size: 1 weight_filler { type: "xavier" } } }
+layer { name: "up" type: "Deconvolution" bottom: "pw" top: "up"
+        convolution_param { num_output: 8 kernel_size: 4 stride: 2 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "up" bottom: "target" top: "loss" }
+"""
+
+
+def _net(mode, capacity):
+    net = Net(parse_text(NET, pb.NetParameter()), "TRAIN", device=CPUDevice(capacity), memory=mode, seed=1)
+    rng = np.random.default_rng(0)
+    for name in net.inputs:
+        net.blobs[name].data[...] = rng.standard_normal(net.blobs[name].shape)
+    net.device.pool.reset_peak()
+    net.forward()
+    net.backward()
+    return net
+
+
+@needs_onednn
+@pytest.mark.parametrize("mode", ["none", "liveness", "all"])
+def test_pool_peak_is_the_plan(mode):
+    """The workspaces oneDNN's passes take (scratchpads, blocked copies, the weight gradient's
+    block) are the planned ones: the measured pool peak is the plan's."""
+    net = _net(mode, "256MiB")
+    convs = [layer for layer in net.layers if layer.type in ("Convolution", "Deconvolution")]
+    assert len(convs) == 4 and all(layer.dnn is not None for layer in convs)
+    assert net.device.pool.peak == net.plan.peak
+    assert net.device.pool.in_use == net.plan.persistent_bytes
+
+
+@needs_onednn
+def test_chunked_plan_meets_its_peak():
+    """A capacity below the whole-batch workspaces: convolutions run in chunks and the run's peak
+    is the plan's (oneDNN primitives for the chunk's and the block's batch sizes)."""
+    full = _net("liveness", "256MiB").plan
+    for capacity in range(full.peak - 256, full.peak // 2, -full.peak // 64):
+        net = Net(parse_text(NET, pb.NetParameter()), "TRAIN", device=CPUDevice(capacity), memory="liveness", seed=1)
+        if net.plan.fits and any(ins.kind == "run" and ins.chunk for ins in net.plan.schedule):
+            break
+    else:
+        pytest.fail("no capacity chunks a convolution")
+    net = _net("liveness", capacity)
+    assert net.device.pool.peak == net.plan.peak
+
+
+def test_float64_and_native_stay_on_convplan(monkeypatch):
+    layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float64)
+    assert layer.dnn is None
+    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
+    assert layer.dnn is None and "xq" in layer.workspace_specs
+
+
+def test_bad_choice_is_a_layer_error(monkeypatch):
+    monkeypatch.setenv("SNCAFFE_CONV", "mkldnn")
+    with pytest.raises(LayerError, match=r'layer "convolution".*SNCAFFE_CONV=.mkldnn.: give .onednn. or .native.'):
+        _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
+
+
+def test_forced_and_absent_names_the_extra(monkeypatch, tmp_path):
+    """No libdnnl.so.3 where the loader looks (an empty prefix, no loader path): forcing oneDNN
+    says how to install it; unset, the layer runs on ConvPlan."""
+    monkeypatch.setattr(onednn, "_candidates", lambda: [str(tmp_path / onednn.LIBRARY)])
+    for name, value in (("_lib", None), ("_engine", None), ("_tried", False)):
+        monkeypatch.setattr(onednn, name, value)
+    monkeypatch.setenv("SNCAFFE_CONV", "onednn")
+    with pytest.raises(LayerError, match=r"SNCAFFE_CONV=onednn.*not found.*pip install sncaffe\[onednn\]"):
+        _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
+    monkeypatch.delenv("SNCAFFE_CONV")
+    layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
+    assert layer.dnn is None
+
+
+@needs_onednn
+def test_cases_run_both_layouts():
+    """The cases above cover the blocked kernels (reorders through the workspace) and NCHW."""
+    layouts = set()
+    for kind, shape, M, kw in CASES:
+        layer = make_layer(_text(kind, M, kw))
+        Harness(layer, [np.zeros(shape)], np.float32)
+        layouts.add(layer.dnn.blocked)
+    assert layouts == {True, False}
+
+
+@needs_onednn
+def test_a_strided_argument_is_refused():
+    """oneDNN reads raw memory: a view with other strides must not reach it."""
+    conv = onednn.conv(2, 4, 4, 1, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1))
+    x = np.zeros((2, 8, 5, 5), np.float32)[:, ::2]
+    w, y = np.zeros((4, 4, 3, 3), np.float32), np.zeros((2, 4, 5, 5), np.float32)
+    ws = np.zeros(conv.nbytes("forward"), np.uint8)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        conv.run("forward", ws, x=x, w=w, y=y)
+    conv.run("forward", ws, x=np.ascontiguousarray(x), w=w, y=y)

@@ -2,7 +2,7 @@
 
 oneDNN's direct kernels (JIT-compiled for the core's vector width, on channel-blocked layouts)
 run the convolutions sncaffe's GEMM kernels (``layers/im2col.py``) run at 0.4-0.7x their
-speed; PyTorch's CPU convolutions are these kernels. The library is the ``onednn`` extra
+speed; PyTorch's CPU convolutions are these kernels. The library is a dependency on Linux x86_64
 (``onednn-cpu-gomp``: the CPU-only build on GNU OpenMP, ``sys.prefix/lib/libdnnl.so.3``).
 
 - ``SNCAFFE_CONV``: ``onednn`` (an error if the library is absent), ``native`` (ConvPlan),
@@ -28,7 +28,7 @@ import numpy as np
 from . import threads as _threads
 
 LIBRARY = "libdnnl.so.3"
-INSTALL = "pip install sncaffe[onednn]"
+INSTALL = "pip install onednn-cpu-gomp==2023.2.0 (a dependency of sncaffe on Linux x86_64)"
 # dnnl_types.h / dnnl_common_types.h (oneDNN v3.2)
 _CPU, _F32, _ANY, _A = 1, 3, 1, 2
 _NCHW, _OIHW, _GOIHW = 5, 5, 6

@@ -175,7 +175,7 @@ def test_forced_and_absent_names_the_extra(monkeypatch, tmp_path):
     for name, value in (("_lib", None), ("_engine", None), ("_tried", False)):
         monkeypatch.setattr(onednn, name, value)
     monkeypatch.setenv("SNCAFFE_CONV", "onednn")
-    with pytest.raises(LayerError, match=r"SNCAFFE_CONV=onednn.*not found.*pip install sncaffe\[onednn\]"):
+    with pytest.raises(LayerError, match=r"SNCAFFE_CONV=onednn.*not found.*pip install onednn-cpu-gomp"):
         _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
     monkeypatch.delenv("SNCAFFE_CONV")
     layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)

@@ -20,11 +20,11 @@ from test_modes import assert_peaks, assert_same_bits, graph_of, net_param, trai
 
 # (file, batch, mode): the smallest batch at which the net's plan chunks a convolution somewhere
 # below its uncached peak
-NETS = [("prototxt/lenet_train_test.prototxt", 64, "offload"),
+NETS = [("prototxt/lenet_train_test.prototxt", 32, "offload"),
         ("prototxt/resnet50.prototxt", 8, "all"),
-        ("zoo/bvlc/bvlc_googlenet__train_val.prototxt", 2, "offload"),
-        ("zoo/bvlc/cifar10__cifar10_full_train_test.prototxt", 8, "all"),
-        ("zoo/bvlc/cifar10__cifar10_full_sigmoid_train_test_bn.prototxt", 8, "offload"),
+        ("zoo/bvlc/bvlc_googlenet__train_val.prototxt", 8, "offload"),
+        ("zoo/bvlc/cifar10__cifar10_full_train_test.prototxt", 16, "all"),
+        ("zoo/bvlc/cifar10__cifar10_full_sigmoid_train_test_bn.prototxt", 16, "offload"),
         ("zoo/resnet/ResNet-50-deploy.prototxt", 8, "offload"),
         ("zoo/bvlc/bvlc_alexnet__train_val.prototxt", 16, "all")]
 
@@ -99,7 +99,7 @@ def test_lenet_solver_at_a_tight_device_trains_the_bits_of_none():
 def test_disk_tier_device_plan_chunks_and_gives_the_bits_of_none(tmp_path, mode):
     """A host pool too small for the offloads: the device is planned at its need x 1.02, where a
     convolution chunks, the rest spills to disk; every tier's measured peak is the plan's."""
-    param = net_param(ROOT / "prototxt" / "resnet50.prototxt", 8)
+    param = net_param(ROOT / "prototxt" / "resnet50.prototxt", 8)       # conv1's blocks: 4 images
     _, ref = train(param, "none")
     device = CPUDevice("1GiB", make_plan(graph_of(param), mode).host_peak // 3)
     device.spill_dir = tmp_path

@@ -48,13 +48,15 @@ import numpy as np
 from ..backend.blas import gemm
 from .base import array_module
 
-# Columns a reduction block's GEMMs should reach (ConvPlan.reduce_block): per-tap GEMMs (K = the
-# input channels) run at their best from about 4096 packed columns, faster than one GEMM over a
-# whole chunk, which leaves the cache (CIFAR ResNet-20, batch 128: 0.80 s per iteration against
-# 1.10, docs/benchmarks.md "Reduction blocks"); a column matrix's GEMM (K = channels x taps) does
-# from about 1024, and its matrix grows with the block (LeNet's conv2: 2 MiB, not 8 MiB).
+# How large a reduction block (ConvPlan.reduce_block) is made: per-tap GEMMs (K = the input
+# channels) run at their best from about 4096 packed columns, faster than one GEMM over a whole
+# chunk, which leaves the cache (CIFAR ResNet-20, batch 128: 0.87 s per iteration against 1.09);
+# a column matrix's GEMM (K = channels x taps) runs as fast from a matrix of about 1 MiB, which
+# also bounds its workspace, and fewer images than that pay for the per-tap copies per block
+# (LeNet's conv1: 2 images a block, 8.4 ms a pass; 19 images, 4.0) (docs/benchmarks.md
+# "Reduction blocks").
 BLOCK_COLUMNS = 4096
-COL_BLOCK_COLUMNS = 1024
+COL_BLOCK_BYTES = 1 << 20
 
 # -- geometry -----------------------------------------------------------------
 
@@ -153,8 +155,10 @@ class ConvPlan:
         self.col_filter = T > 1 and self.batched and (self.col or col_filter)
         self.col_images = max(1, (col_bytes or 8 << 20) // (4 * self.Cg * T * self.out_size))
         # images per reduction block: one for per-image GEMMs, else enough for the GEMMs' columns
-        per_image, columns = (self.out_size, COL_BLOCK_COLUMNS) if self.col else (self.grid, BLOCK_COLUMNS)
-        self.reduce_block = reduce_block or (-(-columns // per_image) if self.batched else 1)
+        # (or a column matrix of COL_BLOCK_BYTES: float32 sizes, whatever the dtype)
+        blocks = (-(-COL_BLOCK_BYTES // (4 * self.Cg * T * self.out_size)) if self.col
+                  else -(-BLOCK_COLUMNS // self.grid))
+        self.reduce_block = reduce_block or (blocks if self.batched else 1)
         self.flip = None
         if T > 1 and stride == (1, 1) and flip is not False and all(
                 p <= d * (k - 1) for p, d, k in zip(pad, dilation, kernel)):

@@ -98,10 +98,11 @@ class _ConvolutionBase(Layer):
             out = self.plan.out_shape
             self.param_shapes = [(M, C // group) + kernel]
         self.bias_term = p.bias_term
-        self.reduce_block = self.plan.reduce_block      # the geometry's (cuDNN runs in its blocks too)
+        self.reduce_block = self.plan.reduce_block      # the CPU kernels' (geometry only)
         self.param_shapes += [(M,)] * self.bias_term
         self.workspace_specs = {k: ((n,), None) for k, n in self.plan.workspace(self.chunk or N).items()}
-        if is_gpu(self.target):                     # cuDNN's workspace, not the CPU kernels'
+        if is_gpu(self.target):                     # cuDNN's blocks and workspace, not the CPU kernels'
+            self.reduce_block = conv_gpu.reduce_block(self, shape)
             self.workspace_specs, self.backward_workspace_specs = conv_gpu.workspace_specs(self, shape, self.chunk)
         return [(N, M) + tuple(out)] * len(bottom_shapes)
 

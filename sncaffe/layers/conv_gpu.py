@@ -25,6 +25,10 @@ from ..backend import cudnn, cudnn_conv
 from .base import array_module
 
 _bottom_shapes = weakref.WeakKeyDictionary()     # layer -> the bottom shape its specs were made for
+# Output positions (images x grid pixels) a reduction block reaches on the GPU: cuDNN's weight
+# gradient wants many images a call, the CPU's 4096 columns would be one image at 56x56. Chosen
+# to keep calls as large as a typical whole batch of small images; not measured (no GPU here).
+BLOCK_POSITIONS = 1 << 16
 
 
 def conv_view(layer, bottom_shape):
@@ -62,6 +66,13 @@ def _blocks(layer, c):
     """The reduction blocks (slices) of chunk slice ``c``."""
     rb = layer.reduce_block
     return [slice(i, min(i + rb, c.stop)) for i in range(c.start, c.stop, rb)]
+
+
+def reduce_block(layer, bottom_shape):
+    """Images per reduction block of ``layer`` on the GPU (its geometry only): enough for
+    BLOCK_POSITIONS positions of the conv view's grid."""
+    _, grid, _, _ = conv_view(layer, bottom_shape)
+    return -(-BLOCK_POSITIONS // max(1, int(np.prod(grid[2:]))))
 
 
 def _learns(layer, i):

@@ -15,8 +15,9 @@ block's weights (groups, Mg, Cg*taps):
 
 Blocks hold about ``BLOCK_BYTES`` of columns so they stay in the core's cache between the
 copy and the product; their images are parts of ConvPlan's reduction blocks (counted from a
-reduction block's start, so a chunk of the batch runs the whole batch's products). ``make_plan`` chooses this plan or ConvPlan by the rule measured with
-tools/bench_depthwise.py (docs/benchmarks.md "Depthwise and grouped convolution").
+reduction block's start, so a chunk of the batch runs the whole batch's products).
+``make_plan`` chooses this plan or ConvPlan by the rule measured with tools/bench_depthwise.py
+(docs/benchmarks.md "Depthwise and grouped convolution").
 """
 from __future__ import annotations
 

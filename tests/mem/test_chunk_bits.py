@@ -9,7 +9,6 @@ can (a chunk is at least one reduction block): state arrays equal mode none's to
 the device and host pools' measured peaks are the plan's. Then LeNet's solver at 12.95 MiB
 (train and test net planned together, SGD history compared), and the disk tier's device plan.
 """
-import numpy as np
 import pytest
 
 from sncaffe.backend import CPUDevice

@@ -116,6 +116,10 @@ class Layer:
         (setting ``self.chunk``); None: this layer cannot work in chunks."""
         return None
 
+    def chunk_sizes(self, n: int):
+        """The chunk sizes (ascending, a sequence) the memory runtime may choose for a batch of n."""
+        return range(1, n)
+
     def init_params(self, rng) -> None:
         """Fill ``self.blobs[i].data`` from the layer's fillers (parameterised layers)."""
 

@@ -8,6 +8,18 @@ images (None: the whole batch) and the workspace is sized for one chunk, so
 the memory runtime can trade speed for memory: set ``chunk`` (and
 ``plan_options``) before ``setup``. Only a 4-D bottom with channel axis 1 is
 supported (N-d convolution is a layer error).
+
+The chunk contract (every backend follows it, so chunking never changes a bit):
+``reduce_block`` is a number of images set in ``setup`` from the layer's geometry
+alone, never from a capacity. The batch is cut into reduction blocks of
+``reduce_block`` images from image 0; every product that sums over images (the
+weight and bias gradients), and every GEMM whose result depends on how many
+columns it is given (forward and backward-data on the CPU), covers one block or a
+fixed part of one, computed the same way whatever the chunk, and the weight and
+bias diffs take the blocks' sums in image order. A chunk (``self.chunk``) is a
+multiple of ``reduce_block`` or the whole batch (``chunk_sizes`` lists the sizes the
+memory runtime may choose), so a chunked pass runs exactly the unchunked pass's
+arithmetic: every memory mode gives the bits of mode ``none``.
 """
 from __future__ import annotations
 
@@ -43,7 +55,7 @@ class _ConvolutionBase(Layer):
     backward_needs = ("bottom",)    # weight gradient reads bottom data; top data is never read
     deconv = False
     chunk = None                    # images per pass (None: the whole batch)
-    reduce_block = None             # images per block of the weight gradient's sum (None: the chunk)
+    reduce_block = 1                # images per reduction block (the chunk contract above)
     dnn = None                      # conv_onednn.Geometry where oneDNN runs the layer
     plan_options: dict = {}         # ConvPlan layout overrides (tests, benchmarks)
 
@@ -89,11 +101,19 @@ class _ConvolutionBase(Layer):
             out = self.plan.out_shape
             self.param_shapes = [(M, C // group) + kernel]
         self.bias_term = p.bias_term
+        self.reduce_block = self.plan.reduce_block      # the CPU kernels' (geometry only)
         self.param_shapes += [(M,)] * self.bias_term
+        if self.dnn:                                # oneDNN's blocks (geometry only)
+            self.reduce_block = conv_onednn.reduce_block(self.dnn)
         self.workspace_specs = self._cpu_workspace(self.chunk or N)
-        if is_gpu(self.target):                     # cuDNN's workspace, not the CPU kernels'
+        if is_gpu(self.target):                     # cuDNN's blocks and workspace, not the CPU kernels'
+            self.reduce_block = conv_gpu.reduce_block(self, shape)
             self.workspace_specs, self.backward_workspace_specs = conv_gpu.workspace_specs(self, shape, self.chunk)
         return [(N, M) + tuple(out)] * len(bottom_shapes)
+
+    def chunk_sizes(self, n):
+        """The chunks the memory runtime may choose for a batch of n: multiples of reduce_block."""
+        return range(self.reduce_block, n, self.reduce_block)
 
     def workspace_for_chunk(self, chunk):
         """The memory runtime's choice when the full workspace does not fit: ``chunk`` images a pass."""
@@ -124,6 +144,9 @@ class _ConvolutionBase(Layer):
 
     def _chunks(self, n):
         step = self.chunk or n
+        if step < n and step % self.reduce_block:
+            raise self.error(f"chunk of {step} images is not a multiple of its reduction block "
+                             f"({self.reduce_block} images)")
         return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
     def forward(self, bottom, top):
@@ -143,8 +166,12 @@ class _ConvolutionBase(Layer):
                 self._backward_chunk(t.diff[c], b.data[c], b.diff[c] if propagate_down[i] else None)
 
     def _bias_grad(self, dy):
-        """bias diff += dy (n, M, H, W) summed over n, H, W (the contiguous axis first)."""
-        self.blobs[1].diff += np.einsum("nms->m", dy.reshape(dy.shape[0], dy.shape[1], -1))
+        """bias diff += dy (n, M, H, W) summed over n, H, W (the contiguous axis first), one
+        reduction block at a time."""
+        n, rb = dy.shape[0], self.reduce_block
+        for i in range(0, n, rb):
+            block = dy[i:i + rb]
+            self.blobs[1].diff += np.einsum("nms->m", block.reshape(block.shape[0], block.shape[1], -1))
 
 
 @register

@@ -7,6 +7,13 @@ fastest algorithm whose workspace fits the layer's ``workspace_limit``
 the net's dtype, or estimated (cudnn_conv.estimate_workspace) where the target
 is a GPU that is not here (``sncaffe plan --device cuda``). Without a declared
 cuDNN workspace the layer's largest workspace buffer is used.
+
+The chunk contract (conv.py): the weight and bias gradients run per reduction block of
+``layer.reduce_block`` images, accumulating into the diffs (beta 1) in image order, and
+the weight gradient's algorithm is the one for the block's shape within the layer's
+workspace limit, which every chunk's workspace holds: a chunked backward runs the
+whole batch's cuDNN calls for them. (Forward and backward-data run per chunk: cuDNN
+computes each image's output alone, with the algorithm its chunk's shape measures.)
 """
 from __future__ import annotations
 
@@ -18,6 +25,10 @@ from ..backend import cudnn, cudnn_conv
 from .base import array_module
 
 _bottom_shapes = weakref.WeakKeyDictionary()     # layer -> the bottom shape its specs were made for
+# Output positions (images x grid pixels) a reduction block reaches on the GPU: cuDNN's weight
+# gradient wants many images a call, the CPU's 4096 columns would be one image at 56x56. Chosen
+# to keep calls as large as a typical whole batch of small images; not measured (no GPU here).
+BLOCK_POSITIONS = 1 << 16
 
 
 def conv_view(layer, bottom_shape):
@@ -51,6 +62,19 @@ def _chunks(layer, n):
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
+def _blocks(layer, c):
+    """The reduction blocks (slices) of chunk slice ``c``."""
+    rb = layer.reduce_block
+    return [slice(i, min(i + rb, c.stop)) for i in range(c.start, c.stop, rb)]
+
+
+def reduce_block(layer, bottom_shape):
+    """Images per reduction block of ``layer`` on the GPU (its geometry only): enough for
+    BLOCK_POSITIONS positions of the conv view's grid."""
+    _, grid, _, _ = conv_view(layer, bottom_shape)
+    return -(-BLOCK_POSITIONS // max(1, int(np.prod(grid[2:]))))
+
+
 def _learns(layer, i):
     """Caffe skips the gradient of a blob with lr_mult 0."""
     return i >= len(layer.param.param) or layer.param.param[i].lr_mult != 0
@@ -63,21 +87,25 @@ def workspace_specs(layer, bottom_shape, chunk=None):
     _bottom_shapes[layer] = bottom_shape
     dtype = np.dtype(layer.dtype)
     n = chunk or bottom_shape[0]
+    # images per call: the chunk's, the weight gradient's a reduction block's
+    images = {d: n for d in cudnn_conv.DIRECTIONS}
+    images["backward_filter"] = min(n, layer.reduce_block)
     limit = int(getattr(layer, "workspace_limit", cudnn_conv.WORKSPACE_LIMIT))
     target = layer.target
     if getattr(target, "cudnn", None) is None:          # a GPU that is not here: estimate
         image, grid, weight, settings = conv_view(layer, bottom_shape)
-        image, grid = (n,) + image[1:], (n,) + grid[1:]
-        sizes = {d: cudnn_conv.estimate_workspace(image, grid, weight, settings, dtype, d, limit)
+        sizes = {d: cudnn_conv.estimate_workspace((images[d],) + image[1:], (images[d],) + grid[1:], weight,
+                                                  settings, dtype, d, limit)
                  for d in cudnn_conv.DIRECTIONS}
     else:
         cudnn_conv.register_device(target)
-        shape = _shape(layer, bottom_shape, n, dtype)
-        todo = [d for d in cudnn_conv.DIRECTIONS if shape.algorithm(d, limit) is None]
-        if todo:
-            with target.active():
-                shape.measure_all(todo, limit, getattr(target, "stray", None))
-        sizes = {d: shape.algorithm(d, limit).memory for d in cudnn_conv.DIRECTIONS}
+        sizes = {}
+        for d in cudnn_conv.DIRECTIONS:
+            shape = _shape(layer, bottom_shape, images[d], dtype)
+            if shape.algorithm(d, limit) is None:
+                with target.active():
+                    shape.measure_all([d], limit, getattr(target, "stray", None))
+            sizes[d] = shape.algorithm(d, limit).memory
     forward, backward = _directions(layer)
     spec = lambda dirs: {"cudnn": ((max(1, max(sizes[d] for d in dirs)),), np.uint8)}    # noqa: E731
     return spec(forward), spec(backward)
@@ -133,17 +161,20 @@ def backward(layer, top, propagate_down, bottom):
         for c in _chunks(layer, t.diff.shape[0]):
             dy, x, dx = t.diff[c], b.data[c], (b.diff[c] if propagate_down[i] else None)
             shape = _shape(layer, b.data.shape, dy.shape[0], dy.dtype)
-            if learn_b:
-                cudnn.convolution_backward_bias(h, shape.x if layer.deconv else shape.y, dy,
-                                                _bias_desc(layer, dy.dtype), layer.blobs[1].diff)
-            # in the conv view: image = (x, dx) for Convolution, (top diff) for Deconvolution
-            image, grid = (dy, x) if layer.deconv else (x, dy)
-            if learn_w:
-                if shape.algorithm("backward_filter", nbytes) is None and scratch is None:
-                    scratch = array_module(w).empty_like(w)     # measuring overwrites: not the accumulated diff
-                algo = cudnn_conv.pick(shape, h, "backward_filter", image, w, grid, ws, nbytes, scratch)
-                cudnn.convolution_backward_filter(h, shape.x, image, shape.y, grid, shape.conv, algo.algo, ws,
-                                                  nbytes, shape.w, layer.blobs[0].diff, beta=1.0)
+            for k in _blocks(layer, c):         # parameter gradients: block by block, beta 1
+                dyk, xk = t.diff[k], b.data[k]
+                block = _shape(layer, b.data.shape, dyk.shape[0], dyk.dtype)
+                if learn_b:
+                    cudnn.convolution_backward_bias(h, block.x if layer.deconv else block.y, dyk,
+                                                    _bias_desc(layer, dyk.dtype), layer.blobs[1].diff)
+                # in the conv view: image = (x, dx) for Convolution, (top diff) for Deconvolution
+                image, grid = (dyk, xk) if layer.deconv else (xk, dyk)
+                if learn_w:
+                    if block.algorithm("backward_filter", nbytes) is None and scratch is None:
+                        scratch = array_module(w).empty_like(w)     # measuring overwrites: not the accumulated diff
+                    algo = cudnn_conv.pick(block, h, "backward_filter", image, w, grid, ws, nbytes, scratch)
+                    cudnn.convolution_backward_filter(h, block.x, image, block.y, grid, block.conv, algo.algo, ws,
+                                                      nbytes, block.w, layer.blobs[0].diff, beta=1.0)
             if dx is None:
                 continue
             if layer.deconv:

@@ -2,11 +2,15 @@
 
 In Caffe's conv view (image -> grid), as ``im2col.ConvPlan``: a Convolution's forward is
 oneDNN's forward, its input gradient oneDNN's backward-data; a Deconvolution's forward is
-the backward-data and its input gradient the forward. The weight gradient runs on blocks of
-``layer.reduce_block`` images (None: the whole chunk), each block's gradient written by
-oneDNN into the workspace and added into the diff in image order, so every chunk size that
-is a multiple of the block gives the same bits. The workspace holds everything oneDNN uses:
-the block's weight gradient, then the pass's scratchpad and blocked copies of its arguments.
+the backward-data and its input gradient the forward. Every primitive runs on blocks of
+``layer.reduce_block`` images counted from the chunk's first image (``reduce_block``: enough
+images for BLOCK_POSITIONS output positions, from the geometry alone; the chunk contract of
+``conv.py``): the weight gradient of each block is written by oneDNN into the workspace and
+added into the diff in image order, and forward and backward-data, whose kernels may be
+chosen by the minibatch, see the same minibatches whatever the chunk, so every chunk size
+that is a multiple of the block gives the same bits. The workspace holds everything oneDNN
+uses: the block's weight gradient, then the pass's scratchpad and blocked copies of its
+arguments.
 """
 from __future__ import annotations
 
@@ -67,6 +71,19 @@ def blocked(plan) -> bool:
     return plan.Cg == 1 and plan.Mg == 1 or plan.Mg % 8 == 0
 
 
+# A block is large enough that oneDNN's kernels run at full speed on it (the GPU path's rule:
+# layers/conv_gpu.py), small enough that a large batch can still be chunked.
+BLOCK_POSITIONS = 65536
+
+
+def reduce_block(g: Geometry) -> int:
+    """Images per block: enough for BLOCK_POSITIONS positions of the grid side."""
+    grid = 1
+    for n, k, s, p, d in zip(g.size, g.kernel, g.stride, g.pad, g.dilation):
+        grid *= (n + 2 * p - d * (k - 1) - 1) // s + 1
+    return max(1, -(-BLOCK_POSITIONS // max(grid, g.size[0] * g.size[1])))
+
+
 def _blocks(layer, n):
     step = min(layer.reduce_block or n, n)
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
@@ -77,7 +94,7 @@ def workspace(layer, n):
     g = layer.dnn
     sizes = {len(range(*b.indices(n))) for b in _blocks(layer, n)}
     dw = onednn._round(4 * g.weight_size)
-    need = [g.conv(n).nbytes(k) for k in ("forward", "forward_bias", "data")]
+    need = [g.conv(m).nbytes(k) for m in sizes for k in ("forward", "forward_bias", "data")]
     need += [dw + g.conv(m).nbytes("weights") for m in sizes]
     return {WORKSPACE: ((max(need),), np.uint8)}
 
@@ -92,21 +109,27 @@ def _weight_grad(layer, x, dy, dw):
         dw += buf
 
 
+def _run(layer, kind, x, y, b=None):
+    """One primitive over the chunk, block by block (x: image side, y: grid side)."""
+    g, ws, w = layer.dnn, layer.workspace[WORKSPACE], layer.blobs[0].data
+    for s in _blocks(layer, x.shape[0]):
+        g.conv(s.stop - s.start).run(kind, ws, x=x[s], w=w, y=y[s], b=b)
+
+
 def conv_forward(layer, x, y):
     bias = layer.blobs[1].data if layer.bias_term else None
-    kind = "forward" if bias is None else "forward_bias"
-    layer.dnn.conv(x.shape[0]).run(kind, layer.workspace[WORKSPACE], x=x, w=layer.blobs[0].data, y=y, b=bias)
+    _run(layer, "forward" if bias is None else "forward_bias", x, y, bias)
 
 
 def conv_backward(layer, dy, x, dx):
     if layer._learns(0):
         _weight_grad(layer, x, dy, layer.blobs[0].diff)
     if dx is not None:
-        layer.dnn.conv(dy.shape[0]).run("data", layer.workspace[WORKSPACE], x=dx, w=layer.blobs[0].data, y=dy)
+        _run(layer, "data", dx, dy)
 
 
 def deconv_forward(layer, x, y):
-    layer.dnn.conv(x.shape[0]).run("data", layer.workspace[WORKSPACE], x=y, w=layer.blobs[0].data, y=x)
+    _run(layer, "data", y, x)
     if layer.bias_term:
         y += layer.blobs[1].data.reshape(-1, 1, 1)
 
@@ -115,4 +138,4 @@ def deconv_backward(layer, dy, x, dx):
     if layer._learns(0):
         _weight_grad(layer, dy, x, layer.blobs[0].diff)
     if dx is not None:
-        layer.dnn.conv(dy.shape[0]).run("forward", layer.workspace[WORKSPACE], x=dy, w=layer.blobs[0].data, y=dx)
+        _run(layer, "forward", dy, dx)

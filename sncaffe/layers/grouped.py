@@ -14,8 +14,10 @@ block's weights (groups, Mg, Cg*taps):
   scattered back into the packed image by tap.
 
 Blocks hold about ``BLOCK_BYTES`` of columns so they stay in the core's cache between the
-copy and the product. ``make_plan`` chooses this plan or ConvPlan by the rule measured with
-tools/bench_depthwise.py (docs/benchmarks.md "Depthwise and grouped convolution").
+copy and the product; their images are parts of ConvPlan's reduction blocks (counted from a
+reduction block's start, so a chunk of the batch runs the whole batch's products).
+``make_plan`` chooses this plan or ConvPlan by the rule measured with tools/bench_depthwise.py
+(docs/benchmarks.md "Depthwise and grouped convolution").
 """
 from __future__ import annotations
 
@@ -35,12 +37,19 @@ def make_plan(channels, num_output, group, size, kernel, stride, pad, dilation, 
     (``options``: its layout choices, which force ConvPlan unless ``grouped`` is given)."""
     grouped = options.pop("grouped", None)
     block_bytes = options.pop("block_bytes", None)
+    reduce_block = options.pop("reduce_block", None)
     taps = kernel[0] * kernel[1]
     if grouped is None:
         grouped = not options and group > 1 and channels // group <= MAX_GROUP_CHANNELS
     if grouped and taps > 1:
-        return GroupedPlan(channels, num_output, group, size, kernel, stride, pad, dilation, block_bytes)
-    return ConvPlan(channels, num_output, group, size, kernel, stride, pad, dilation, **options)
+        plan = GroupedPlan(channels, num_output, group, size, kernel, stride, pad, dilation, block_bytes)
+        if reduce_block:
+            plan.reduce_block = reduce_block
+            if plan.flip:
+                plan.flip.reduce_block = reduce_block
+        return plan
+    return ConvPlan(channels, num_output, group, size, kernel, stride, pad, dilation,
+                    reduce_block=reduce_block, **options)
 
 
 class GroupedPlan(ConvPlan):
@@ -58,17 +67,21 @@ class GroupedPlan(ConvPlan):
             self.flip = GroupedPlan(num_output, channels, group, self.out_shape, kernel, (1, 1),
                                     tuple(d * (k - 1) - p for p, d, k in zip(pad, dilation, kernel)),
                                     dilation, block_bytes, flip=False)
+            self.flip.reduce_block = self.reduce_block      # chunks are multiples of ours
 
     def _block(self, n):
-        """(images, groups) a block of a chunk of n images holds."""
+        """(images, groups) a block of a chunk of n images holds. Its images (a part of a
+        reduction block) come from the geometry alone; how many groups a product stacks does
+        not change any group's sums."""
         column = 4 * self.Cg * len(self.taps) * self.grid      # one group's column of one image
-        nb = max(1, min(n, self.block_bytes // column))
-        return nb, max(1, min(self.group, self.block_bytes // (column * nb)))
+        nb = max(1, min(self.reduce_block, self.block_bytes // column))
+        return nb, max(1, min(self.group, self.block_bytes // (column * min(n, nb))))
 
     def workspace(self, n):
         B, L, G = self._rows(n)
         nb, gb = self._block(n)
-        ws = {"xq": self.P * self.C * L, "grid": self.M * G, "col": gb * self.Cg * len(self.taps) * nb * self.grid}
+        ws = {"xq": self.P * self.C * L, "grid": self.M * G,
+              "col": gb * self.Cg * len(self.taps) * min(n, nb) * self.grid}
         if self.flip:     # used after the weight gradient: the same buffers serve both
             for k, v in self.flip.workspace(n).items():
                 ws[k] = max(ws.get(k, 0), v)
@@ -85,8 +98,9 @@ class GroupedPlan(ConvPlan):
         T, Cg, Mg, grid = len(self.taps), self.Cg, self.Mg, self.grid
         n = g.shape[2] // grid
         images, groups = self._block(n)
-        for n0 in range(0, n, images):
-            nb = min(images, n - n0)
+        parts = [(n0, min(images, first + count - n0)) for first, count in self.blocks(n)
+                 for n0 in range(first, first + count, images)]
+        for n0, nb in parts:
             for g0 in range(0, self.group, groups):
                 gb = min(groups, self.group - g0)
                 col = self._buf(ws, "col", (gb, Cg, T, nb * grid))

@@ -26,6 +26,14 @@ neighbouring rows and images share their zero padding where that is exact.
   channels), which OpenBLAS and MKL both run faster.
 - Where the geometry allows (``lead``), the backward packs the top diff once:
   the weight gradient's grid of it is the flipped convolution's packed image.
+- Reduction blocks (``reduce_block`` images, from the geometry alone): every GEMM
+  covers one block of images or a part of one counted from the block's start,
+  and the weight gradient is summed per block and added to ``dw`` block by
+  block. A chunk of images that starts at a multiple of ``reduce_block`` then
+  runs exactly the GEMMs the whole batch runs on its images, so any such
+  chunking gives the whole batch's bits (a GEMM's columns depend on its N:
+  OpenBLAS's edge kernels, MKL's small-N path). In the batched layouts a block
+  is one contiguous range of packed columns.
 
 GEMMs accumulate through BLAS's beta (``backend.blas.gemm``: MKL where the
 ``mkl`` extra is installed, else NumPy's own OpenBLAS, through ctypes; other
@@ -40,6 +48,16 @@ import numpy as np
 from ..backend import workers
 from ..backend.blas import gemm
 from .base import array_module
+
+# How large a reduction block (ConvPlan.reduce_block) is made: per-tap GEMMs (K = the input
+# channels) run at their best from about 4096 packed columns, faster than one GEMM over a whole
+# chunk, which leaves the cache (CIFAR ResNet-20, batch 128: 0.71-0.79 s of CPU an iteration, not 0.78-1.05);
+# a column matrix's GEMM (K = channels x taps) runs as fast from a matrix of about 1 MiB, which
+# also bounds its workspace, and fewer images than that pay for the per-tap copies per block
+# (LeNet's conv1: 2 images a block, 8.4 ms a pass; 19 images, 4.0) (docs/benchmarks.md
+# "Reduction blocks").
+BLOCK_COLUMNS = 4096
+COL_BLOCK_BYTES = 1 << 20
 
 # -- geometry -----------------------------------------------------------------
 
@@ -95,11 +113,12 @@ class ConvPlan:
     of whole images (at most ``col_bytes``) instead of per-tap GEMMs;
     ``col_filter`` does so for the weight gradient alone; ``flip`` computes a
     stride-1 backward-data as the convolution of the top diff with the
-    flipped kernel (no scatter-add).
+    flipped kernel (no scatter-add); ``reduce_block`` overrides the images
+    per reduction block.
     """
 
     def __init__(self, channels, num_output, group, size, kernel, stride, pad, dilation,
-                 batched=None, col=None, col_bytes=None, flip=None, col_filter=None):
+                 batched=None, col=None, col_bytes=None, flip=None, col_filter=None, reduce_block=None):
         options = dict(batched=batched, col=col, col_bytes=col_bytes, col_filter=col_filter)
         self.C, self.M, self.group = channels, num_output, group
         self.Cg, self.Mg = channels // group, num_output // group
@@ -136,6 +155,11 @@ class ConvPlan:
             col_filter = T >= 16 or self.Cg >= 256
         self.col_filter = T > 1 and self.batched and (self.col or col_filter)
         self.col_images = max(1, (col_bytes or 8 << 20) // (4 * self.Cg * T * self.out_size))
+        # images per reduction block: one for per-image GEMMs, else enough for the GEMMs' columns
+        # (or a column matrix of COL_BLOCK_BYTES: float32 sizes, whatever the dtype)
+        blocks = (-(-COL_BLOCK_BYTES // (4 * self.Cg * T * self.out_size)) if self.col
+                  else -(-BLOCK_COLUMNS // self.grid))
+        self.reduce_block = reduce_block or (blocks if self.batched else 1)
         self.flip = None
         if T > 1 and stride == (1, 1) and flip is not False and all(
                 p <= d * (k - 1) for p, d, k in zip(pad, dilation, kernel)):
@@ -149,6 +173,7 @@ class ConvPlan:
             if flip or (flip is None and not self.col and not flipped.col and min(self.Cg, self.Mg) >= 16
                         and 10 * flipped.out_size <= 11 * self.out_size):
                 self.flip = flipped
+                flipped.reduce_block = self.reduce_block     # chunks are multiples of ours
         # Where the weight gradient's grid of dy, shifted by ``lead`` positions, is the flipped
         # convolution's packed dy (same pitch, dy at rows lo_h.. and columns lo_w.., zeros
         # elsewhere), the backward packs dy once: that grid is written into the flipped plan's
@@ -191,6 +216,18 @@ class ConvPlan:
         self._unpack_image(xq, dx)
 
     # -- sizes ---------------------------------------------------------------------
+    def blocks(self, n):
+        """(first image, images) of the reduction blocks of a chunk of n images."""
+        rb = self.reduce_block
+        return [(i, min(rb, n - i)) for i in range(0, n, rb)]
+
+    def _gemm_blocks(self, g, per_image):
+        """(row, column slice) of grid g (B, M, G) per GEMM: each image of a per-image layout,
+        else each reduction block (``per_image`` columns an image)."""
+        if g.shape[0] > 1 or not self.batched:
+            return [(b, slice(0, g.shape[2])) for b in range(g.shape[0])]
+        return [(0, slice(i * per_image, (i + k) * per_image)) for i, k in self.blocks(g.shape[2] // per_image)]
+
     def _rows(self, n, col=None):
         """(GEMM batch B, packed row length L, GEMM width G) for a chunk of n images
         (``col``: the column-matrix form, default the forward's)."""
@@ -218,7 +255,7 @@ class ConvPlan:
         if not self.direct_grid():
             ws["grid"] = B * self.M * G
         if self.col or self.col_filter:
-            ws["col"] = self.Cg * T * min(n, self.col_images) * self.out_size
+            ws["col"] = self.Cg * T * min(n, self.col_images, self.reduce_block) * self.out_size
         if T > 1 and not (self.col and self.Mg >= 128):
             ws["wr"] = T * self.M * self.Cg
         if self.flip:     # used after the weight gradient: the same buffers serve both
@@ -416,13 +453,14 @@ class ConvPlan:
         return [(slice(g * self.Cg, (g + 1) * self.Cg), slice(g * self.Mg, (g + 1) * self.Mg))
                 for g in range(self.group)]
 
-    def _col_blocks(self, xq, ws, cs, n):
-        """Per block of whole images: (grid columns, column matrix (Cg, taps, ...) in the
-        weights' (c, i, j) row order, and per tap the packed-image view its rows copy)."""
+    def _col_blocks(self, xq, ws, cs, first, images):
+        """Per part (at most ``col_images``) of the reduction block of ``images`` from image
+        ``first``: (grid columns, column matrix (Cg, taps, ...) in the weights' (c, i, j) row
+        order, and per tap the packed-image view its rows copy)."""
         Ho, Wo = self.out_shape
         Hq, Wq = self.h.pitch, self.w.pitch
-        for n0 in range(0, n, self.col_images):
-            nb = min(self.col_images, n - n0)
+        for n0 in range(first, first + images, self.col_images):
+            nb = min(self.col_images, first + images - n0)
             col = self._buf(ws, "col", (self.Cg, len(self.taps), nb, Ho, Wo))
             views = [xq[0, ph, cs, n0 * self.grid + off:(n0 + nb) * self.grid + off]
                      .reshape(self.Cg, nb, Hq, Wq)[:, :, :Ho, :Wo] for ph, off in self.taps]
@@ -430,61 +468,62 @@ class ConvPlan:
 
     def _gemm_forward(self, xq, w, g, ws):
         """Grid g (B, M, G) = conv of packed image xq (B, P, C, L) with weights w."""
-        G = g.shape[2]
         wt = self._weights(w, ws)
         for cs, ms in self._groups():
             if self.col:
-                for cols, col, views in self._col_blocks(xq, ws, cs, G // self.out_size):
-                    for t, v in enumerate(views):
-                        col[:, t] = v
-                    gemm(wt[ms], col.reshape(-1, cols.stop - cols.start), g[0, ms, cols])
+                for first, images in self.blocks(g.shape[2] // self.out_size):
+                    for cols, col, views in self._col_blocks(xq, ws, cs, first, images):
+                        for t, v in enumerate(views):
+                            col[:, t] = v
+                        gemm(wt[ms], col.reshape(-1, cols.stop - cols.start), g[0, ms, cols])
                 continue
-            for b in range(g.shape[0]):
+            for b, cols in self._gemm_blocks(g, self.grid):
                 for t, (ph, off) in enumerate(self.taps):
-                    gemm(wt[t, ms], xq[b, ph, cs, off:off + G], g[b, ms], float(t > 0))
+                    gemm(wt[t, ms], xq[b, ph, cs, off + cols.start:off + cols.stop], g[b, ms, cols], float(t > 0))
 
     def _gemm_data(self, g, w, xq, ws):
         """Packed rows xq (from _zeroed_image) += conv^T of grid g with weights w (scatter-add)."""
-        G = g.shape[2]
         wt = self._weights(w, ws)
         beta = 0.0 if self.single else 1.0
         for cs, ms in self._groups():
             if self.col:
-                for cols, col, views in self._col_blocks(xq, ws, cs, G // self.out_size):
-                    gemm(wt[ms].T, g[0, ms, cols], col.reshape(-1, cols.stop - cols.start))
-                    for t, v in enumerate(views):
-                        v += col[:, t]
+                for first, images in self.blocks(g.shape[2] // self.out_size):
+                    for cols, col, views in self._col_blocks(xq, ws, cs, first, images):
+                        gemm(wt[ms].T, g[0, ms, cols], col.reshape(-1, cols.stop - cols.start))
+                        for t, v in enumerate(views):
+                            v += col[:, t]
                 continue
-            for b in range(g.shape[0]):
+            for b, cols in self._gemm_blocks(g, self.grid):
                 for t, (ph, off) in enumerate(self.taps):
-                    gemm(wt[t, ms].T, g[b, ms], xq[b, ph, cs, off:off + G], beta)
+                    gemm(wt[t, ms].T, g[b, ms, cols], xq[b, ph, cs, off + cols.start:off + cols.stop], beta)
 
     def _gemm_filter(self, xq, g, dw, ws):
-        """dw (M, Cg, kh, kw) += the weight gradient from packed image xq and grid diff g
-        (sums in workspace "wr" first where a transposed or per-tap order runs faster)."""
-        G = g.shape[2]
+        """dw (M, Cg, kh, kw) += the weight gradient from packed image xq and grid diff g, one
+        reduction block at a time (each summed in workspace "wr" first where a transposed or
+        per-tap order runs faster, then added to dw)."""
         T = len(self.taps)
         if self.col_filter:
             # OpenBLAS writes a thin gradient faster as (Cg*T, Mg): sum it so, then add transposed
             acc = self._buf(ws, "wr", (self.group, self.Cg * T, self.Mg)) if self.Mg < 128 else None
-            for k, (cs, ms) in enumerate(self._groups()):
-                for cols, col, views in self._col_blocks(xq, ws, cs, G // self.out_size):
-                    for t, v in enumerate(views):
-                        col[:, t] = v
-                    col = col.reshape(-1, cols.stop - cols.start)
-                    if acc is None:
-                        gemm(g[0, ms, cols], col.T, dw[ms].reshape(self.Mg, -1), 1.0)
-                    else:
-                        gemm(col, g[0, ms, cols].T, acc[k], float(cols.start > 0))
-            if acc is not None:
-                dw += acc.transpose(0, 2, 1).reshape(dw.shape)
+            for first, images in self.blocks(g.shape[2] // self.out_size):
+                for k, (cs, ms) in enumerate(self._groups()):
+                    for cols, col, views in self._col_blocks(xq, ws, cs, first, images):
+                        for t, v in enumerate(views):
+                            col[:, t] = v
+                        col = col.reshape(-1, cols.stop - cols.start)
+                        if acc is None:
+                            gemm(g[0, ms, cols], col.T, dw[ms].reshape(self.Mg, -1), 1.0)
+                        else:
+                            gemm(col, g[0, ms, cols].T, acc[k], float(cols.start > first * self.out_size))
+                if acc is not None:
+                    dw += acc.transpose(0, 2, 1).reshape(dw.shape)
             return
         dwt = dw.reshape(1, self.M, self.Cg) if T == 1 else self._buf(ws, "wr", (T, self.M, self.Cg))
-        for cs, ms in self._groups():
-            for b in range(g.shape[0]):
+        for b, cols in self._gemm_blocks(g, self.grid):     # per image: reduce_block is 1
+            for cs, ms in self._groups():
                 for t, (ph, off) in enumerate(self.taps):
-                    beta = 1.0 if T == 1 or b > 0 else 0.0
-                    rows = xq[b, ph, off:off + G, cs, 0] if xq.ndim == 5 else xq[b, ph, cs, off:off + G].T
-                    gemm(g[b, ms], rows, dwt[t, ms], beta)
-        if T > 1:
-            dw += dwt.transpose(1, 2, 0).reshape(dw.shape)
+                    span = slice(off + cols.start, off + cols.stop)
+                    rows = xq[b, ph, span, cs, 0] if xq.ndim == 5 else xq[b, ph, cs, span].T
+                    gemm(g[b, ms, cols], rows, dwt[t, ms], float(T == 1))
+            if T > 1:
+                dw += dwt.transpose(1, 2, 0).reshape(dw.shape)

@@ -605,15 +605,16 @@ class _Builder:
         node = op.node
         n = node.bottoms[0].shape[0] if node.bottoms and node.bottoms[0].shape else 0
         loc = node.layer.param.location
-        lo, hi, best = 1, n - 1, None
+        sizes = node.layer.chunk_sizes(n)     # the layer's (a convolution's: its reduction blocks)
+        lo, hi, best = 0, len(sizes) - 1, None
         while lo <= hi:
             mid = (lo + hi) // 2
-            ws = self.chunk_workspace(node, mid, op.writes[0].dtype)
+            ws = self.chunk_workspace(node, sizes[mid], op.writes[0].dtype)
             if ws is None:
                 return None             # the layer cannot work in chunks
             self.plan.chunk_trials += 1
             if self.fits_now([t.nbytes for t in ws], loc):
-                best, lo = (mid, ws), mid + 1
+                best, lo = (sizes[mid], ws), mid + 1
             else:
                 hi = mid - 1
         return best

@@ -152,7 +152,7 @@ def test_chunks_and_float32(kind, layout, stride):
     ref = Harness(_layer(kind, 6, kw, layout), [x])
     outs = []
     for dtype, chunk in ((np.float64, 2), (np.float32, None)):
-        h = Harness(_layer(kind, 6, kw, layout, chunk=chunk), [x], dtype=dtype,
+        h = Harness(_layer(kind, 6, kw, dict(layout, reduce_block=2), chunk=chunk), [x], dtype=dtype,
                     params=[b.data for b in ref.layer.blobs])
         y = h.forward()[0]
         outs.append((y, h.backward([np.ones_like(y) * 0.5 + np.arange(y.size).reshape(y.shape) % 3])))
@@ -162,6 +162,37 @@ def test_chunks_and_float32(kind, layout, stride):
         np.testing.assert_allclose(y, y0, rtol=tol, atol=tol)
         for a, e in zip(bd + pd, grads0[0] + grads0[1]):
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol * 10)
+
+
+def _pass_bits(layer, x, dy, params):
+    """Bytes of top, bottom diff and parameter diffs after one forward and backward (float32)."""
+    h = Harness(layer, [x], dtype=np.float32, params=params)
+    y = h.forward()[0]
+    (dx,), dparams = h.backward([dy.astype(np.float32)])
+    return [a.tobytes() for a in [y, dx] + list(dparams)]
+
+
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("layout", LAYOUTS + [{}], ids=LAYOUT_IDS + ["chosen"])
+def test_chunks_of_reduction_blocks_give_the_whole_batch_bits(kind, layout):
+    """The chunk contract (conv.py): chunks that are multiples of reduce_block give the bits of
+    the whole batch in one pass, in every layout, forward and backward; other chunks are refused."""
+    kw = dict(kernel_size=3, stride=1, pad=1, group=2)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((7, 4, 9, 8)).astype(np.float32)
+    layout = dict(layout, reduce_block=2) if layout else {}
+    ref = _layer(kind, 6, kw, layout)
+    whole = Harness(ref, [x], dtype=np.float32)
+    params = [b.data.copy() for b in ref.blobs]
+    dy = rng.standard_normal(whole.forward()[0].shape)
+    expected = _pass_bits(_layer(kind, 6, kw, layout), x, dy, params)
+    block = ref.reduce_block
+    assert list(ref.chunk_sizes(7)) == list(range(block, 7, block))
+    for chunk in ref.chunk_sizes(7):
+        assert _pass_bits(_layer(kind, 6, kw, layout, chunk=chunk), x, dy, params) == expected, chunk
+    if 1 < block < 6:
+        with pytest.raises(LayerError, match="not a multiple of its reduction block"):
+            _pass_bits(_layer(kind, 6, kw, layout, chunk=block + 1), x, dy, params)
 
 
 def test_two_bottoms_share_weights_and_frozen_bias():

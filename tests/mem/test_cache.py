@@ -122,7 +122,7 @@ def test_a_fitting_plan_places_on_the_device_allocator(r50, mode):
 
 
 def test_device_run_moves_what_the_plan_says():
-    param = net_param(ROOT / "prototxt" / "resnet50.prototxt")
+    param = net_param(ROOT / "prototxt" / "resnet50.prototxt", 14)    # chunks of conv1's 7-image blocks
     graph = graph_of(param)
     uncached = make_plan(graph, "offload")
 

@@ -217,8 +217,9 @@ def test_tight_capacity_matches_plan_and_none(path, mode, native_conv):
 @pytest.mark.parametrize("mode", ["offload", "all"])
 def test_fits_at_its_uncached_peak(mode, native_conv):
     """At the uncached plan's own peak the free memory is fragmented; a convolution whose full
-    workspace cannot be placed works in chunks of the batch, and the run meets its plan."""
-    param = net_param(ROOT / "prototxt" / "resnet50.prototxt")
+    workspace cannot be placed works in chunks of the batch, and the run meets its plan (batch
+    14: a chunk is a multiple of the convolution's reduction block, conv1's is 7 images here)."""
+    param = net_param(ROOT / "prototxt" / "resnet50.prototxt", 14)
     capacity = make_plan(graph_of(param), mode).peak + 256
     plan = make_plan(graph_of(param), mode, capacity)
     assert plan.fits, plan.overflow

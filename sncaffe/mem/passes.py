@@ -59,15 +59,22 @@ def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3) -> Ana
 
 
 def liveness(graph, ops, mode):
-    """(persistent roots, uses): ``none`` keeps every root for the whole iteration."""
-    if "_liveness" not in graph.__dict__:      # the same for every mode: analysed once per graph
-        roots = persistent_roots(graph)
-        graph.__dict__["_liveness"] = (roots, uses_of(ops, roots))
-    roots, uses = graph.__dict__["_liveness"]
-    roots = list(roots)
+    """(persistent roots, uses) over ``ops``: forward and backward, or forward alone for a net
+    that only runs forward (a test net: nothing is then needed after forward). ``none``
+    keeps every root of the net, forward's and backward's, for the whole iteration."""
     if mode == "none":
+        roots, uses = _uses(graph, graph.forward_ops + graph.backward_ops)
         return roots + [r for r, _ in uses.values()], {}
-    return roots, uses
+    return _uses(graph, ops)
+
+
+def _uses(graph, ops):
+    key = ("_liveness", len(ops))
+    if key not in graph.__dict__:      # the same for every mode: analysed once per graph
+        roots = persistent_roots(graph)
+        graph.__dict__[key] = (roots, uses_of(ops, roots))
+    roots, uses = graph.__dict__[key]
+    return list(roots), uses
 
 
 def host_params(graph, ops, roots):

@@ -186,25 +186,26 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     backward step that needs it (SuperNeurons' memory-centric strategy) instead of once,
     keeping the results (speed-centric); None tries it per segment (those with at least 3
     dropped tensors) where a capacity-bound plan does not fit (by at most a quarter), and keeps
-    it if it costs less. ``forward_only``: a net that only runs forward (a solver's test net;
-    ``none`` or ``liveness``): what backward would need is released when the pass ends.
+    it if it costs less. ``forward_only``: a net that only runs forward (a solver's test net):
+    each value lives until its last forward use, and with nothing needed after forward, no
+    mode offloads or recomputes (the plan of ``liveness`` under the mode's name).
     ``param_disk``: with ``host_params``, the parameters, their gradients and the solver's
     history (``host_extra``'s blocks but its last two, the solver's work buffers) live in the
     spill file, not the host pool (the host cannot hold them): the disk tier's base.
     ``disk_extra``: spill-file bytes held beside this net (another net's parameters there)."""
-    if forward_only and mode not in ("none", "liveness"):
-        raise PlanError(f"a forward-only plan is 'none' or 'liveness', not {mode!r}")
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
     plan = Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only,
-                    param_disk=param_disk, disk_extra=disk_extra).build()
+                   param_disk=param_disk, disk_extra=disk_extra).build()
+    if forward_only:
+        return plan
     # (Tried only near a fit: it trades replays for a few segments' values, not for multiples.)
     if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits \
             and plan.peak <= capacity * 5 // 4:
         lean = Builder(graph, mode, *args, memory_centric="some", param_disk=param_disk,
-                        disk_extra=disk_extra).build()
+                       disk_extra=disk_extra).build()
         if lean.memory_centric and _cost(lean) < _cost(plan):
             lean.note = f"memory-centric recomputation in {lean.memory_centric} segments"
             plan = lean

@@ -270,7 +270,9 @@ class Builder:
             kw["tier"] = self.tiers.place(tensor)
         self.out.append(Instr(kind, tensor, **kw))
         if kind == "alloc":
-            self.where.alloc(tensor, lambda: self.ops[self.pos].name if self.pos >= 0 else "the start")
+            error = self.where.alloc(tensor)
+            if error is not None and not self.where.overflow:
+                self.where.overflow = f"at step {self.ops[self.pos].name if self.pos >= 0 else 'the start'}: {error}"
             if self.pos >= self.nf and tensor.kind != "workspace" and key not in self.param_ids:
                 last = self.need_times(tensor, -1)
                 # Freed after the last step that needs it (this one, where none later does).

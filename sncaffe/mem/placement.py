@@ -32,16 +32,16 @@ class Placement:
                 self.overflow = f"at the start: {e}"
                 del self.sims[loc]
 
-    def alloc(self, tensor, step):
-        """Place ``tensor`` (``step``: where, for the overflow message)."""
+    def alloc(self, tensor):
+        """Place ``tensor``: the allocator's error where it cannot be placed, else None."""
         sim = self.sims.get(tensor.location)
+        self.in_use[tensor.location] = self.in_use.get(tensor.location, 0) + align(tensor.nbytes)
         if sim is not None:
             try:
                 self.placed[id(tensor)] = sim.alloc(tensor.nbytes, tensor.name)
             except OutOfMemory as e:
-                if not self.overflow:
-                    self.overflow = f"at step {step()}: {e}"
-        self.in_use[tensor.location] = self.in_use.get(tensor.location, 0) + align(tensor.nbytes)
+                return e
+        return None
 
     def free(self, tensor):
         if id(tensor) in self.placed:

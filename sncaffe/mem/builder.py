@@ -48,7 +48,7 @@ class Builder:
     # -- the walk ---------------------------------------------------------------
     def build(self):
         # The walk makes hundreds of thousands of short-lived objects and no cycles: the cyclic
-        # collector would only rescan the graph's own (ResNet-2500: a tenth of the time).
+        # collector would only rescan the graph's own (ResNet-2500: a fifth of the planning time).
         collecting = gc.isenabled()
         gc.disable()
         try:

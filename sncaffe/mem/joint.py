@@ -9,10 +9,11 @@ exactly where the pool will put them: ``before`` (the nets bound earlier) and th
 after (later nets, then the history). Every plan starts from the same base, and the
 pool's measured peak is the largest of the plans' peaks.
 
-``auto`` for the train net tries its modes cheapest first; for each, a test net (forward
-only: ``none`` would only hold its activations for nothing) takes the cheapest of
-``liveness``, ``recompute``, ``offload``, ``all`` that fits beside it; ``none`` and
-``liveness`` test plans cover the forward pass alone, the one a test runs.
+``auto`` for the train net tries its modes cheapest first; for each, a test net takes
+``liveness`` where it fits beside it (``none`` would only hold its activations for nothing).
+A test runs forward alone, and every test plan covers that pass alone: each value lives
+until its last forward use, so no mode has anything to offload or recompute (a test net in
+``offload`` or ``all`` gets the ``liveness`` plan under that name, not one with backward's needs).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .planner import AUTO_ORDER, MemoryExhausted, _shared_ram_plan, quick_bound
 from .pool import align, fmt_bytes
 
 log = logging.getLogger("sncaffe")
-TEST_ORDER = ("liveness", "recompute", "offload", "all")
+TEST_ORDER = ("liveness",)     # forward alone: the other modes' plans would be the same
 
 
 def persistent_blocks(graph, mode, host_params=False):
@@ -75,9 +76,8 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
             choice = None
             for m in (TEST_ORDER if test.memory == "auto" else (test.memory,)):
                 mine = persistent_blocks(test.graph, m)[0]
-                # A test net only runs forward: planned so, where its mode keeps nothing for backward.
-                p = _shared_ram_plan(test.graph, m, capacity, later, before=before,
-                                     forward_only=m in ("none", "liveness"),
+                # A test net only runs forward: planned so, whatever its mode.
+                p = _shared_ram_plan(test.graph, m, capacity, later, before=before, forward_only=True,
                                      **beside, **kw)
                 last = (f"test net #{i}", test, p)
                 if p.fits and mine == test_own[i]:

@@ -13,27 +13,26 @@ Modes combine the techniques of SuperNeurons:
 Given a capacity, offloaded tensors stay cached on the device while they fit
 (LRU eviction), and ``auto`` picks the cheapest mode whose plan fits.
 
-The analysis is a walk over passes (passes.py: liveness, host parameters,
-recomputation, need times, offload) that return data; the builder then replays
-the iteration, placing every block on the device's allocator, each offloaded
-copy on a tier (host, or disk where the host is full) and each workspace whole
-or in chunks, and writes the schedule the executor replays. Parameters kept on the host
+A plan is made by passes that return data (passes.py: liveness, host parameters,
+recomputation, need times, offload), walked by the builder (builder.py), which
+replays the iteration on that data and writes the schedule the executor replays;
+what depends on what is resident at each step is decided during the walk by one
+policy module each: the LRU cache (cache.py), the tier of each offloaded copy
+(tiers.py: host, or disk where the host is full), block placement on the
+device's allocator (placement.py), workspaces whole or in chunks (chunks.py). Parameters kept on the host
 (``host_params``) go, with their gradients and the solver's history, to the disk tier
 where the host pool cannot hold them (``param_disk``): the spill file's base.
 """
 from __future__ import annotations
 
-import bisect
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..graph import _workspace
 from . import passes
-from .liveness import op_tensors, persistent_roots, workspaces
-from .pool import OutOfMemory, Pool, align
-from .schedule import Instr, Schedule, simulate
+from .builder import Builder
+from .pool import align
+from .schedule import Schedule
 
 MODES = ("none", "liveness", "offload", "recompute", "all")
 # Cheapest first: what ``auto`` tries in order.
@@ -187,25 +186,26 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
     backward step that needs it (SuperNeurons' memory-centric strategy) instead of once,
     keeping the results (speed-centric); None tries it per segment (those with at least 3
     dropped tensors) where a capacity-bound plan does not fit (by at most a quarter), and keeps
-    it if it costs less. ``forward_only``: a net that only runs forward (a solver's test net;
-    ``none`` or ``liveness``): what backward would need is released when the pass ends.
+    it if it costs less. ``forward_only``: a net that only runs forward (a solver's test net):
+    each value lives until its last forward use, and with nothing needed after forward, no
+    mode offloads or recomputes (the plan of ``liveness`` under the mode's name).
     ``param_disk``: with ``host_params``, the parameters, their gradients and the solver's
     history (``host_extra``'s blocks but its last two, the solver's work buffers) live in the
     spill file, not the host pool (the host cannot hold them): the disk tier's base.
     ``disk_extra``: spill-file bytes held beside this net (another net's parameters there)."""
-    if forward_only and mode not in ("none", "liveness"):
-        raise PlanError(f"a forward-only plan is 'none' or 'liveness', not {mode!r}")
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
-    plan = _Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only,
-                    param_disk=param_disk, disk_extra=disk_extra).build()
+    plan = Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only,
+                   param_disk=param_disk, disk_extra=disk_extra).build()
+    if forward_only:
+        return plan
     # (Tried only near a fit: it trades replays for a few segments' values, not for multiples.)
     if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits \
             and plan.peak <= capacity * 5 // 4:
-        lean = _Builder(graph, mode, *args, memory_centric="some", param_disk=param_disk,
-                        disk_extra=disk_extra).build()
+        lean = Builder(graph, mode, *args, memory_centric="some", param_disk=param_disk,
+                       disk_extra=disk_extra).build()
         if lean.memory_centric and _cost(lean) < _cost(plan):
             lean.note = f"memory-centric recomputation in {lean.memory_centric} segments"
             plan = lean
@@ -216,7 +216,7 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min
         alt = (built or {}).get(other)
         if alt is None and quick_bound(graph, other, extra_bytes, host_params) > plan.peak:
             return plan                 # the plan without recomputation cannot have a lower peak
-        alt = alt or _Builder(graph, other, *args, param_disk=param_disk, disk_extra=disk_extra).build()
+        alt = alt or Builder(graph, other, *args, param_disk=param_disk, disk_extra=disk_extra).build()
         if _cost(alt) < _cost(plan):
             alt = replace(alt, mode=mode, note="recomputation would not lower the peak: not used")
             return alt
@@ -317,430 +317,3 @@ def _progress(graph, message):
     if len(graph.layers) >= 1000:
         import logging
         logging.getLogger("sncaffe").info("%s (%d layers)", message, len(graph.layers))
-
-
-class _Builder:
-    def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
-                 host=(None, None, 0, None, None), before=(), memory_centric=False, forward_only=False,
-                 param_disk=False, disk_extra=0):
-        self.graph, self.mode, self.capacity = graph, mode, capacity
-        self.memory_centric = memory_centric
-        self.host_capacity, self.ram, host_extra, self.spill, self.host_room = host
-        self.param_disk = bool(param_disk and host_params)
-        self.disk_extra = disk_extra    # and the solver's history in the spill file (param_disk)
-        if self.param_disk and not isinstance(host_extra, int):
-            self.disk_extra += sum(align(max(b, 1)) for b in host_extra[:-2])
-            host_extra = host_extra[-2:]
-        self.host_extra = host_extra if isinstance(host_extra, int) else sum(align(max(b, 1)) for b in host_extra)
-        self.host_params = host_params
-        # Blocks others take beside the net (the solver's history), in their allocation order.
-        self.extra_blocks = [extra_bytes] if isinstance(extra_bytes, int) else list(extra_bytes)
-        self.before_blocks = [b for b in before if b]
-        self.extra = sum(align(b) for b in self.extra_blocks + self.before_blocks if b)
-        self.lookahead, self.min_gap = lookahead, min_gap
-        self.offload = mode in ("offload", "all")
-        self.recompute = mode in ("recompute", "all")
-        self.F, self.B = graph.forward_ops, [] if forward_only else graph.backward_ops
-        self.ops = self.F + self.B
-        self.nf = len(self.F)
-
-    # -- bookkeeping ----------------------------------------------------------
-    def emit(self, kind, tensor=None, **kw):
-        if kind == "alloc":
-            self.make_room(tensor)
-        if kind == "offload" and self.host_room is not None and id(tensor) not in self.hosted \
-                and id(tensor.root) not in self.param_ids:
-            kw["tier"] = self.tier_for(tensor)
-        ins = Instr(kind, tensor, **kw)
-        self.out.append(ins)
-        if kind == "alloc":
-            self.place(tensor)
-            self.in_use[tensor.location] = self.in_use.get(tensor.location, 0) + align(tensor.nbytes)
-            if self.pos >= self.nf and tensor.kind != "workspace" and id(tensor) not in self.param_ids:
-                last = self.need_times(tensor, -1)
-                if not last or last[-1] <= self.pos:
-                    self.free_at.setdefault(self.pos, []).append(tensor)   # only this step needs it
-                else:
-                    self.free_at.setdefault(last[-1], []).append(tensor)
-            self.live[id(tensor)] = tensor
-        elif kind == "free":
-            if id(tensor) in self.placed:
-                self.sims[tensor.location].free(self.placed.pop(id(tensor)))
-            self.in_use[tensor.location] -= align(tensor.nbytes)
-            self.live.pop(id(tensor), None)
-            self.cache.pop(id(tensor), None)
-        elif kind == "offload":
-            self.hosted[id(tensor)] = tensor
-            self.plan.d2h_bytes += tensor.nbytes
-        elif kind == "prefetch":
-            self.plan.h2d_bytes += tensor.nbytes
-        elif kind == "drop":
-            self.hosted.pop(id(tensor), None)
-            if self.tiers.pop(id(tensor), "disk") == "host":
-                self.host_used -= align(tensor.nbytes)
-        return ins
-
-    def tier_for(self, tensor):
-        """The host pool while it has room, else the disk: the host tier is planned as it fills."""
-        n = align(tensor.nbytes)
-        if self.host_used + n <= self.host_room:
-            self.host_used += n
-            self.tiers[id(tensor)] = "host"
-            return "host"
-        self.tiers[id(tensor)] = "disk"
-        return "disk"
-
-    def place(self, tensor):
-        """Where the pool will put ``tensor``: the planner runs the device's own allocator, so a
-        plan that fits here is placed alike at run time (fragmentation included)."""
-        sim = self.sims.get(tensor.location)
-        if sim is None:
-            return
-        try:
-            self.placed[id(tensor)] = sim.alloc(tensor.nbytes, tensor.name)
-        except OutOfMemory as e:
-            if not self.plan.overflow:
-                step = self.ops[self.pos].name if self.pos >= 0 else "the start"
-                self.plan.overflow = f"at step {step}: {e}"
-
-    def fits_now(self, sizes, loc="") -> bool:
-        if self.capacity is None:
-            return True
-        sim = self.sims.get(loc)
-        if sim is None:
-            return self.in_use.get(loc, 0) + sum(align(n) for n in sizes) <= self.capacity
-        return sim.can_place(sizes)         # a trial on the allocator, undone at once
-
-    def make_room(self, tensor=None, sizes=None, loc=None):
-        """LRU: evict cached copies until ``tensor`` (or blocks of ``sizes``) can be placed."""
-        loc = tensor.location if loc is None else loc
-        sizes = [tensor.nbytes] if sizes is None else sizes
-        while self.cache and not self.fits_now(sizes, loc):     # no trial while nothing is cached
-            victim = next((t for t in self.cache.values() if t.location == loc), None)
-            if victim is None:
-                return
-            del self.cache[id(victim)]
-            self.emit("free", victim)
-
-    def alloc(self, r, fill=None):
-        if id(r) not in self.live:
-            self.emit("alloc", r, fill=fill)
-
-    def run(self, i, recompute=False):
-        op = self.ops[i]
-        ws, chunk = workspaces(op), None
-        loc = op.node.layer.param.location
-        if self.capacity is not None and ws and not self.fits_now([t.nbytes for t in ws], loc):
-            self.make_room(sizes=[t.nbytes for t in ws], loc=loc)
-            if not self.fits_now([t.nbytes for t in ws], loc):
-                chunk, ws = self.chunked(op) or (None, ws)
-        for t in ws:
-            self.emit("alloc", t)
-        self.out.append(Instr("run", op=op, recompute=recompute, chunk=chunk,
-                              workspace={t.name.split("#", 1)[1]: t for t in ws} if chunk else None))
-        for t in ws:
-            self.emit("free", t)
-        if recompute:
-            self.plan.recompute_flops += layer_flops(op.node)
-            self.plan.recomputed_ops += 1
-
-    # -- analysis ---------------------------------------------------------------
-    def analyze(self):
-        """The passes (passes.py), walked in order; their data is what the replay below uses."""
-        g = self.graph
-        roots, self.uses = passes.liveness(g, self.ops, self.mode)
-        self.persistent_ids = {id(r) for r in roots}     # never scheduled as activations
-        self.param_ids, self.param_ops = {}, {}
-        if self.host_params:
-            self.param_ids, self.param_ops, roots = passes.host_params(g, self.ops, roots)
-            self.plan.host_params = list(self.param_ids.values())
-        self.persistent = roots
-        rc = passes.recompute(self.F, self.ops, self.uses, self.persistent_ids, self.offload) if self.recompute \
-            else passes.Recompute([], {}, {})
-        self.segs, self.dropped, self.snap_at = rc.segs, rc.dropped, rc.snap_at
-        self.plan.dropped = [r.name for seg in self.segs for r in seg.dropped]
-        # Memory-centric segments: replayed for each step that needs them.
-        self.mc = {seg.index for seg in self.segs if seg.dropped and (
-            self.memory_centric is True or (self.memory_centric == "some" and len(seg.dropped) >= 3))}
-        self.plan.memory_centric = len(self.mc)
-        self.mc_free, self.mc_open = [], []
-        self.times, self.fwd_last = passes.need_times(g, self.uses, self.nf, rc, self.mc)
-        self.offloaded, self.to_bring = {}, []
-        if self.offload:
-            self.offloaded, self.to_bring = passes.offload(self.uses, self.dropped, self.times, self.nf, self.min_gap)
-            self.plan.offloaded = [r.name for r in self.offloaded.values()]
-        self.free_at = {}
-
-    def need_times(self, r, after):
-        """Op indices after ``after`` where ``r`` must be on the device (replays of segments
-        that read it included: a segment is replayed at its first need, speed-centric)."""
-        t = self.times.get(id(r), [])
-        return t[bisect.bisect_right(t, after):]
-    # -- building ---------------------------------------------------------------
-    def build(self) -> Plan:
-        self.plan = Plan(self.mode, Schedule(), [], 0, self.extra, self.capacity, host_capacity=self.host_capacity,
-                         ram=self.ram, host_extra=self.host_extra, disk_capacity=self.spill,
-                         param_disk=self.param_disk)
-        self.analyze()
-        plan = self.plan
-        plan.persistent = self.persistent
-        plan.persistent_bytes = sum(align(r.nbytes) for r in self.persistent)
-        self.base = {"": self.extra}          # bytes each location holds before the iteration
-        for op in self.ops:
-            for t in op.reads + op.writes:
-                self.base.setdefault(t.location, 0)
-        for r in self.persistent:
-            self.base[r.location] = self.base.get(r.location, 0) + align(r.nbytes)
-        self.in_use = dict(self.base)
-        self.live, self.hosted, self.cache = {}, {}, OrderedDict()
-        self.tiers = {}                      # id(value) -> "host" or "disk", for offloads placed by tier
-        self.host_used = plan.host_extra + (0 if self.param_disk else sum(align(r.nbytes) for r in plan.host_params))
-        self.sims, self.placed = {}, {}
-        if self.capacity is not None:
-            for loc in self.base:
-                sim = self.sims[loc] = Pool(self.capacity)
-                try:
-                    for b in self.before_blocks if loc == "" else ():
-                        sim.alloc(b)
-                    for r in self.persistent:   # in the order the net binds them
-                        if r.location == loc:
-                            sim.alloc(r.nbytes)
-                    for b in self.extra_blocks if loc == "" else ():
-                        if b:
-                            sim.alloc(b)
-                except OutOfMemory as e:
-                    plan.overflow = f"at the start: {e}"
-                    del self.sims[loc]
-        self.pos = -1
-        self.out = plan.schedule.forward
-        for i in range(self.nf):
-            self.pos = i
-            self.forward_step(i)
-        for r in self.live.values():            # what forward leaves for backward
-            t = self.need_times(r, self.nf - 1)
-            if t:
-                self.free_at.setdefault(t[-1], []).append(r)
-        self.out = plan.schedule.backward
-        for j in range(self.nf, len(self.ops)):
-            self.pos = j
-            self.backward_step(j)
-        homes = {}
-        for r in plan.host_params:
-            homes[r.location] = homes.get(r.location, 0) + align(max(r.nbytes, 1))
-        disk_homes = homes if self.param_disk else {}
-        homes = {} if self.param_disk else homes
-        plan.disk_base = disk_homes.get("", 0) + self.disk_extra
-        plan.timelines = {loc: simulate(plan.schedule, base, loc,
-                                        homes.get(loc, 0) + (plan.host_extra if loc == "" else 0), plan.host_params,
-                                        disk_homes.get(loc, 0) + (self.disk_extra if loc == "" else 0))
-                          for loc, base in self.base.items()}
-        plan.peaks = {loc: t.peak for loc, t in plan.timelines.items()}
-        main = "" if len(self.base) == 1 else max(plan.peaks, key=plan.peaks.get)
-        plan.timeline = plan.timelines[main]
-        plan.peak, plan.host_peak = plan.timeline.peak, plan.timeline.host_peak
-        plan.disk_peak = max(t.disk_peak for t in plan.timelines.values())
-        plan.lower_bound, plan.lower_bound_step = self.lower_bound()
-        return plan
-
-    def forward_step(self, i):
-        op = self.F[i]
-        for r, ckpt in self.snap_at.get(i, []):
-            if self.offload:
-                self.emit("offload", ckpt, source=r)
-            else:
-                self.emit("alloc", ckpt)
-                self.out.append(Instr("snapshot", r, source=ckpt))
-        self.bring_params(i, self.nf)
-        for r, write in op_tensors(op):
-            if id(r) in self.persistent_ids:
-                continue
-            self.alloc(r, fill=None if write else 0.0)
-        self.run(i)
-        self.return_params(i, self.nf)
-        for r, write in op_tensors(op):
-            key = id(r)
-            if key in self.persistent_ids:
-                continue
-            last_write, last_use = self.fwd_last[key]
-            if key in self.offloaded and last_write == i:
-                self.emit("offload", r)
-            if last_use != i:
-                continue
-            if not self.need_times(r, self.nf - 1):
-                self.emit("free", r)                  # liveness: dead after forward
-            elif key in self.dropped:
-                self.emit("free", r)                  # recomputed in backward
-            elif key in self.offloaded:
-                if self.capacity is not None:    # (offload modes only reach here)
-                    self.cache[key] = r               # kept while it fits (LRU)
-                else:
-                    self.emit("free", r)
-
-    def backward_step(self, j):
-        op = self.ops[j]
-        # Prefetch what the next few operators need, so the copy hides behind compute.
-        while self.to_bring and self.to_bring[0][0] <= j + self.lookahead:
-            self.bring(self.to_bring.pop(0)[2])
-        self.bring_params(j, len(self.ops))
-        for r, write in op_tensors(op):
-            if id(r) in self.persistent_ids:
-                continue
-            self.ensure(r, write)
-        self.run(j)
-        self.return_params(j, len(self.ops))
-        for t in self.mc_free:          # memory-centric replays: recomputed again where needed again
-            if id(t) in self.live:
-                self.emit("free", t)
-        self.mc_free = []
-        for seg in list(self.mc_open):
-            if not any(self.need_times(r, j) for r in seg.dropped):
-                self.mc_open.remove(seg)
-                self.drop_snapshots(seg)
-        self.release(j)
-
-    def chunked(self, op):
-        """The largest batch chunk whose workspace fits now: (chunk, workspace tensors). A
-        workspace grows with the chunk, so the chunk is found by bisection: O(log batch) trials,
-        whatever the batch (a batch of a million is 20 trials, not a million)."""
-        node = op.node
-        n = node.bottoms[0].shape[0] if node.bottoms and node.bottoms[0].shape else 0
-        loc = node.layer.param.location
-        sizes = node.layer.chunk_sizes(n)     # the layer's (a convolution's: its reduction blocks)
-        lo, hi, best = 0, len(sizes) - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            ws = self.chunk_workspace(node, sizes[mid], op.writes[0].dtype)
-            if ws is None:
-                return None             # the layer cannot work in chunks
-            self.plan.chunk_trials += 1
-            if self.fits_now([t.nbytes for t in ws], loc):
-                best, lo = (sizes[mid], ws), mid + 1
-            else:
-                hi = mid - 1
-        return best
-
-    def chunk_workspace(self, node, chunk, dtype):
-        """The workspace tensors of ``node`` working ``chunk`` images a pass (kept with the graph:
-        every mode's plan asks for the same ones)."""
-        cache = self.graph.__dict__.setdefault("_chunk_workspaces", {})
-        key = (id(node), chunk)
-        if key not in cache:
-            specs = node.layer.workspace_for_chunk(chunk)
-            cache[key] = None if specs is None else list(
-                _workspace(node.name, specs, dtype, node.layer.param.location).values())
-        return cache[key]
-
-    def bring_params(self, i, end):
-        """Host parameters of this step and the next few, prefetched (the copies overlap compute)."""
-        for k in range(i, min(i + self.lookahead + 1, end)):
-            for r, _ in self.param_ops.get(k, ()):
-                if id(r) not in self.live:
-                    self.emit("alloc", r)
-                    self.emit("prefetch", r)
-
-    def return_params(self, i, end, replay=False):
-        """After a step: what it changed goes back to the host; what no near step needs is freed."""
-        soon = {id(r) for k in range(i + 1, min(i + self.lookahead + 1, end)) for r, _ in self.param_ops.get(k, ())}
-        for r, write in self.param_ops.get(i, ()):
-            if write and not replay:
-                self.emit("offload", r)
-            if id(r) not in soon and id(r) in self.live:
-                self.emit("free", r)
-
-    def bring(self, r):
-        """Make an offloaded value resident: a cache hit, or an allocation and a prefetch."""
-        key = id(r)
-        if key in self.live:
-            if key in self.cache:
-                del self.cache[key]
-                self.plan.cache_hits += 1
-            return
-        self.emit("alloc", r)
-        self.emit("prefetch", r)
-        self.plan.cache_misses += 1
-
-    def ensure(self, r, write=False):
-        key = id(r)
-        if key in self.live:
-            self.cache.pop(key, None)
-            return
-        if key in self.dropped:
-            seg = self.dropped[key]
-            self.replay(seg, self.prefix(seg, r) if seg.index in self.mc else None)
-        elif key in self.offloaded and key in self.hosted:
-            self.bring(r)
-        else:
-            u = self.uses[key][1]
-            self.alloc(r, fill=None if (write and self.pos in u.writes) else 0.0)
-        if key not in self.live:
-            raise PlanError(f"plan bug: {r.name} not resident at {self.ops[self.pos].name}")
-
-    def prefix(self, seg, r):
-        """A memory-centric replay's operators: the segment's, up to the last writer of ``r``
-        and of what else the current step reads of it."""
-        mine = [self.fwd_last[id(q)][0] for q, _ in op_tensors(self.ops[self.pos]) if self.dropped.get(id(q)) is seg]
-        last = max(mine + [self.fwd_last[id(r)][0]])
-        return [k for k in seg.cheap if k <= last]
-
-    def replay(self, seg, ops=None):
-        """Recompute a segment's cheap operators: speed-centric (``ops`` None) all of them once,
-        keeping the results; memory-centric only ``ops``, whose results go after this step."""
-        fresh = set(self.live) if ops is not None else None
-        for r in seg.externals:
-            self.ensure(r)
-        for r, ckpt in seg.snapshots:
-            self.alloc(r)
-            if self.offload:
-                self.emit("prefetch", ckpt, source=r)
-            else:
-                self.out.append(Instr("restore", r, source=ckpt))
-        for k in seg.cheap if ops is None else ops:
-            for r, _ in self.param_ops.get(k, ()):
-                if id(r) not in self.live:
-                    self.emit("alloc", r)
-                    self.emit("prefetch", r)
-            for r, write in op_tensors(self.F[k]):
-                if id(r) not in self.persistent_ids:
-                    self.ensure(r) if not write else self.alloc(r)
-            self.run(k, recompute=True)
-            for r, _ in self.param_ops.get(k, ()):
-                if id(r) in self.live and not any(id(r) == id(q) for q, _ in self.param_ops.get(self.pos, ())):
-                    self.emit("free", r)
-        if ops is not None:             # memory-centric: freed after this step, checkpoints kept
-            self.mc_free += [t for key, t in self.live.items() if key not in fresh and key in self.dropped]
-            if seg not in self.mc_open:
-                self.mc_open.append(seg)
-            return
-        self.drop_snapshots(seg)
-
-    def drop_snapshots(self, seg):
-        seg.done = True
-        for r, ckpt in seg.snapshots:
-            if self.offload:
-                self.emit("drop", ckpt)
-            else:
-                self.emit("free", ckpt)
-
-    def release(self, j):
-        """Free the resident values no later step needs (and their host copies)."""
-        for r in self.free_at.pop(j, []):
-            if id(r) in self.live and not self.need_times(r, j):
-                self.emit("free", r)
-                if id(r) in self.hosted:
-                    self.emit("drop", r)
-
-    def lower_bound(self):
-        """max over steps of what that step itself touches, beside what always lives (any mode)."""
-        key = ("_lower_bound", bool(self.param_ids))
-        if key not in self.graph.__dict__:      # the same for every mode: computed once per graph
-            always = [r for r in persistent_roots(self.graph) if id(r) not in self.param_ids]
-            keep = {id(r) for r in always}       # host parameters count where they are brought in
-            best, where = 0, ""
-            for op in self.ops:
-                need = sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in keep)
-                need += sum(align(t.nbytes) for t in workspaces(op))
-                if need > best:
-                    best, where = need, op.name
-            self.graph.__dict__[key] = (sum(align(r.nbytes) for r in always) + best, where)
-        best, where = self.graph.__dict__[key]
-        return best + self.extra, where

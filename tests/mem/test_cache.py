@@ -142,3 +142,18 @@ def test_device_run_moves_what_the_plan_says():
     assert stats["d2h_bytes"] == net.plan.d2h_bytes and stats["h2d_bytes"] == net.plan.h2d_bytes
     assert net.device.host_pool.in_use == 0 and net.device.pool.in_use == net.plan.persistent_bytes
     assert net.device.pool.peak == net.plan.peak
+
+
+def test_the_least_recently_kept_value_on_a_location_is_evicted_first():
+    from sncaffe.mem.cache import LRUCache
+    graph = graph_of(net_param(ROOT / "prototxt" / "lenet_train_test.prototxt"))
+    a, b, c = [r for r, _ in analyze(graph.ops, persistent_roots(graph)).values()][:3]
+    cache = LRUCache()
+    for r in (a, b, c):
+        cache.keep(r)
+    assert cache.victim("") is a and cache.victim("elsewhere") is None
+    assert cache.take(a) and not cache.take(a)          # used again: a hit once, then not cached
+    assert cache.victim("") is b
+    cache.take(b)
+    cache.keep(b)                                       # used, then kept again: now the most recent
+    assert cache.victim("") is c

@@ -78,3 +78,18 @@ def test_progress_inside_an_iteration_at_quarters_and_every_few_seconds(capsys):
             s.net.backward()
         out = capsys.readouterr().out
         assert out.count("Iteration 0: ") == lines and "Iteration 0: 100% of the pass" in out
+
+
+@pytest.mark.parametrize("mode", ["liveness", "offload", "all", "recompute"])
+def test_a_test_net_is_planned_for_its_forward_pass_alone(mode):
+    """A test runs forward alone: in every mode its plan has no backward and moves nothing, and
+    the pool's peak during a test is the test plan's peak (once the plan of offload/recompute
+    held backward's values and copies too, above what a test takes)."""
+    s = solver(40 * MiB, mode)
+    test = s.test_nets[0].plan
+    assert test.mode == mode and not test.schedule.backward
+    assert test.d2h_bytes == test.h2d_bytes == test.recompute_flops == 0
+    s.device.pool.reset_peak()
+    s.test(0)
+    assert s.device.pool.peak == test.peak
+    assert s.device.pool.in_use == test.timeline.device[0]        # what the test left went back

@@ -72,3 +72,19 @@ def test_budget_is_available_ram_less_a_margin():
     assert device.pool.capacity <= ram_budget() + (1 << 30) and device.ram is not None
     assert CPUDevice("1GiB", "1GiB").ram is None        # both pools given: the user's split
     assert process_memory()["rss"] > 0
+
+
+def test_copies_go_to_the_host_while_it_has_room_then_to_disk():
+    from sncaffe.mem.liveness import analyze, persistent_roots
+    from sncaffe.mem.pool import align
+    from sncaffe.mem.tiers import Tiers
+    graph = graph_of(net_param(R50))
+    values = [r for r, _ in analyze(graph.ops, persistent_roots(graph)).values()][:4]
+    room = align(values[0].nbytes) + align(values[1].nbytes)
+    tiers = Tiers(room, 0)
+    assert [tiers.place(r) for r in values[:3]] == ["host", "host", "disk"]
+    assert tiers.used == room
+    tiers.release(values[2])                            # a disk copy gives back no host bytes
+    tiers.release(values[0])
+    assert tiers.used == align(values[1].nbytes)
+    assert tiers.place(values[3]) == ("host" if align(values[3].nbytes) <= room - tiers.used else "disk")

@@ -715,10 +715,31 @@ def sncaffe_overhead() -> int:
     return sncaffe_memory.measure_in_child((3, 4, 1, 3), 1, 32, plan_only=True)["rss"]
 
 
+DISK = "+disk"                  # a machine-budget mode with the disk tier: what RAM cannot hold is spilled
+
+
+def disk_plan(graph, mode, ram):
+    """The plan of ``mode + DISK`` in ``ram`` bytes; ``auto+disk``: `sncaffe train`'s own choice
+    (the cheapest mode that fits, then ``all`` with parameters, gradients and history on the host,
+    then on disk)."""
+    from sncaffe.mem.planner import _shared_ram_plan, auto_plan
+    base = mode[:-len(DISK)]
+    if base == "auto":
+        return auto_plan(graph, None, history_bytes(graph, 1), ram=ram, spill=1 << 50)
+    return _shared_ram_plan(graph, base, None, history_bytes(graph, 1), ram=ram, spill=1 << 50)
+
+
 def machine_within(graph, mode, budget, overhead) -> int:
     """The least planned bytes of the whole process (device pool + host pool + ``overhead``) of a
     step that trains within ``budget`` bytes of RAM, over device capacities that leave the host
-    tier the rest; above ``budget`` where none fits. On the CPU device both pools are one RAM."""
+    tier the rest; above ``budget`` where none fits. On the CPU device both pools are one RAM.
+    ``mode + DISK``: the planner's own split of that RAM (``auto``'s, as `sncaffe train` plans
+    on this machine): the device what its plan needs, the host what is left, the rest of the
+    offloaded copies in a spill file (read and written with pread/pwrite: page cache, not the
+    process's resident memory)."""
+    if mode.endswith(DISK):
+        plan = disk_plan(graph, mode, budget - overhead)
+        return plan.peak + plan.host_peak + overhead if plan.device_fits and plan.host_fits else budget + 1
     best = None
     for capacity in (None, budget - overhead, (budget - overhead) // 2, (budget - overhead) // 4):
         if capacity is not None and capacity <= 0:
@@ -758,7 +779,8 @@ def deepest_suite(suite, say) -> dict:
             ("device", "device budget", "device", lambda m: lambda k: peak_within(graph_k(k), m, budget)),
             ("machine", "machine budget", "rss", lambda m: lambda k: machine_within(graph_k(k), m, budget, overhead_k(k, m)))):
         say(f"  {label} {fmt_bytes(budget)}:")
-        variants = {f"sncaffe {m}": sncaffe_fn(m) for m in cfg["sncaffe_modes"]}
+        modes = cfg["sncaffe_modes"] + ([m + DISK for m in cfg.get("disk_modes", [])] if key == "machine" else [])
+        variants = {f"sncaffe {m}": sncaffe_fn(m) for m in modes}
         if want_torch:
             for v in cfg.get("pytorch", list(torch_memory.VARIANTS)):
                 variants[f"pytorch {v}"] = (lambda v: lambda k: torch_run(v, k)[torch_key])(v)
@@ -782,6 +804,11 @@ def deepest_suite(suite, say) -> dict:
                 host[name] = torch_run(name[len("pytorch "):], k)["host"]
             else:
                 mode = name[len("sncaffe "):]
+                if mode.endswith(DISK):     # the host pool, and the spill file's peak
+                    plan = disk_plan(graph_k(k), mode, budget - overhead_k(k, mode))
+                    host[name] = plan.host_peak
+                    out.setdefault("spill", {})[name] = plan.disk_peak
+                    continue
                 host[name] = sncaffe_plan(graph_k(k), mode, budget if key == "device" else None).host_peak
         out[key] = {"found": found, "curves": {n: sorted((k, v) for k, v in c.items() if v != math.inf)
                                               for n, c in curves.items()}, "host": host}

@@ -101,6 +101,8 @@ class Overhead:
         return self._rest[mode]
 
     def __call__(self, k, mode) -> int:
+        mode = mode.split("+disk")[0]       # a disk tier's step holds what the mode's does besides
+        mode = "all+host" if mode == "auto" else mode       # auto's deepest plans: all, state on the host
         return self.rest(mode) + max(0, self.plan_rss(k) - self.plan_rss(self.k0))
 
 

@@ -69,7 +69,9 @@ def measure(blocks, batch, image_size, mode, plan_only=False) -> dict:
     dev = solver.device
     pools = dev.pool.peak + dev.host_pool.peak
     rss = hwm()
-    return {**out, "rss": rss, "device": dev.pool.peak, "host": dev.host_pool.peak, "rest": rss - pools}
+    plan = solver.net.plan
+    return {**out, "rss": rss, "device": dev.pool.peak, "host": dev.host_pool.peak, "rest": rss - pools,
+            "planned_device": plan.peak, "planned_host": plan.host_peak}
 
 
 def measure_in_child(blocks, batch, image_size, mode="none", plan_only=False, timeout=3600) -> dict:
@@ -120,7 +122,8 @@ def main(argv=None) -> int:
         print(json.dumps(r))
     else:
         for key, v in r.items():
-            print(f"{key:12s} {v / 2**20:.1f} MiB" if key in ("rss", "device", "host", "rest") else f"{key:12s} {v}")
+            print(f"{key:14s} {v / 2**20:.1f} MiB" if key in ("rss", "device", "host", "rest", "planned_device",
+                                                               "planned_host") else f"{key:14s} {v}")
     return 0
 
 

@@ -104,7 +104,7 @@ class _ConvolutionBase(Layer):
         self.reduce_block = self.plan.reduce_block      # the CPU kernels' (geometry only)
         self.param_shapes += [(M,)] * self.bias_term
         if self.dnn:                                # oneDNN's blocks (geometry only)
-            self.reduce_block = conv_onednn.reduce_block(self.dnn)
+            self.reduce_block = conv_onednn.reduce_block(self.plan)
         self.workspace_specs = self._cpu_workspace(self.chunk or N)
         if is_gpu(self.target):                     # cuDNN's blocks and workspace, not the CPU kernels'
             self.reduce_block = conv_gpu.reduce_block(self, shape)
@@ -112,7 +112,10 @@ class _ConvolutionBase(Layer):
         return [(N, M) + tuple(out)] * len(bottom_shapes)
 
     def chunk_sizes(self, n):
-        """The chunks the memory runtime may choose for a batch of n: multiples of reduce_block."""
+        """The chunks the memory runtime may choose for a batch of n: multiples of reduce_block;
+        none on oneDNN, whose passes already run a block at a time (its workspace is a block's)."""
+        if self.dnn:
+            return range(0)
         return range(self.reduce_block, n, self.reduce_block)
 
     def workspace_for_chunk(self, chunk):

@@ -72,20 +72,20 @@ def blocked(plan) -> bool:
 
 
 # A block is large enough that oneDNN's kernels run at full speed on it (the GPU path's rule:
-# layers/conv_gpu.py), small enough that a large batch can still be chunked.
+# layers/conv_gpu.py). Every primitive runs block by block, so a block's workspace is all a
+# pass needs whatever its chunk: chunking such a layer saves nothing (conv.py offers no chunks).
 BLOCK_POSITIONS = 65536
 
 
-def reduce_block(g: Geometry) -> int:
-    """Images per block: enough for BLOCK_POSITIONS positions of the grid side."""
-    grid = 1
-    for n, k, s, p, d in zip(g.size, g.kernel, g.stride, g.pad, g.dilation):
-        grid *= (n + 2 * p - d * (k - 1) - 1) // s + 1
-    return max(1, -(-BLOCK_POSITIONS // max(grid, g.size[0] * g.size[1])))
+def reduce_block(plan) -> int:
+    """Images per block: enough for BLOCK_POSITIONS positions of the image or the grid side,
+    whichever is larger (the plan's conv view; geometry only)."""
+    positions = max(plan.out_size, plan.h.size * plan.w.size)
+    return max(1, -(-BLOCK_POSITIONS // positions))
 
 
 def _blocks(layer, n):
-    step = min(layer.reduce_block or n, n)
+    step = min(layer.reduce_block, n)
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
@@ -94,7 +94,8 @@ def workspace(layer, n):
     g = layer.dnn
     sizes = {len(range(*b.indices(n))) for b in _blocks(layer, n)}
     dw = onednn._round(4 * g.weight_size)
-    need = [g.conv(m).nbytes(k) for m in sizes for k in ("forward", "forward_bias", "data")]
+    forward = "forward_bias" if layer.bias_term and not layer.deconv else "forward"   # what the layer runs
+    need = [g.conv(m).nbytes(k) for m in sizes for k in (forward, "data")]
     need += [dw + g.conv(m).nbytes("weights") for m in sizes]
     return {WORKSPACE: ((max(need),), np.uint8)}
 

@@ -366,32 +366,33 @@ class Dispatcher(SerialExecutor):
         binders = self.binders
         bindings = [(binders[k], self._array(k)) for k in keys if k in binders] if self._dispatching else ()
 
-        def work():
+        def bind():             # the blobs see the arrays this operator's plan step gave them
             for binds, arr in bindings:
-                for bind in binds:
-                    bind(arr)
+                for b in binds:
+                    b(arr)
+
+        def work():
+            bind()
             run_op(op, recompute, ws, chunk)
         name = op.name + (" (recompute)" if recompute else "")
         split = getattr(getattr(node, "layer", None), "split_op", None)
         parts = split(op.kind, recompute) if split is not None else None
         if parts:
-            return self._parts(op, parts, location, kind, name, work, bindings, ws, nbytes, waited)
+            return self._parts(op, parts, location, kind, name, rw, work, bind, ws, nbytes, waited)
         self.issue(location, kind, name, rw, work, nbytes, waited=waited)
 
-    def _parts(self, op, parts, location, kind, name, work, bindings, ws, nbytes, waited):
+    def _parts(self, op, parts, location, kind, name, rw, work, bind, ws, nbytes, waited):
         """An operator its layer splits into parts (mem/parts.py), each issued as an operator: the
         operator's own work (``fn`` None), its layer's later stages (bound, with its workspace, as
         the operator), exchanges (on another stream, waiting only for ``after``)."""
-        rw, layer = self._rw(op), op.node.layer
+        layer = op.node.layer
         for part in parts:
             fn, stream = part.fn, part.stream
             if fn is None:
                 fn, stream = work, kind
             elif part.touches:
                 def fn(f=part.fn):
-                    for binds, arr in bindings:
-                        for bind in binds:
-                            bind(arr)
+                    bind()
                     layer.workspace = ws
                     try:
                         f()

@@ -63,6 +63,7 @@ def main():
         for _ in range(args.repeat):
             for on in (False, True):
                 workers.ELEMENTS_PER_THREAD = split_at if on else float("inf")
+                workers.KERNEL_THREADS = args.threads if on else 1
                 for p, call in (("forward", lambda: layer.forward(h.bottom, h.top)),
                                 ("backward", lambda: layer.backward(h.top, down, h.bottom))):
                     t0 = time.perf_counter()

@@ -58,6 +58,7 @@ def child(net, threads, kernels, iterations):
     for i in range(iterations * len(modes)):
         mode = modes[i % len(modes)]        # "alt": kernel threads on and off, iteration by iteration
         workers.ELEMENTS_PER_THREAD = split_at if mode else float("inf")
+        workers.KERNEL_THREADS = decision.threads if mode else 1
         ops = {}
         t0, c0 = time.perf_counter(), time.process_time()
         n.forward(timings=ops)

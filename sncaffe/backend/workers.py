@@ -1,20 +1,28 @@
-"""Element-wise and reduction kernels on all the budget's threads: a range split over a pool.
+"""Element-wise and reduction kernels, on the calling thread or split over a pool of threads.
 
-NumPy releases the GIL inside its ufunc loops and einsum, so the CPU layers' array code runs
-in parallel when its rows are split over threads: ``split(n, work, fn)`` calls ``fn(rows)``
-on contiguous slices of ``range(n)`` (images of a batch, channels, outer rows). The slices
-are dealt out as threads ask for them (``PIECES_PER_THREAD`` each on average), the calling
-thread working too: where another process holds a core, its thread takes fewer slices and the
-call still ends about when a single thread would, rather than waiting for a thread that does
-not run (measured on the shared 2-core machine: a fixed half each made ReLU 2.5x slower
-under load). The bits never change: every element is
-computed by the same code, and a caller splits a reduction only over the axis it keeps
-(BatchNorm's sums per channel are split over channels), so each sum adds in the same order.
+``split(n, work, fn)`` calls ``fn(rows)`` on contiguous slices of ``range(n)`` (images of a
+batch, channels, outer rows) covering it once; ``work`` is the elements the call reads and
+writes. NumPy releases the GIL inside its ufunc loops and einsum, so pieces on several threads
+run in parallel. The bits never change with the pieces: every element is computed by the same
+code, and a caller splits a reduction only over the axis it keeps (BatchNorm's sums per channel
+are split over channels), so each sum adds in the same order.
 
-Sizing: one thread per ``ELEMENTS_PER_THREAD`` elements of ``work`` (what the call reads and
-writes); below that a thread's wake and join (tens of microseconds) cost more than it saves,
-so small tensors stay on the calling thread. The budget is ``threads.current()``'s, the GEMMs'
-own: kernels and GEMMs run one after the other, never together, so they never oversubscribe.
+By default the kernels run whole on the calling thread. Measured in whole training steps
+(``sncaffe time``, 2 threads, 2026-12-01, load ~1, this 2-core EPYC VM): with the pieces dealt
+over two threads the CIFAR ResNet-20 at batch 128 took 346-392 ms an iteration, on the calling
+thread 229-236 ms (its BatchNorms 108 against 57 ms), MobileNet-v2 at batch 8 499 against
+439 ms, ResNet-50 at batch 8 even (1111 against 1067-1186 ms). Alone, a cold 8 MiB subtract,
+reduction, copy or einsum runs 1.1-2x slower on two threads than on one: one core takes the
+memory bandwidth the VM has, and each piece's wake-up and GIL hand-off is paid on top. Cutting
+the tensors into cache-sized pieces on one thread did not pay either (a channel's rows are
+4 KiB apart: 1.2-1.8x slower; eight images at a time: even).
+
+``SNCAFFE_KERNEL_THREADS=N`` (or ``KERNEL_THREADS``) deals the pieces over up to N threads of
+the process's budget (``threads.current()``, the GEMMs' own: kernels and GEMMs run one after
+the other, never together), for a machine whose memory bandwidth grows with its cores: one
+thread per ``ELEMENTS_PER_THREAD`` elements of ``work`` (below that a wake-up costs more than it
+saves), the pieces dealt out as threads ask for them (``PIECES_PER_THREAD`` each on average), the
+calling thread working too, so a thread that another process keeps off its core takes fewer.
 """
 from __future__ import annotations
 
@@ -29,6 +37,20 @@ from . import threads as _threads
 # ~1 MiB of float32 per thread: ReLU runs it in ~40-80 us on one core, past a wake-up's cost.
 ELEMENTS_PER_THREAD = 1 << 18
 PIECES_PER_THREAD = 4
+
+
+def _kernel_threads() -> int:
+    text = os.environ.get("SNCAFFE_KERNEL_THREADS", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        import logging
+        logging.getLogger("sncaffe").warning("SNCAFFE_KERNEL_THREADS=%r is not a number of threads: "
+                                             "the kernels run on the calling thread", text)
+        return 1
+
+
+KERNEL_THREADS = _kernel_threads()     # threads the kernels may use, within the process's budget
 
 _PREFIX = "sncaffe-kernel"
 _pool: ThreadPoolExecutor | None = None
@@ -47,7 +69,9 @@ def _executor(size: int) -> ThreadPoolExecutor:
 def threads_for(work: float, n: int) -> int:
     """Threads for ``work`` elements split into at most ``n`` pieces: sized to the work, at most
     the budget."""
-    budget = _threads.current().threads
+    if KERNEL_THREADS == 1:
+        return 1
+    budget = min(KERNEL_THREADS, _threads.current().threads)
     return max(1, min(budget, n, int(work // ELEMENTS_PER_THREAD)))
 
 

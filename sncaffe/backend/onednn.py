@@ -190,6 +190,9 @@ class _Desc:
             _lib.dnnl_memory_desc_destroy(self.ptr)
 
 
+_create_lock = threading.RLock()     # primitives are created once, whichever thread asks first
+
+
 class _Step:
     """One primitive and how its arguments reach it: per argument the user's descriptor, and,
     where the kernel wants another layout, a reorder into (or out of) a workspace slot."""
@@ -220,8 +223,12 @@ class _Step:
     def run(self, arrays, ws):
         """Execute on ``arrays`` {arg: ndarray} with ``ws`` (a uint8 array of ``nbytes``)."""
         if self.prim is None:
-            self.prim = _primitive(self.pd)
-            self.reorders = {a: _primitive(r) for a, (_, _, r, _) in self.args.items() if r}
+            # two locations of one process (their own threads) may run the same geometry's
+            # first step at once: one creates, and the primitive is published last
+            with _create_lock:
+                if self.prim is None:
+                    self.reorders = {a: _primitive(r) for a, (_, _, r, _) in self.args.items() if r}
+                    self.prim = _primitive(self.pd)
         base = ws.ctypes.data if self.nbytes else None
         pad = base + self.scratch_offset if self.nbytes else None
         stream = _stream()
@@ -341,25 +348,30 @@ class Conv:
     def step(self, kind):
         """The _Step of ``kind``: forward, forward_bias, data, weights."""
         s = self._steps.get(kind)
-        if s is None:
-            u, k, g = self.user, self._kern, self.geometry
-            pd = ctypes.c_void_p()
-            if kind == "forward":
-                s = _Step(self.fwd_pd, {SRC: u["x"], WEIGHTS: u["w"], DST: u["y"]}, (DST,))
-            elif kind == "forward_bias":
-                s = _Step(self.fwd_bias_pd, {SRC: u["x"], WEIGHTS: u["w"], BIAS: u["b"], DST: u["y"]}, (DST,))
-            elif kind == "data":
-                _check(_lib.dnnl_convolution_backward_data_primitive_desc_create(
-                    ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, k["y"].ptr, g["strides"],
-                    g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr), "convolution backward data")
-                s = _Step(pd, {DIFF_SRC: u["x"], WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_SRC,))
-            else:
-                _check(_lib.dnnl_convolution_backward_weights_primitive_desc_create(
-                    ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, None, k["y"].ptr, g["strides"],
-                    g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr),
-                    "convolution backward weights")
-                s = _Step(pd, {SRC: u["x"], DIFF_WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_WEIGHTS,))
-            self._steps[kind] = s
+        if s is not None:
+            return s
+        with _create_lock:
+            return self._steps.get(kind) or self._new_step(kind)
+
+    def _new_step(self, kind):
+        u, k, g = self.user, self._kern, self.geometry
+        pd = ctypes.c_void_p()
+        if kind == "forward":
+            s = _Step(self.fwd_pd, {SRC: u["x"], WEIGHTS: u["w"], DST: u["y"]}, (DST,))
+        elif kind == "forward_bias":
+            s = _Step(self.fwd_bias_pd, {SRC: u["x"], WEIGHTS: u["w"], BIAS: u["b"], DST: u["y"]}, (DST,))
+        elif kind == "data":
+            _check(_lib.dnnl_convolution_backward_data_primitive_desc_create(
+                ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, k["y"].ptr, g["strides"],
+                g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr), "convolution backward data")
+            s = _Step(pd, {DIFF_SRC: u["x"], WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_SRC,))
+        else:
+            _check(_lib.dnnl_convolution_backward_weights_primitive_desc_create(
+                ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, None, k["y"].ptr, g["strides"],
+                g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr),
+                "convolution backward weights")
+            s = _Step(pd, {SRC: u["x"], DIFF_WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_WEIGHTS,))
+        self._steps[kind] = s
         return s
 
     def nbytes(self, kind):
@@ -387,5 +399,6 @@ def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, bl
            blocked, _threads.current().threads)
     c = _cache.get(key)
     if c is None:
-        c = _cache[key] = Conv(*key[:-1])
+        with _create_lock:
+            c = _cache.get(key) or _cache.setdefault(key, Conv(*key[:-1]))
     return c

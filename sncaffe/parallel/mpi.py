@@ -117,12 +117,17 @@ def wait_polling(request, spins=POLL_SPINS, longest=POLL_LONGEST, hurry=None) ->
     catches up. Testing with growing sleeps leaves the core to the
     computation, at the price of up to ``longest`` seconds of latency.
     ``hurry()`` true: this rank computes nothing more until the request is
-    done (its update waits for it), so it is tested without sleeping.
+    done (its update waits for it), so it is waited for in MPI itself, which
+    drives the collective without the GIL. (Testing in a loop is no substitute:
+    each ``time.sleep(0)`` between tests cost tens of microseconds, and MPICH
+    needs many tests to finish one all-reduce: 50 KB between 2 ranks took a
+    median 449 us tested with ``sleep(0)``, 20 us in ``Wait``, 15 us blocking.)
     """
     delay = 0.0
     while not request.Test():
         if hurry is not None and hurry():
-            delay = 0.0
+            request.Wait()
+            return
         time.sleep(delay)               # 0: only lets the other threads run
         spins -= 1
         if spins < 0:

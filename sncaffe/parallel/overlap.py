@@ -47,18 +47,28 @@ def _kind(stream) -> str:
     return stream.rpartition("/")[2]
 
 
-def overlap(spans) -> dict:
-    """Seconds of all-reduce (``comm``), of backward compute, and how much of the first hid behind the second.
+def _statistics(name) -> bool:
+    """A cross-replica BatchNorm's exchange of batch sums (parallel/sync_bn.py): not a gradient's."""
+    return name.startswith("exchange ")
 
-    ``hidden_share`` is the all-reduce time during which a backward operator
-    was running, over all the all-reduce time (1.0: none of it delays the update).
+
+def overlap(spans) -> dict:
+    """Seconds of gradient exchange (``comm``), of backward compute, and how much of the first hid
+    behind the second.
+
+    ``hidden_share`` is the gradient exchange time (the all-reduce or summing operators on a
+    comm stream) during which a backward operator (a BatchNorm's stages included) was running,
+    over all of it (1.0: none of it delays the update). A cross-replica BatchNorm's exchanges of
+    batch sums are not gradient exchange: the next stage of that layer waits for each, so none
+    can hide by design; their time is ``statistics_s``.
     """
-    comm = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "comm")
-    backward = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "compute" and s[1].endswith(":backward"))
+    comm = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "comm" and not _statistics(s[1]))
+    statistics = _union((s[2], s[3]) for s in spans if _kind(s[0]) in ("comm", "exchange") and _statistics(s[1]))
+    backward = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "compute" and ":backward" in s[1])
     comm_s = _length(comm)
     hidden = _intersection(comm, backward)
     return {"comm_s": comm_s, "backward_s": _length(backward), "hidden_s": hidden,
-            "hidden_share": hidden / comm_s if comm_s else 0.0}
+            "hidden_share": hidden / comm_s if comm_s else 0.0, "statistics_s": _length(statistics)}
 
 
 class IterationTrace:

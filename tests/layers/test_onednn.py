@@ -211,3 +211,36 @@ def test_a_strided_argument_is_refused():
     with pytest.raises(ValueError, match="C-contiguous float32"):
         conv.run("forward", ws, x=x, w=w, y=y)
     conv.run("forward", ws, x=np.ascontiguousarray(x), w=w, y=y)
+
+
+@needs_onednn
+def test_threads_running_a_fresh_geometry_at_once_all_get_its_result():
+    """Two locations of one process run their first step of one geometry on their own threads at
+    the same time: one creates the primitives, every thread computes the same output (the
+    primitive was once published before its reorders: a thread found it and no reorders)."""
+    import threading
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 16, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    for stride, dilation in [(s, d) for s in (1, 2) for d in (1, 2, 3)]:     # geometries no other test built
+        conv = onednn.conv(2, 16, 16, 1, (9, 9), (3, 3), (1, stride), (1, 1), (1, dilation))
+        width = (9 + 2 - (1 + 2 * dilation)) // stride + 1
+        outs, errors = [], []
+        start = threading.Barrier(8)
+
+        def run(k):
+            try:
+                y, ws = np.empty((2, 16, 9, width), np.float32), np.empty(conv.nbytes("forward"), np.uint8)
+                start.wait()
+                threading.Event().wait(k * 2e-4)     # staggered: some arrive while the first creates
+                conv.run("forward", ws, x=x, w=w, y=y)
+                outs.append(y)
+            except Exception as e:     # noqa: BLE001 - the test reports every thread's error
+                errors.append(e)
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        assert len(outs) == 8 and all(np.array_equal(outs[0], y) for y in outs[1:])

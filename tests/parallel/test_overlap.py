@@ -21,6 +21,18 @@ def test_hidden_share_counts_all_reduce_time_under_backward_compute():
     assert overlap([("compute", "a:backward", 0, 1)])["hidden_share"] == 0.0
 
 
+def test_batchnorm_sums_are_not_gradient_exchange_and_its_stages_are_backward():
+    """A cross-replica BatchNorm's exchanges (on comm over MPI, on exchange in one process) are
+    counted apart; its backward stages are backward compute that an all-reduce may hide behind."""
+    spans = [("compute", "bn:backward grad input", 0.0, 2.0),
+             ("comm", "all-reduce bucket 0", 1.0, 3.0),
+             ("comm", "exchange bn's gradient sums", 3.0, 3.5),
+             ("cpu:0/exchange", "exchange bn2's batch sums", 4.0, 4.25)]
+    o = overlap(spans)
+    assert o["comm_s"] == pytest.approx(2.0) and o["hidden_share"] == pytest.approx(0.5)
+    assert o["statistics_s"] == pytest.approx(0.75)
+
+
 def test_a_single_process_trace_has_every_operator_and_the_update(tmp_path):
     from sncaffe.cli import SyntheticInputs
     from sncaffe.proto import sncaffe_pb2 as pb

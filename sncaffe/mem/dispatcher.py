@@ -501,9 +501,11 @@ class Dispatcher(SerialExecutor):
         op = ins.op
         arrays = [self._array(id(t.root)) for t in op.tensors]
         rw = [(id(t.root), True) for t in op.tensors]
+        ready = None
         if not self._dispatching:         # on the calling thread the gradients' producers have run
             self._wait_all(self._deps(rw))
-        token = op.before()               # e.g. a GPU's compute event after them
+            ready = arrays                # so the operator may start right here (no thread to wake)
+        token = op.before(ready)          # e.g. a GPU's compute event after them, or a started MPI request
         self.issue(op.location, "comm", op.name, rw, lambda: op.run(arrays, token), op.nbytes,
                    asynchronous=True, timeout=op.timeout, on_timeout=op.timed_out)
 

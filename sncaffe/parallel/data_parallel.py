@@ -65,8 +65,10 @@ class AllReduce:
         self.nbytes = bucket.nbytes
         self.timeout = parallel.timeout
 
-    def before(self):
-        return self.parallel.reducer.before(self.bucket)
+    def before(self, ready=None):
+        """On the issuing thread. ``ready``: the gradients' arrays when their producers have run
+        (the dispatcher computes on this thread), so the all-reduce can start here."""
+        return self.parallel.before(self, ready)
 
     def run(self, arrays, token=None):
         self.parallel.reduced(self, arrays, token)
@@ -176,6 +178,16 @@ class DataParallel:
             log.warning("%s layers are not sharded: every rank reads the same batches", ", ".join(unsharded))
 
     # -- the all-reduce operators' work (on the comm stream, in bucket order) -----------
+    def before(self, op, ready):
+        """Issued: where the gradients are complete and the reducer can, start the all-reduce on the
+        issuing thread (the comm thread would first have to wake and take the GIL from backward,
+        which in traced LeNet iterations held it until backward ended); the comm stream's operator
+        then only waits for it."""
+        if ready is not None and self._pass % self.iter_size == self.iter_size - 1 \
+                and hasattr(self.reducer, "start"):
+            return self.reducer.start(op.bucket, ready)
+        return self.reducer.before(op.bucket)
+
     def reduced(self, op, arrays, token):
         """Bucket ``op.bucket``'s operator ran: all-reduce in the last pass of an iteration (its
         gradients are complete then), nothing in the others."""

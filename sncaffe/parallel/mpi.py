@@ -134,6 +134,13 @@ def wait_polling(request, spins=POLL_SPINS, longest=POLL_LONGEST, hurry=None) ->
             delay = min(max(2 * delay, 1e-5), longest)
 
 
+class _Started:
+    """An all-reduce already under way: its MPI request."""
+
+    def __init__(self, request):
+        self.request = request
+
+
 class MPIReducer:
     """Sums a bucket over the ranks with ``MPI_Iallreduce`` on a host buffer, then divides by N."""
     name = "MPI"
@@ -156,19 +163,36 @@ class MPIReducer:
         record = getattr(self.device, "record", None)
         return record() if record is not None else None
 
-    def reduce(self, bucket, arrays, token=None) -> None:
-        """The all-reduce operator's work, on the comm stream: ``arrays`` (the bucket's gradients,
-        where they are now) into the bucket's host buffer, summed over the ranks, averaged, back."""
+    def start(self, bucket, arrays):
+        """On the issuing thread, once the gradients are complete (NumPy arrays): into the bucket's
+        buffer, and the all-reduce started; ``reduce`` gets the request as its token."""
+        if not all(isinstance(a, np.ndarray) for a in arrays):
+            return self.before(bucket)
+        self._copy_in(bucket, arrays)
+        return _Started(self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.buffer, op=self.MPI.SUM))
+
+    def _copy_in(self, bucket, arrays):
         buf = bucket.buffer
-        if token is not None:
-            token.wait()                        # the gradients' kernels are done
         for s, a in zip(bucket.slots, arrays):
             view = buf[s.offset:s.offset + s.size].reshape(s.shape)
             if isinstance(a, np.ndarray):
                 np.copyto(view, a)
             else:
                 a.get(out=view)                 # a CuPy array: device to host
-        wait_polling(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), hurry=self.hurry)
+
+    def reduce(self, bucket, arrays, token=None) -> None:
+        """The all-reduce operator's work, on the comm stream: ``arrays`` (the bucket's gradients,
+        where they are now) into the bucket's host buffer, summed over the ranks, averaged, back
+        (``token``: a GPU event to wait for first, or the request ``start`` began)."""
+        buf = bucket.buffer
+        if isinstance(token, _Started):
+            request = token.request
+        else:
+            if token is not None:
+                token.wait()                        # the gradients' kernels are done
+            self._copy_in(bucket, arrays)
+            request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        wait_polling(request, hurry=self.hurry)
         buf *= bucket.dtype.type(1.0 / self.size)
         for s, a in zip(bucket.slots, arrays):
             view = buf[s.offset:s.offset + s.size].reshape(s.shape)
@@ -176,7 +200,7 @@ class MPIReducer:
                 np.copyto(a, view)
             else:
                 a.set(view)
-        if token is not None:                   # the copies back are done before the update reads them
+        if token is not None and not isinstance(token, _Started):     # copies back done before the update reads them
             self.device.xp.cuda.get_current_stream().synchronize()
 
     def close(self) -> None:

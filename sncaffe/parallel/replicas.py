@@ -115,7 +115,7 @@ class ReplicaSum:
         self.location = slots[0][0].location
         self.nbytes = sum(t.nbytes for t in self.tensors)
 
-    def before(self):
+    def before(self, ready=None):
         return None
 
     def run(self, arrays, token=None):
@@ -123,10 +123,10 @@ class ReplicaSum:
             return
         n, per = len(self.slots), len(self.slots[0])
         for j in range(per):
-            total = np.array(arrays[j], copy=True)
-            for k in range(1, n):
+            total = arrays[j]               # summed in place in the first replica's gradient (a
+            for k in range(1, n):           # pool block), in replica order, then copied to the others
                 total += arrays[k * per + j]
-            for k in range(n):
+            for k in range(1, n):
                 np.copyto(arrays[k * per + j], total)
 
     def timed_out(self):

@@ -169,7 +169,7 @@ def test_a_collective_that_does_not_finish_times_out():
 
     def op(name, work, timeout):
         return SimpleNamespace(name=name, tensors=[grad], location="", nbytes=16, timeout=timeout,
-                               before=lambda: None, run=lambda arrays, token: work(),
+                               before=lambda ready=None: None, run=lambda arrays, token: work(),
                                timed_out=lambda: comm_timeout(name, timeout))
     with pytest.raises(CommTimeout, match="bucket 3 did not finish within 0.05 s: another rank"):
         ex.execute([Instr("collective", op=op("all-reduce of gradient bucket 3", lambda: time.sleep(0.5), 0.05))])

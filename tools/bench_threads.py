@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NETS = {"resnet50": ("prototxt/resnet50.prototxt", 8), "cifar": ("prototxt/cifar10_resnet.prototxt", 128)}
+NETS = {"resnet50": ("prototxt/resnet50.prototxt", 8), "cifar": ("prototxt/cifar10_resnet.prototxt", 128),
+        "mobilenet_v2": ("prototxt/mobilenet_v2.prototxt", 8), "densenet121": ("prototxt/densenet121.prototxt", 2)}
 
 
 def child(net, threads, kernels, iterations):

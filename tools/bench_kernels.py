@@ -4,7 +4,7 @@
 
 One layer at a time (sncaffe.gradcheck.Harness: plain float32 arrays), on ResNet-50's (batch 8)
 and the CIFAR ResNet-20's (batch 128) activation shapes: forward and backward timed with the
-kernel threads off (backend/workers.ELEMENTS_PER_THREAD out of reach) and on, call by call in
+kernel threads off (the default) and on (backend/workers.KERNEL_THREADS), call by call in
 turn, ``--repeat`` times each. Printed: the fastest and the median call of each and the ratio of
 the fastest (the least disturbed: other processes on the cores only ever slow a call), with the
 load average; no GEMM runs here.

@@ -6,8 +6,8 @@
 Each configuration runs in a child process of its own (a process decides its threads once):
 a net at its batch (ResNet-50 at 8, CIFAR ResNet-20 at 128), ``--threads N`` for the GEMMs
 and the element-wise kernels (backend/threads.py, backend/workers.py), and for N > 1 also
-"gemm only": the kernels held to one thread (ELEMENTS_PER_THREAD out of reach), which is how
-sncaffe ran before the kernels were split. The configurations run in rotating order for
+"gemm only": the kernels held to one thread, which is sncaffe's default (backend/workers.py:
+``SNCAFFE_KERNEL_THREADS`` unset). The configurations run in rotating order for
 ``--rounds`` rounds; each child times one warm-up and ``--iterations`` forward+backward
 passes. Printed: seconds per iteration (best and median over all rounds; the process's CPU
 seconds, all threads, in the best), the speed-up of

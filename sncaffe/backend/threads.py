@@ -18,8 +18,9 @@ each other more than they work: on the shared 2-core machine LeNet's 300 iterati
   ``backend.blas.gemm``);
 - each GEMM runs on ``gemm_threads(flops)``: one thread per ``FLOPS_PER_THREAD`` of work,
   at most the budget;
-- the element-wise and per-channel kernels (``backend/workers.py``) run on the same budget:
-  they and the GEMMs take turns, never overlap, so together they never oversubscribe.
+- the element-wise and per-channel kernels (``backend/workers.py``) run on the calling
+  thread (measured faster here); with ``SNCAFFE_KERNEL_THREADS=N`` on up to N threads of the
+  same budget: they and the GEMMs take turns, never overlap, so together they never oversubscribe.
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import pytest
 from sncaffe.backend import blas, threads
 
 ROOT = Path(__file__).resolve().parents[2]
-VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS", "KMP_BLOCKTIME")
+VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS", "KMP_BLOCKTIME",
+        "OPENBLAS_THREAD_TIMEOUT")
 HAS_MKL = blas._mkl_path() is not None
 
 # Decide, then read the runtimes' counts: at once, after a tiny GEMM, after a big one.
@@ -45,6 +46,31 @@ def _child(flag=None, **env):
 
 def _gemm_lib(out):
     return "openblas" if out["blas"] == "openblas" else "mkl"
+
+
+# What OPENBLAS_THREAD_TIMEOUT was when NumPy (and with it OpenBLAS, which reads it once) was imported.
+SPY = """
+import json, os, sys
+seen = {}
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and not seen:
+            seen["timeout"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+sys.meta_path.insert(0, Spy())
+import sncaffe
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("given, want", [(None, "4"), ("10", "10")])
+def test_openblas_threads_sleep_at_once_unless_the_user_says(given, want):
+    """Set before NumPy loads OpenBLAS (its threads spun ~0.1 s after each GEMM beside oneDNN's
+    team: LeNet 2.5x slower on two threads); the user's value is kept."""
+    base = {k: v for k, v in os.environ.items() if k not in VARS}
+    env = {**base, "PYTHONPATH": str(ROOT), **({"OPENBLAS_THREAD_TIMEOUT": given} if given else {})}
+    run = subprocess.run([sys.executable, "-c", SPY], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"timeout": want}
 
 
 def test_one_thread_from_the_environment_holds_every_blas():

@@ -262,6 +262,14 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
         lo, hi = row["sncaffe none"]["spread"]
         assert lo <= row["sncaffe none"]["images_per_s"] <= hi
         assert set(row["torch_conv_share"]) == {"twin", "idiomatic"}
+        # where the time goes: LeNet's convolutions and inner products, in both frameworks
+        split = row["split"]
+        assert set(split) == {"sncaffe", "pytorch twin", "pytorch idiomatic"}
+        assert split["sncaffe"]["Convolution"] > 0 and split["sncaffe"]["InnerProduct"] > 0
+        for v in ("twin", "idiomatic"):
+            if split[f"pytorch {v}"] is not None:            # None: the profiler failed (printed)
+                assert split[f"pytorch {v}"]["Convolution"] > 0
+        assert "Where the time goes" in text
         assert "PyTorch twin" in text and "PyTorch idiomatic" in text      # the memory table's columns
 
 

@@ -538,30 +538,66 @@ def interleaved(steps: dict, warmup: int, iterations: int) -> dict:
     return {k: (statistics.median(v), min(v)) for k, v in times.items()}
 
 
-def conv_share(net) -> float:
-    """Share of a forward + backward pass spent in Convolution layers (what bounds sncaffe)."""
+def type_split(net) -> dict:
+    """Seconds of one forward + backward pass by layer type (``Net.forward(timings=...)``)."""
     timings = {}
     net.forward(timings=timings)
     net.backward(timings=timings)
     types = {n.name: n.type for n in net.graph.layers}
-    conv = sum(v for k, v in timings.items() if types.get(k.split(":")[0]) == "Convolution")
-    return conv / max(sum(timings.values()), 1e-12)
+    out = {}
+    for k, v in timings.items():
+        kind = types.get(k.split(":")[0], "other")
+        out[kind] = out.get(kind, 0.0) + v
+    return out
 
 
-def torch_conv_share(step) -> float | None:
-    """Share of a PyTorch step's CPU time in its convolution kernels (self time of the aten ops
-    named *conv*, from torch.profiler), or None where the profiler fails."""
+def conv_share(split) -> float:
+    """Share of a forward + backward pass spent in Convolution layers (what bounds sncaffe)."""
+    return split.get("Convolution", 0.0) / max(sum(split.values()), 1e-12)
+
+
+# PyTorch's aten operators grouped as the Caffe layer types they stand for (first match wins).
+TORCH_GROUPS = [("Convolution", ("conv",)), ("BatchNorm", ("batch_norm",)),
+                ("ReLU", ("relu", "threshold", "clamp")), ("Pooling", ("pool",)),
+                ("InnerProduct", ("addmm", "linear", "aten::mm", "aten::t")),
+                ("solver", ("sgd", "zero_", "foreach")),
+                ("Eltwise and sums", ("aten::add", "aten::sum")), ("Softmax and loss", ("softmax", "nll", "cross_entropy")),
+                ("copies", ("copy_", "aten::cat", "aten::clone"))]
+
+# The columns of "where the time goes": sncaffe's layer types and PyTorch's groups that do that work.
+SPLIT_COLUMNS = [("Convolution", ("Convolution", "ConvolutionDepthwise"), ("Convolution",)),
+                 ("BatchNorm + Scale", ("BatchNorm", "Scale"), ("BatchNorm",)),
+                 ("ReLU", ("ReLU",), ("ReLU",)),
+                 ("Eltwise + Split", ("Eltwise", "Split"), ("Eltwise and sums",)),
+                 ("Pooling", ("Pooling",), ("Pooling",)),
+                 ("InnerProduct", ("InnerProduct",), ("InnerProduct",)),
+                 ("Concat + copies", ("Concat",), ("copies",))]
+
+
+def torch_split(step) -> dict | None:
+    """Self CPU seconds of one PyTorch step by operator group (``TORCH_GROUPS``; torch.profiler),
+    or None where the profiler fails."""
     try:
         from torch.profiler import ProfilerActivity, profile
         with quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
-        events = prof.key_averages()
-        total = sum(e.self_cpu_time_total for e in events)
-        conv = sum(e.self_cpu_time_total for e in events if "conv" in e.key.lower())
-        return conv / total if total else None
+        out = {}
+        for e in prof.key_averages():
+            key = e.key.lower()
+            group = next((g for g, names in TORCH_GROUPS if any(n in key for n in names)), "other")
+            out[group] = out.get(group, 0.0) + e.self_cpu_time_total * 1e-6
+        return out
     except Exception as e:  # noqa: BLE001 - a missing figure, not a failed comparison
         print(f"  (torch.profiler unavailable: {e})")
         return None
+
+
+def torch_conv_share(split) -> float | None:
+    """Share of a PyTorch step's CPU time in its convolution kernels."""
+    if not split:
+        return None
+    total = sum(split.values())
+    return split.get("Convolution", 0.0) / total if total else None
 
 
 def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=True) -> dict:
@@ -584,10 +620,12 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=Tr
     for k, (s, fastest) in interleaved(steps, warmup, iterations).items():
         out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest}
     if extras and net is not None:
-        out["conv_share"] = conv_share(net)
+        out.setdefault("split", {})["sncaffe"] = split = type_split(net)
+        out["conv_share"] = conv_share(split)
     if extras:
         for v, t in trainers.items():
-            out.setdefault("torch_conv_share", {})[v] = torch_conv_share(t.step)
+            out.setdefault("split", {})[f"pytorch {v}"] = split = torch_split(t.step)
+            out.setdefault("torch_conv_share", {})[v] = torch_conv_share(split)
     for s in solvers.values():
         s.net.release()
     return out
@@ -965,6 +1003,27 @@ def report(results) -> str:
              "sncaffe time in conv", "first loss: " + " / ".join(next((r.get("loss") or {} for r in t["runs"]), {}))],
             rows) + f"\n\nEach figure: the median of {next((v['runs'] for v in t['runs'][0].values() if isinstance(v, dict) and 'runs' in v), 1)} whole "
             "interleaved runs (each the median of its iterations); spread: the runs' lowest and highest.")
+    if t and any(r.get("split") for r in t["runs"]):
+        rows = []
+        for r in t["runs"]:
+            for who, split in (r.get("split") or {}).items():
+                if not split:
+                    continue
+                sncaffe = who == "sncaffe"
+                cells, used = [], set()
+                for _, ours, theirs in SPLIT_COLUMNS:
+                    keys = ours if sncaffe else theirs
+                    used.update(keys)
+                    cells.append(f"{sum(split.get(k, 0.0) for k in keys) * 1e3:.1f}")
+                rest = sum(v for k, v in split.items() if k not in used)
+                rows.append([r["net"], who, f"{sum(split.values()) * 1e3:.1f}", *cells, f"{rest * 1e3:.1f}"])
+        parts.append("### Where the time goes (ms of one step, after the timed runs)\n\n" + table(
+            ["net", "framework", "total", *[c for c, _, _ in SPLIT_COLUMNS], "other"], rows) +
+            "\n\nsncaffe: one forward and backward timed layer by layer (`Net.forward(timings=...)`; no "
+            "update); PyTorch: the self CPU time of one training step's aten operators (torch.profiler, "
+            "which adds its own overhead), grouped by name: `conv`, `batch_norm` (with its affine: Scale's "
+            "work), `relu`/`threshold`/`clamp`, `add`/`sum`, `pool`, `addmm`/`mm`/`linear`, `copy_`/`cat`; "
+            "`other` holds the rest (its autograd engine, the loss, the optimizer).")
     if t and t["depth"]:
         keys = [k for k in t["depth"][0] if isinstance(t["depth"][0][k], dict) and "images_per_s" in t["depth"][0][k]]
         rows = [[f"ResNet-{r['depth']}", r["k"], *[f"{r[k]['images_per_s']:.2f}" for k in keys]] for r in t["depth"]]

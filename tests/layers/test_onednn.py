@@ -244,3 +244,49 @@ def test_threads_running_a_fresh_geometry_at_once_all_get_its_result():
             t.join(timeout=60)
         assert not errors, errors
         assert len(outs) == 8 and all(np.array_equal(outs[0], y) for y in outs[1:])
+
+
+@needs_onednn
+@pytest.mark.parametrize("slope", [0.0, 0.1])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_relu_on_onednn_gives_numpys_bytes(slope, inplace, monkeypatch):
+    """ReLU on oneDNN (float32 tensors of ONEDNN_MIN values or more) against sncaffe's NumPy code
+    (SNCAFFE_CONV=native): forward and backward, in place and not, byte for byte without a slope;
+    with one, the same values (a zero's sign aside: oneDNN's slope * -0 is -0 where NumPy's
+    max(x, 0) + slope * min(x, 0) adds to +0)."""
+    from sncaffe.layers import neuron
+    rng = np.random.default_rng(3)
+    shape = (4, 16, 32, 32)
+    assert np.prod(shape) >= neuron.ONEDNN_MIN
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0, 0, :4] = [0.0, -0.0, 1e-45, -1e-45]            # zeros and denormals
+    dy = rng.standard_normal(shape).astype(np.float32)
+
+    def run(native):
+        if native:
+            monkeypatch.setenv("SNCAFFE_CONV", "native")
+        else:
+            monkeypatch.delenv("SNCAFFE_CONV", raising=False)
+        layer = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}', inplace=inplace)
+        h = Harness(layer, [x], dtype=np.float32)
+        y = h.forward()[0].copy()
+        dx, _ = h.backward([dy])
+        return y, dx[0]
+    assert onednn.relu(int(np.prod(shape)), slope) is not None
+    (y1, dx1), (y2, dx2) = run(native=False), run(native=True)
+    assert np.array_equal(y1, y2) and np.array_equal(dx1, dx2)
+    if slope == 0:
+        assert y1.tobytes() == y2.tobytes() and dx1.tobytes() == dx2.tobytes()
+
+
+@needs_onednn
+def test_relu_on_onednn_passes_the_gradient_checker():
+    """ReLU on oneDNN: the gradient checker in float32 through the layer (linear on each side
+    of the kink, so a large step is exact up to float32 rounding; no value within it of 0)."""
+    from sncaffe.layers import neuron
+    layer = make_layer('type: "ReLU"')
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 8, 32, 32))
+    x[np.abs(x) < 0.15] = 0.5
+    assert x.size >= neuron.ONEDNN_MIN
+    check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)

@@ -130,6 +130,11 @@ def _declare(lib):
             [p(P), P, I, I, P, P, P, P, _Dims, _Dims, _Dims, _Dims, P],
         "dnnl_convolution_backward_data_primitive_desc_create":
             [p(P), P, I, P, P, P, _Dims, _Dims, _Dims, _Dims, P, P],
+        "dnnl_binary_primitive_desc_create": [p(P), P, I, P, P, P, P],
+        "dnnl_post_ops_create": [p(P)],
+        "dnnl_post_ops_destroy": [P],
+        "dnnl_post_ops_append_binary": [P, I, P],
+        "dnnl_primitive_attr_set_post_ops": [P, P],
         "dnnl_eltwise_forward_primitive_desc_create": [p(P), P, I, I, P, P, ctypes.c_float, ctypes.c_float, P],
         "dnnl_eltwise_backward_primitive_desc_create":
             [p(P), P, I, P, P, P, ctypes.c_float, ctypes.c_float, P, P],
@@ -459,3 +464,61 @@ def relu(n, slope) -> Relu | None:
         with _create_lock:
             r = _relus.get(key) or _relus.setdefault(key, Relu(n, slope))
     return r if r.usable else None
+
+
+_BINARY_ADD, _BINARY_MUL = 0x1fff0, 0x1fff1
+_ABC = 4                    # dnnl_abc: a plain 3-D tensor
+_POST_OP_SRC_1 = 32768 | 2  # DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1 (oneDNN 3.x)
+
+
+class ChannelScale:
+    """y = x * scale[c] (+ bias[c]) on a contiguous float32 (outer, C, inner) view: Caffe's Scale
+    forward, and dx = dy * scale[c] in its backward. One pass (the bias a binary post-op) on the
+    OpenMP team, where NumPy makes two on one thread; the same bytes as NumPy's multiply then add
+    (tests/layers/test_onednn.py). 128x16x1024 with a bias: 0.73 against 1.42 ms on one thread,
+    0.59 against 1.90 on two."""
+
+    def __init__(self, view, bias):
+        _set_threads()
+        outer, dim, inner = view
+        self.md, self.cmd = _Desc((outer, dim, inner), _ABC), _Desc((1, dim, 1), _ABC)
+        self.attr = _attr()
+        if bias:
+            po = ctypes.c_void_p()
+            _check(_lib.dnnl_post_ops_create(ctypes.byref(po)), "post_ops_create")
+            try:
+                _check(_lib.dnnl_post_ops_append_binary(po, _BINARY_ADD, self.cmd.ptr), "post_ops_append_binary")
+                _check(_lib.dnnl_primitive_attr_set_post_ops(self.attr, po), "set_post_ops")
+            finally:
+                _lib.dnnl_post_ops_destroy(po)
+        pd = ctypes.c_void_p()
+        _check(_lib.dnnl_binary_primitive_desc_create(ctypes.byref(pd), _engine, _BINARY_MUL, self.md.ptr,
+                                                      self.cmd.ptr, self.md.ptr, self.attr), "binary")
+        user = {SRC: self.md, 2: self.cmd, DST: self.md}
+        if bias:
+            user[_POST_OP_SRC_1] = self.cmd
+        self.step = _Step(pd, user, (DST,))
+        self.usable = self.step.nbytes == 0
+
+    def run(self, x, scale, y, bias=None):
+        _set_threads()
+        args = {SRC: x, 2: scale, DST: y}
+        if bias is not None:
+            args[_POST_OP_SRC_1] = bias
+        self.step.run(args, _NO_WORKSPACE)
+
+
+_scales: dict = {}
+
+
+def channel_scale(view, bias) -> ChannelScale | None:
+    """The ChannelScale of this (outer, C, inner) view, with or without a bias (kept per process),
+    or None where oneDNN is not in use or would need a scratchpad."""
+    if choice() != "onednn":
+        return None
+    key = (tuple(view), bool(bias), _threads.current().threads)
+    c = _scales.get(key)
+    if c is None:
+        with _create_lock:
+            c = _scales.get(key) or _scales.setdefault(key, ChannelScale(view, bias))
+    return c if c.usable else None

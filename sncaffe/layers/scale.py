@@ -12,6 +12,25 @@ from . import scale_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
 
+# Tensors of ONEDNN_MIN values or more scale on oneDNN (backend/onednn.ChannelScale: the same
+# bytes, one pass, all the budget's threads); below that a call's setup costs more.
+ONEDNN_MIN = 1 << 14
+
+
+def _onednn(view, bias, *arrays):
+    """oneDNN's ChannelScale for these arrays (float32 NumPy, contiguous, large enough), else None."""
+    arrays = [b for b in arrays if b is not None]
+    a = arrays[0]
+    if (type(a) is not np.ndarray or a.dtype != np.float32 or a.size < ONEDNN_MIN
+            or not all(type(b) is np.ndarray and b.dtype == np.float32 and b.flags.c_contiguous for b in arrays)):
+        return None
+    from ..backend import onednn
+    try:
+        return onednn.channel_scale(view, bias)
+    except (ValueError, RuntimeError):      # SNCAFFE_CONV misspelt: the convolutions say so
+        return None
+
+
 class _BroadcastLayer(Layer):
     """Shared shape logic: the operand's shape and the (outer, dim, inner) view of bottom[0]."""
     min_bottoms, max_bottoms, exact_tops = 1, 2, 1
@@ -101,6 +120,11 @@ class Scale(_BroadcastLayer):
         kept = self.as3(self.scratch["bottom"]) if keep else None
         scale = self.scale_blob(bottom).data.reshape(-1)
         bias = self.blobs[-1].data.reshape(-1) if self.bias_term else None
+        fast = _onednn(self.view, self.bias_term, x, top[0].data, scale, bias)
+        if fast is not None:
+            if keep:
+                kept[...] = x3
+            return fast.run(x, scale, top[0].data, bias)
 
         def run(cs):
             if keep:
@@ -122,15 +146,20 @@ class Scale(_BroadcastLayer):
         sums = np.empty((2, self.view[1]), dy3.dtype)        # per channel: bias, scale gradients
         s = scale.data.reshape(-1)
 
+        fast = _onednn(self.view, False, dy3, dx3, s) if dx3 is not None else None
+
         def run(cs):
             g = dy3[:, cs]
             if self.bias_term:
                 sums[0, cs] = np.einsum("ijk->j", g)
             if scale_grad:
                 sums[1, cs] = np.einsum("ijk,ijk->j", g, x3[:, cs])
-            if dx3 is not None:                      # last: dx may be dy itself (in place)
+            if dx3 is not None and fast is None:     # last: dx may be dy itself (in place)
                 np.multiply(g, s[cs, None], out=dx3[:, cs])
-        workers.split(self.view[1], (1 + self.bias_term + 2 * scale_grad + 2 * (dx3 is not None)) * dy3.size, run)
+        work = 1 + self.bias_term + 2 * scale_grad + 2 * (dx3 is not None and fast is None)
+        workers.split(self.view[1], work * dy3.size, run)
+        if fast is not None:                         # after the sums: dx may be dy itself
+            fast.run(dy3, s, dx3)
         if self.bias_term:
             self.sum_into(sums[0], self.blobs[-1].diff, True)
         if scale_grad:

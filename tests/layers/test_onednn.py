@@ -272,8 +272,12 @@ def test_relu_on_onednn_gives_numpys_bytes(slope, inplace, monkeypatch):
         y = h.forward()[0].copy()
         dx, _ = h.backward([dy])
         return y, dx[0]
-    assert onednn.relu(int(np.prod(shape)), slope) is not None
+    calls = []
+    for name in ("forward", "backward"):
+        real = getattr(onednn.Relu, name)
+        monkeypatch.setattr(onednn.Relu, name, (lambda r: lambda self, *a: calls.append(1) or r(self, *a))(real))
     (y1, dx1), (y2, dx2) = run(native=False), run(native=True)
+    assert len(calls) == 2                          # forward and backward ran on oneDNN
     assert np.array_equal(y1, y2) and np.array_equal(dx1, dx2)
     if slope == 0:
         assert y1.tobytes() == y2.tobytes() and dx1.tobytes() == dx2.tobytes()
@@ -289,4 +293,50 @@ def test_relu_on_onednn_passes_the_gradient_checker():
     x = rng.standard_normal((2, 8, 32, 32))
     x[np.abs(x) < 0.15] = 0.5
     assert x.size >= neuron.ONEDNN_MIN
+    check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)
+
+
+@needs_onednn
+@pytest.mark.parametrize("text, n_bottoms", [
+    ('type: "Scale" scale_param { bias_term: true filler { type: "gaussian" } bias_filler { type: "gaussian" } }', 1),
+    ('type: "Scale" scale_param { filler { type: "gaussian" } }', 1),
+    ('type: "Scale" scale_param { axis: 1 num_axes: 2 bias_term: true filler { type: "gaussian" } '
+     'bias_filler { type: "gaussian" } }', 1),
+    ('type: "Scale" scale_param { axis: 0 bias_term: true }', 2),        # scale from bottom[1]
+])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_scale_on_onednn_gives_numpys_bytes(text, n_bottoms, inplace, monkeypatch):
+    """Scale's product (and bias) on oneDNN against sncaffe's NumPy code (SNCAFFE_CONV=native):
+    top, bottom and parameter gradients byte for byte, in place and not."""
+    from sncaffe.layers import scale
+    rng = np.random.default_rng(5)
+    shape = (4, 16, 32, 32)
+    assert np.prod(shape) >= scale.ONEDNN_MIN
+    bottoms = [rng.standard_normal(shape)] + ([rng.standard_normal(shape[:1])] if n_bottoms == 2 else [])
+    dy = rng.standard_normal(shape).astype(np.float32)
+    if inplace and n_bottoms == 2:
+        pytest.skip("Caffe's in-place Scale has one bottom")
+
+    def run(native):
+        if native:
+            monkeypatch.setenv("SNCAFFE_CONV", "native")
+        else:
+            monkeypatch.delenv("SNCAFFE_CONV", raising=False)
+        layer = make_layer(text, inplace=inplace, n_bottoms=n_bottoms)
+        h = Harness(layer, bottoms, dtype=np.float32)
+        y = h.forward()[0]
+        dx, dp = h.backward([dy])
+        return [a.tobytes() for a in [y, *dx, *dp]]
+    calls = []
+    real = onednn.ChannelScale.run
+    monkeypatch.setattr(onednn.ChannelScale, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    assert run(native=False) == run(native=True)
+    assert len(calls) == 2                          # forward and backward's dx ran on oneDNN
+
+
+@needs_onednn
+def test_scale_on_onednn_passes_the_gradient_checker():
+    layer = make_layer('type: "Scale" scale_param { bias_term: true filler { type: "gaussian" } '
+                       'bias_filler { type: "gaussian" } }')
+    x = np.random.default_rng(6).standard_normal((2, 8, 32, 32))
     check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)

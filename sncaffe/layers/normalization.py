@@ -128,6 +128,27 @@ def sum_over_images(partials, out):
     return out
 
 
+# Tensors of ONEDNN_MIN values or more go to oneDNN's binary kernel (backend/onednn.Binary: one
+# pass, all the budget's threads, each operation rounded as NumPy's own call rounds it, so the
+# same bytes); below that a call's setup costs more.
+ONEDNN_MIN = 1 << 14
+_CHAINS = {"sub": ("SUB", ()), "div": ("DIV", ()), "mul": ("MUL", ()),
+           "grad": ("SUB", (("SUB", True), ("DIV", False)))}     # ((dy - m) - temp) / std
+
+
+def _onednn(view, *arrays, op="sub"):
+    """oneDNN's Binary of ``op`` on ``view`` for these arrays, else None (not float32 NumPy, not
+    contiguous, too small, or oneDNN not in use)."""
+    from ..backend import onednn
+    try:
+        if not onednn.elementwise_ok(*arrays, least=ONEDNN_MIN):
+            return None
+        first, posts = _CHAINS[op]
+        return onednn.binary(view, getattr(onednn, first), tuple((getattr(onednn, a), full) for a, full in posts))
+    except (ValueError, RuntimeError):      # SNCAFFE_CONV misspelt: the convolutions say so
+        return None
+
+
 @register
 class BatchNorm(Layer):
     """Caffe's BatchNorm: y = (x - mean) / sqrt(var + eps) per channel (axis 1).
@@ -244,10 +265,14 @@ class BatchNorm(Layer):
         x, x_norm = bottom[0].data.reshape(self.view), self.scratch["x_norm"].reshape(self.view)
         mean, partials = self.scratch["mean"], self.scratch["partials"][1]
         np.divide(total, self.count, out=mean)
+        sub = _onednn(self.view, x, x_norm, mean)
 
         def center(cs):
-            np.subtract(x[:, cs], mean[cs, None], out=x_norm[:, cs])
+            if sub is None:
+                np.subtract(x[:, cs], mean[cs, None], out=x_norm[:, cs])
             np.einsum("ncs,ncs->nc", x_norm[:, cs], x_norm[:, cs], out=partials[:, cs])
+        if sub is not None:
+            sub.run(x, mean, x_norm)
         workers.split(self.view[1], 3 * x.size, center)
 
     def normalize(self, top, total, update_stats=True):
@@ -259,6 +284,12 @@ class BatchNorm(Layer):
             self._update_stats(self.scratch["mean"], std, self.count)
         std += self.eps
         np.sqrt(std, out=std)
+
+        div = _onednn(self.view, x_norm, y, std, op="div")
+        if div is not None:                 # y = x_norm / std, kept as x_norm too
+            div.run(x_norm, std, y)
+            np.copyto(x_norm, y)
+            return
 
         def normalize(cs):
             x_norm[:, cs] /= std[cs, None]
@@ -312,6 +343,12 @@ class BatchNorm(Layer):
         dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
         mean_dy_xn, mean_dy, std = sum_dy_xn / self.count, sum_dy / self.count, self.scratch["std"]
+        mul = _onednn(self.view, x_norm, temp, mean_dy_xn, op="mul")
+        chain = _onednn(self.view, dy, dx, temp, mean_dy, std, op="grad") if mul is not None else None
+        if chain is not None:       # temp = xn * mean(dy xn); dx = ((dy - mean(dy)) - temp) / std
+            mul.run(x_norm, mean_dy_xn, temp)
+            chain.run(dy, mean_dy, dx, temp, std)
+            return
 
         def grad(cs):
             xn, g, d, t = x_norm[:, cs], dy[:, cs], dx[:, cs], temp[:, cs]

@@ -12,21 +12,19 @@ from . import scale_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
 
-# Tensors of ONEDNN_MIN values or more scale on oneDNN (backend/onednn.ChannelScale: the same
-# bytes, one pass, all the budget's threads); below that a call's setup costs more.
+# Tensors of ONEDNN_MIN values or more scale on oneDNN (backend/onednn.Binary: the same bytes,
+# one pass, all the budget's threads); below that a call's setup costs more.
 ONEDNN_MIN = 1 << 14
 
 
 def _onednn(view, bias, *arrays):
-    """oneDNN's ChannelScale for these arrays (float32 NumPy, contiguous, large enough), else None."""
-    arrays = [b for b in arrays if b is not None]
-    a = arrays[0]
-    if (type(a) is not np.ndarray or a.dtype != np.float32 or a.size < ONEDNN_MIN
-            or not all(type(b) is np.ndarray and b.dtype == np.float32 and b.flags.c_contiguous for b in arrays)):
-        return None
+    """oneDNN's x * scale (+ bias) for these arrays, else None (not float32 NumPy, not contiguous,
+    too small, or oneDNN not in use)."""
     from ..backend import onednn
     try:
-        return onednn.channel_scale(view, bias)
+        if not onednn.elementwise_ok(*arrays, least=ONEDNN_MIN):
+            return None
+        return onednn.binary(view, onednn.MUL, ((onednn.ADD, False),) if bias else ())
     except (ValueError, RuntimeError):      # SNCAFFE_CONV misspelt: the convolutions say so
         return None
 
@@ -124,7 +122,7 @@ class Scale(_BroadcastLayer):
         if fast is not None:
             if keep:
                 kept[...] = x3
-            return fast.run(x, scale, top[0].data, bias)
+            return fast.run(x, scale, top[0].data, *(() if bias is None else (bias,)))
 
         def run(cs):
             if keep:

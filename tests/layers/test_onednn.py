@@ -328,8 +328,8 @@ def test_scale_on_onednn_gives_numpys_bytes(text, n_bottoms, inplace, monkeypatc
         dx, dp = h.backward([dy])
         return [a.tobytes() for a in [y, *dx, *dp]]
     calls = []
-    real = onednn.ChannelScale.run
-    monkeypatch.setattr(onednn.ChannelScale, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    real = onednn.Binary.run
+    monkeypatch.setattr(onednn.Binary, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     assert run(native=False) == run(native=True)
     assert len(calls) == 2                          # forward and backward's dx ran on oneDNN
 
@@ -340,3 +340,40 @@ def test_scale_on_onednn_passes_the_gradient_checker():
                        'bias_filler { type: "gaussian" } }')
     x = np.random.default_rng(6).standard_normal((2, 8, 32, 32))
     check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)
+
+
+@needs_onednn
+@pytest.mark.parametrize("inplace", [False, True])
+def test_batchnorm_on_onednn_gives_numpys_bytes(inplace, monkeypatch):
+    """A training BatchNorm's centring, normalizing and input gradient on oneDNN against sncaffe's
+    NumPy code (SNCAFFE_CONV=native): top, bottom gradient and the running statistics byte for
+    byte, in place and not."""
+    from sncaffe.layers import normalization
+    rng = np.random.default_rng(7)
+    shape = (4, 16, 32, 32)
+    assert np.prod(shape) >= normalization.ONEDNN_MIN
+    x = rng.standard_normal(shape) * 3 + 1
+    dy = rng.standard_normal(shape).astype(np.float32)
+
+    def run(native):
+        if native:
+            monkeypatch.setenv("SNCAFFE_CONV", "native")
+        else:
+            monkeypatch.delenv("SNCAFFE_CONV", raising=False)
+        layer = make_layer('type: "BatchNorm"', inplace=inplace)
+        h = Harness(layer, [x], dtype=np.float32)
+        y = h.forward()[0]
+        dx, _ = h.backward([dy])
+        return [a.tobytes() for a in [y, dx[0], *(b.data for b in layer.blobs)]]
+    calls = []
+    real = onednn.Binary.run
+    monkeypatch.setattr(onednn.Binary, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    assert run(native=False) == run(native=True)
+    assert len(calls) == 4                  # centre, normalize, and the gradient's two passes
+
+
+@needs_onednn
+def test_batchnorm_on_onednn_passes_the_gradient_checker():
+    layer = make_layer('type: "BatchNorm"')
+    x = np.random.default_rng(8).standard_normal((2, 8, 32, 32))
+    check_gradient(layer, [x], dtype=np.float32, eps=2e-2, rtol=2e-2, atol=2e-3, max_probes=40)

@@ -74,7 +74,7 @@ def _leaky(xp, x, slope, y):
     y += neg
 
 
-ONEDNN_MIN = 1 << 14
+ONEDNN_MIN = 1 << 15
 
 
 @register
@@ -94,7 +94,9 @@ class ReLU(NeuronLayer):
             array_module(x).maximum(x, 0, out=y)
 
     # On the CPU, float32 tensors of ONEDNN_MIN values or more run on oneDNN's ReLU (the same
-    # bytes, faster and on all the budget's threads); below that a call's setup costs more.
+    # bytes, faster and on all the budget's threads); below that a call's setup costs more
+    # (median of 200 warm calls, one thread: 16 Ki values 8.8 against NumPy's 5.7 us, 32 Ki
+    # 9.6 against 10.7, 64 Ki 11.4 against 20.7).
     def _onednn(self, *arrays):
         a = arrays[0]
         if (type(a) is not np.ndarray or a.dtype != np.float32 or a.size < ONEDNN_MIN or self.slope < 0

@@ -290,7 +290,7 @@ def test_relu_on_onednn_passes_the_gradient_checker():
     from sncaffe.layers import neuron
     layer = make_layer('type: "ReLU"')
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((2, 8, 32, 32))
+    x = rng.standard_normal((4, 8, 32, 32))
     x[np.abs(x) < 0.15] = 0.5
     assert x.size >= neuron.ONEDNN_MIN
     check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)
@@ -310,7 +310,7 @@ def test_scale_on_onednn_gives_numpys_bytes(text, n_bottoms, inplace, monkeypatc
     top, bottom and parameter gradients byte for byte, in place and not."""
     from sncaffe.layers import scale
     rng = np.random.default_rng(5)
-    shape = (4, 16, 32, 32)
+    shape = (16, 16, 32, 32)
     assert np.prod(shape) >= scale.ONEDNN_MIN
     bottoms = [rng.standard_normal(shape)] + ([rng.standard_normal(shape[:1])] if n_bottoms == 2 else [])
     dy = rng.standard_normal(shape).astype(np.float32)
@@ -338,7 +338,9 @@ def test_scale_on_onednn_gives_numpys_bytes(text, n_bottoms, inplace, monkeypatc
 def test_scale_on_onednn_passes_the_gradient_checker():
     layer = make_layer('type: "Scale" scale_param { bias_term: true filler { type: "gaussian" } '
                        'bias_filler { type: "gaussian" } }')
-    x = np.random.default_rng(6).standard_normal((2, 8, 32, 32))
+    from sncaffe.layers import scale
+    x = np.random.default_rng(6).standard_normal((8, 32, 32, 32))
+    assert x.size >= scale.ONEDNN_MIN
     check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)
 
 
@@ -350,7 +352,7 @@ def test_batchnorm_on_onednn_gives_numpys_bytes(inplace, monkeypatch):
     byte, in place and not."""
     from sncaffe.layers import normalization
     rng = np.random.default_rng(7)
-    shape = (4, 16, 32, 32)
+    shape = (16, 16, 32, 32)
     assert np.prod(shape) >= normalization.ONEDNN_MIN
     x = rng.standard_normal(shape) * 3 + 1
     dy = rng.standard_normal(shape).astype(np.float32)
@@ -374,6 +376,8 @@ def test_batchnorm_on_onednn_gives_numpys_bytes(inplace, monkeypatch):
 
 @needs_onednn
 def test_batchnorm_on_onednn_passes_the_gradient_checker():
+    from sncaffe.layers import normalization
     layer = make_layer('type: "BatchNorm"')
-    x = np.random.default_rng(8).standard_normal((2, 8, 32, 32))
+    x = np.random.default_rng(8).standard_normal((8, 32, 32, 32))
+    assert x.size >= normalization.ONEDNN_MIN
     check_gradient(layer, [x], dtype=np.float32, eps=2e-2, rtol=2e-2, atol=2e-3, max_probes=40)

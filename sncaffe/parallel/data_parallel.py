@@ -17,8 +17,9 @@ set-up plus one graph pass:
   update at the end of the pass) waits for its event. With iter_size > 1 it
   all-reduces only in the last pass of an iteration;
 - a training BatchNorm normalizes with the statistics of the global batch:
-  the ranks all-gather their per-image sums on the comm stream
-  (``rank_batch_norms``, sync_bn.py), so its statistics are one process's;
+  the ranks all-gather their per-image sums on the exchange stream, over a
+  communicator of their own (``rank_batch_norms``, sync_bn.py), so its
+  statistics are one process's;
 - only rank 0 tests and snapshots (``solver.is_root``); stop and snapshot
   requests (signals) are agreed by all ranks after each iteration
   (``solver.sync_requests``).

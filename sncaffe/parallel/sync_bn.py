@@ -22,9 +22,10 @@ replica's next stage waits for an exchange that is issued with the last
 replica's operator.
 
 Over MPI ranks (``rank_batch_norms``, data_parallel.py) each rank has one
-replica and the exchange is an all-gather of the per-image sums on the comm
-stream (where the gradient all-reduces run, so every rank makes its MPI
-calls in the same order), added in rank order: a rank's shard is the
+replica and the exchange is an all-gather of the per-image sums on the
+``exchange`` stream, over a communicator of its own (so its collectives keep
+their order on every rank apart from the gradient all-reduces on ``comm``, and
+never queue behind one), added in rank order: a rank's shard is the
 rank-th part of the global batch, so N ranks at B compute the batch
 statistics of one process at N*B to the bit.
 """

@@ -265,10 +265,10 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
         # where the time goes: LeNet's convolutions and inner products, in both frameworks
         split = row["split"]
         assert set(split) == {"sncaffe", "pytorch twin", "pytorch idiomatic"}
-        assert split["sncaffe"]["Convolution"] > 0 and split["sncaffe"]["InnerProduct"] > 0
+        assert {"Convolution", "InnerProduct"} <= set(split["sncaffe"])      # grouped by layer type
         for v in ("twin", "idiomatic"):
             if split[f"pytorch {v}"] is not None:            # None: the profiler failed (printed)
-                assert split[f"pytorch {v}"]["Convolution"] > 0
+                assert "Convolution" in split[f"pytorch {v}"]          # aten's conv ops found by name
         assert "Where the time goes" in text
         assert "PyTorch twin" in text and "PyTorch idiomatic" in text      # the memory table's columns
 

@@ -210,9 +210,11 @@ class _Step:
         self.prim = None
         self.impl = _impl(pd)
         self.args = {}              # arg -> (user md, kernel md, reorder pd, slot offset)
+        self.sizes = {}             # arg -> bytes of the user's array
         offset = 0
         for arg, md in user.items():
             want = _lib.dnnl_primitive_desc_query_md(pd, _Q_EXEC_ARG_MD, arg)
+            self.sizes[arg] = _lib.dnnl_memory_desc_get_size(md.ptr)
             if _lib.dnnl_memory_desc_equal(want, md.ptr):
                 self.args[arg] = (md.ptr, want, None, None)
                 continue
@@ -243,11 +245,10 @@ class _Step:
         exec_args = []          # holds the memory objects until the primitive has run
         for arg, (user, want, reorder, off) in self.args.items():
             a = arrays[arg]
-            if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != _lib.dnnl_memory_desc_get_size(user):
+            if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != self.sizes[arg]:
                 # oneDNN reads raw memory: a strided view or a wrong shape would be read wrongly, silently
                 raise ValueError(f"oneDNN argument {arg}: needs a C-contiguous float32 array of "
-                                 f"{_lib.dnnl_memory_desc_get_size(user)} bytes, got {a.dtype} {a.shape} "
-                                 f"strides {a.strides}")
+                                 f"{self.sizes[arg]} bytes, got {a.dtype} {a.shape} strides {a.strides}")
             ptr = a.ctypes.data
             if reorder is None:
                 mem = _memory(want, ptr)
@@ -405,10 +406,15 @@ def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, bl
     """The Conv of this geometry and batch size (primitive creation is slow: kept per process)."""
     key = (n, channels, num_output, group, tuple(size), tuple(kernel), tuple(stride), tuple(pad), tuple(dilation),
            blocked, _threads.current().threads)
-    c = _cache.get(key)
+    return _kept(_cache, key, lambda: Conv(*key[:-1]))
+
+
+def _kept(cache, key, make):
+    """``cache[key]``, made by ``make()`` the first time, once whichever thread asks first."""
+    c = cache.get(key)
     if c is None:
         with _create_lock:
-            c = _cache.get(key) or _cache.setdefault(key, Conv(*key[:-1]))
+            c = cache.get(key) or cache.setdefault(key, make())
     return c
 
 
@@ -458,11 +464,7 @@ def relu(n, slope) -> Relu | None:
     in use (``SNCAFFE_CONV=native``, not installed) or its kernels would need a scratchpad."""
     if choice() != "onednn":
         return None
-    key = (n, float(slope), _threads.current().threads)
-    r = _relus.get(key)
-    if r is None:
-        with _create_lock:
-            r = _relus.get(key) or _relus.setdefault(key, Relu(n, slope))
+    r = _kept(_relus, (n, float(slope), _threads.current().threads), lambda: Relu(n, slope))
     return r if r.usable else None
 
 
@@ -524,18 +526,44 @@ def binary(view, op, posts=()) -> Binary | None:
     where oneDNN is not in use or would need a scratchpad."""
     if choice() != "onednn":
         return None
-    key = (tuple(view), op, tuple(posts), _threads.current().threads)
-    b = _binaries.get(key)
-    if b is None:
-        with _create_lock:
-            b = _binaries.get(key) or _binaries.setdefault(key, Binary(view, op, tuple(posts)))
+    b = _kept(_binaries, (tuple(view), op, tuple(posts), _threads.current().threads),
+              lambda: Binary(view, op, tuple(posts)))
     return b if b.usable else None
 
 
-def elementwise_ok(*arrays, least=1 << 14) -> bool:
-    """Whether these arrays (None skipped) can go to oneDNN's element-wise kernels: float32 NumPy
-    arrays, C-contiguous, the first of ``least`` values or more (below that a call's setup
-    costs more than it saves)."""
+# Where the element-wise kernels start to pay: a call's setup is ~8-15 us (medians of warm calls,
+# one thread, NumPy against oneDNN: ReLU at 16 Ki values 5.7 against 8.8 us, 32 Ki 10.7 against
+# 9.6, 64 Ki 20.7 against 11.4; x * s + b at 128 Ki 14.7 against 25.6, 256 Ki 33 against 39,
+# 512 Ki 100 against 61; BatchNorm's gradient chain at 256 Ki 61 against 49).
+RELU_MIN, BINARY_MIN = 1 << 15, 1 << 18
+
+
+def _fits(arrays, least) -> bool:
+    """Float32 C-contiguous NumPy arrays (None skipped), the first of ``least`` values or more."""
     arrays = [a for a in arrays if a is not None]
     return (arrays[0].size >= least and all(type(a) is np.ndarray and a.dtype == np.float32
                                              and a.flags.c_contiguous for a in arrays))
+
+
+def relu_for(slope, *arrays) -> Relu | None:
+    """A layer's ReLU on ``arrays`` (x and y, or y, dy and dx) on oneDNN, or None where NumPy runs
+    it: a negative slope (backward then needs x), arrays that are not float32 C-contiguous NumPy
+    or have fewer than ``RELU_MIN`` values, oneDNN not in use (a misspelt ``SNCAFFE_CONV``
+    included: the convolutions report it)."""
+    if slope < 0 or not _fits(arrays, RELU_MIN):
+        return None
+    try:
+        return relu(arrays[0].size, slope)
+    except (ValueError, RuntimeError):
+        return None
+
+
+def binary_for(view, arrays, op, posts=()) -> Binary | None:
+    """A layer's ``Binary`` of ``op`` and ``posts`` on ``view`` for ``arrays`` (every array the call
+    reads and writes), or None where NumPy runs it (as ``relu_for``, from ``BINARY_MIN`` values)."""
+    if not _fits(arrays, BINARY_MIN):
+        return None
+    try:
+        return binary(view, op, posts)
+    except (ValueError, RuntimeError):
+        return None

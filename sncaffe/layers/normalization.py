@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from ..backend import is_gpu, workers
+from ..backend import is_gpu, onednn, workers
 from . import normalization_gpu
 from .base import TEST, Layer, array_module, count, register
 from .pooling import padded_view
@@ -128,27 +128,10 @@ def sum_over_images(partials, out):
     return out
 
 
-# Tensors of ONEDNN_MIN values or more go to oneDNN's binary kernel (backend/onednn.Binary: one
-# pass, all the budget's threads, each operation rounded as NumPy's own call rounds it, so the
-# same bytes); below that a call's setup costs more.
-# (Median of 100 warm calls, one thread: x * s + b at 128 Ki values 25.6 against NumPy's 14.7 us,
-# 256 Ki 39 against 33, 512 Ki 61 against 100; BatchNorm's gradient chain 49 against 61 at 256 Ki.)
-ONEDNN_MIN = 1 << 18
-_CHAINS = {"sub": ("SUB", ()), "div": ("DIV", ()), "mul": ("MUL", ()),
-           "grad": ("SUB", (("SUB", True), ("DIV", False)))}     # ((dy - m) - temp) / std
-
-
-def _onednn(view, *arrays, op="sub"):
-    """oneDNN's Binary of ``op`` on ``view`` for these arrays, else None (not float32 NumPy, not
-    contiguous, too small, or oneDNN not in use)."""
-    from ..backend import onednn
-    try:
-        if not onednn.elementwise_ok(*arrays, least=ONEDNN_MIN):
-            return None
-        first, posts = _CHAINS[op]
-        return onednn.binary(view, getattr(onednn, first), tuple((getattr(onednn, a), full) for a, full in posts))
-    except (ValueError, RuntimeError):      # SNCAFFE_CONV misspelt: the convolutions say so
-        return None
+# Large float32 tensors run BatchNorm's element-wise steps on oneDNN's binary kernel
+# (onednn.binary_for: one pass, all the budget's threads, each operation rounded as NumPy's own
+# call rounds it, so the same bytes).
+_GRAD = ((onednn.SUB, True), (onednn.DIV, False))       # ((dy - mean(dy)) - temp) / std
 
 
 @register
@@ -267,7 +250,7 @@ class BatchNorm(Layer):
         x, x_norm = bottom[0].data.reshape(self.view), self.scratch["x_norm"].reshape(self.view)
         mean, partials = self.scratch["mean"], self.scratch["partials"][1]
         np.divide(total, self.count, out=mean)
-        sub = _onednn(self.view, x, x_norm, mean)
+        sub = onednn.binary_for(self.view, (x, x_norm, mean), onednn.SUB)
 
         def center(cs):
             if sub is None:
@@ -287,7 +270,7 @@ class BatchNorm(Layer):
         std += self.eps
         np.sqrt(std, out=std)
 
-        div = _onednn(self.view, x_norm, y, std, op="div")
+        div = onednn.binary_for(self.view, (x_norm, y, std), onednn.DIV)
         if div is not None:                 # y = x_norm / std, kept as x_norm too
             div.run(x_norm, std, y)
             np.copyto(x_norm, y)
@@ -345,8 +328,8 @@ class BatchNorm(Layer):
         dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
         mean_dy_xn, mean_dy, std = sum_dy_xn / self.count, sum_dy / self.count, self.scratch["std"]
-        mul = _onednn(self.view, x_norm, temp, mean_dy_xn, op="mul")
-        chain = _onednn(self.view, dy, dx, temp, mean_dy, std, op="grad") if mul is not None else None
+        mul = onednn.binary_for(self.view, (x_norm, temp, mean_dy_xn), onednn.MUL)
+        chain = onednn.binary_for(self.view, (dy, dx, temp, mean_dy, std), onednn.SUB, _GRAD) if mul is not None else None
         if chain is not None:       # temp = xn * mean(dy xn); dx = ((dy - mean(dy)) - temp) / std
             mul.run(x_norm, mean_dy_xn, temp)
             chain.run(dy, mean_dy, dx, temp, std)

@@ -7,28 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import workers
+from ..backend import onednn, workers
 from . import scale_gpu
 from .base import Layer, array_module, canonical_axis, count, register
-
-
-# Tensors of ONEDNN_MIN values or more scale on oneDNN (backend/onednn.Binary: the same bytes,
-# one pass, all the budget's threads); below that a call's setup costs more.
-# (Median of 100 warm calls, one thread: x * s + b at 128 Ki values 25.6 against NumPy's 14.7 us,
-# 256 Ki 39 against 33, 512 Ki 61 against 100; BatchNorm's gradient chain 49 against 61 at 256 Ki.)
-ONEDNN_MIN = 1 << 18
-
-
-def _onednn(view, bias, *arrays):
-    """oneDNN's x * scale (+ bias) for these arrays, else None (not float32 NumPy, not contiguous,
-    too small, or oneDNN not in use)."""
-    from ..backend import onednn
-    try:
-        if not onednn.elementwise_ok(*arrays, least=ONEDNN_MIN):
-            return None
-        return onednn.binary(view, onednn.MUL, ((onednn.ADD, False),) if bias else ())
-    except (ValueError, RuntimeError):      # SNCAFFE_CONV misspelt: the convolutions say so
-        return None
 
 
 class _BroadcastLayer(Layer):
@@ -120,7 +101,9 @@ class Scale(_BroadcastLayer):
         kept = self.as3(self.scratch["bottom"]) if keep else None
         scale = self.scale_blob(bottom).data.reshape(-1)
         bias = self.blobs[-1].data.reshape(-1) if self.bias_term else None
-        fast = _onednn(self.view, self.bias_term, x, top[0].data, scale, bias)
+        # large float32 tensors: one pass on oneDNN (onednn.binary_for: the same bytes)
+        fast = onednn.binary_for(self.view, (x, top[0].data, scale, bias), onednn.MUL,
+                                 ((onednn.ADD, False),) if bias is not None else ())
         if fast is not None:
             if keep:
                 kept[...] = x3
@@ -146,7 +129,7 @@ class Scale(_BroadcastLayer):
         sums = np.empty((2, self.view[1]), dy3.dtype)        # per channel: bias, scale gradients
         s = scale.data.reshape(-1)
 
-        fast = _onednn(self.view, False, dy3, dx3, s) if dx3 is not None else None
+        fast = onednn.binary_for(self.view, (dy3, dx3, s), onednn.MUL) if dx3 is not None else None
 
         def run(cs):
             g = dy3[:, cs]

@@ -246,53 +246,61 @@ def test_threads_running_a_fresh_geometry_at_once_all_get_its_result():
         assert len(outs) == 8 and all(np.array_equal(outs[0], y) for y in outs[1:])
 
 
-@needs_onednn
-@pytest.mark.parametrize("slope", [0.0, 0.1])
-@pytest.mark.parametrize("inplace", [False, True])
-def test_relu_on_onednn_gives_numpys_bytes(slope, inplace, monkeypatch):
-    """ReLU on oneDNN (float32 tensors of ONEDNN_MIN values or more) against sncaffe's NumPy code
-    (SNCAFFE_CONV=native): forward and backward, in place and not, byte for byte without a slope;
-    with one, the same values (a zero's sign aside: oneDNN's slope * -0 is -0 where NumPy's
-    max(x, 0) + slope * min(x, 0) adds to +0)."""
-    from sncaffe.layers import neuron
-    rng = np.random.default_rng(3)
-    shape = (4, 16, 32, 32)
-    assert np.prod(shape) >= neuron.ONEDNN_MIN
-    x = rng.standard_normal(shape).astype(np.float32)
-    x[0, 0, 0, :4] = [0.0, -0.0, 1e-45, -1e-45]            # zeros and denormals
-    dy = rng.standard_normal(shape).astype(np.float32)
-
-    def run(native):
+def _onednn_and_native(monkeypatch, text, bottoms, dy, counted, inplace=False, n_bottoms=1):
+    """One float32 forward and backward of the layer ``text`` on oneDNN's element-wise kernels,
+    then on sncaffe's NumPy code (SNCAFFE_CONV=native): for each, the top, the bottom and
+    parameter gradients and the parameters (running statistics); and how many calls of the
+    ``counted`` (class, method) pairs the two runs made (the native run makes none)."""
+    calls = []
+    for cls, name in counted:
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, (lambda r: lambda self, *a, **k: calls.append(1) or r(self, *a, **k))(real))
+    runs = []
+    for native in (False, True):
         if native:
             monkeypatch.setenv("SNCAFFE_CONV", "native")
         else:
             monkeypatch.delenv("SNCAFFE_CONV", raising=False)
-        layer = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}', inplace=inplace)
-        h = Harness(layer, [x], dtype=np.float32)
-        y = h.forward()[0].copy()
-        dx, _ = h.backward([dy])
-        return y, dx[0]
-    calls = []
-    for name in ("forward", "backward"):
-        real = getattr(onednn.Relu, name)
-        monkeypatch.setattr(onednn.Relu, name, (lambda r: lambda self, *a: calls.append(1) or r(self, *a))(real))
-    (y1, dx1), (y2, dx2) = run(native=False), run(native=True)
-    assert len(calls) == 2                          # forward and backward ran on oneDNN
-    assert np.array_equal(y1, y2) and np.array_equal(dx1, dx2)
+        layer = make_layer(text, inplace=inplace, n_bottoms=n_bottoms)
+        h = Harness(layer, bottoms, dtype=np.float32)
+        y = h.forward()[0]
+        dx, dp = h.backward([dy])
+        runs.append([y, *dx, *dp, *(b.data.copy() for b in layer.blobs)])
+    return runs[0], runs[1], len(calls)
+
+
+@needs_onednn
+@pytest.mark.parametrize("slope", [0.0, 0.1])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_relu_on_onednn_gives_numpys_bytes(slope, inplace, monkeypatch):
+    """ReLU on oneDNN (float32 tensors of RELU_MIN values or more) against sncaffe's NumPy code:
+    forward and backward, in place and not, byte for byte without a slope; with one, the same
+    values (a zero's sign aside: oneDNN's slope * -0 is -0 where NumPy's max(x, 0) + slope *
+    min(x, 0) adds to +0)."""
+    rng = np.random.default_rng(3)
+    shape = (4, 16, 32, 32)
+    assert np.prod(shape) >= onednn.RELU_MIN
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0, 0, :4] = [0.0, -0.0, 1e-45, -1e-45]            # zeros and denormals
+    dy = rng.standard_normal(shape).astype(np.float32)
+    fast, native, calls = _onednn_and_native(
+        monkeypatch, f'type: "ReLU" relu_param {{ negative_slope: {slope} }}', [x], dy,
+        [(onednn.Relu, "forward"), (onednn.Relu, "backward")], inplace=inplace)
+    assert calls == 2                               # forward and backward ran on oneDNN
+    assert all(np.array_equal(a, b) for a, b in zip(fast, native))
     if slope == 0:
-        assert y1.tobytes() == y2.tobytes() and dx1.tobytes() == dx2.tobytes()
+        assert [a.tobytes() for a in fast] == [b.tobytes() for b in native]
 
 
 @needs_onednn
 def test_relu_on_onednn_passes_the_gradient_checker():
     """ReLU on oneDNN: the gradient checker in float32 through the layer (linear on each side
     of the kink, so a large step is exact up to float32 rounding; no value within it of 0)."""
-    from sncaffe.layers import neuron
     layer = make_layer('type: "ReLU"')
     rng = np.random.default_rng(4)
     x = rng.standard_normal((4, 8, 32, 32))
     x[np.abs(x) < 0.15] = 0.5
-    assert x.size >= neuron.ONEDNN_MIN
+    assert x.size >= onednn.RELU_MIN
     check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)
 
 
@@ -306,41 +314,27 @@ def test_relu_on_onednn_passes_the_gradient_checker():
 ])
 @pytest.mark.parametrize("inplace", [False, True])
 def test_scale_on_onednn_gives_numpys_bytes(text, n_bottoms, inplace, monkeypatch):
-    """Scale's product (and bias) on oneDNN against sncaffe's NumPy code (SNCAFFE_CONV=native):
-    top, bottom and parameter gradients byte for byte, in place and not."""
-    from sncaffe.layers import scale
-    rng = np.random.default_rng(5)
-    shape = (16, 16, 32, 32)
-    assert np.prod(shape) >= scale.ONEDNN_MIN
-    bottoms = [rng.standard_normal(shape)] + ([rng.standard_normal(shape[:1])] if n_bottoms == 2 else [])
-    dy = rng.standard_normal(shape).astype(np.float32)
+    """Scale's product (and bias) on oneDNN against sncaffe's NumPy code: top, bottom and parameter
+    gradients byte for byte, in place and not."""
     if inplace and n_bottoms == 2:
         pytest.skip("Caffe's in-place Scale has one bottom")
-
-    def run(native):
-        if native:
-            monkeypatch.setenv("SNCAFFE_CONV", "native")
-        else:
-            monkeypatch.delenv("SNCAFFE_CONV", raising=False)
-        layer = make_layer(text, inplace=inplace, n_bottoms=n_bottoms)
-        h = Harness(layer, bottoms, dtype=np.float32)
-        y = h.forward()[0]
-        dx, dp = h.backward([dy])
-        return [a.tobytes() for a in [y, *dx, *dp]]
-    calls = []
-    real = onednn.Binary.run
-    monkeypatch.setattr(onednn.Binary, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
-    assert run(native=False) == run(native=True)
-    assert len(calls) == 2                          # forward and backward's dx ran on oneDNN
+    rng = np.random.default_rng(5)
+    shape = (16, 16, 32, 32)
+    assert np.prod(shape) >= onednn.BINARY_MIN
+    bottoms = [rng.standard_normal(shape)] + ([rng.standard_normal(shape[:1])] if n_bottoms == 2 else [])
+    dy = rng.standard_normal(shape).astype(np.float32)
+    fast, native, calls = _onednn_and_native(monkeypatch, text, bottoms, dy, [(onednn.Binary, "run")],
+                                             inplace=inplace, n_bottoms=n_bottoms)
+    assert calls == 2                               # forward and backward's dx ran on oneDNN
+    assert [a.tobytes() for a in fast] == [b.tobytes() for b in native]
 
 
 @needs_onednn
 def test_scale_on_onednn_passes_the_gradient_checker():
     layer = make_layer('type: "Scale" scale_param { bias_term: true filler { type: "gaussian" } '
                        'bias_filler { type: "gaussian" } }')
-    from sncaffe.layers import scale
     x = np.random.default_rng(6).standard_normal((8, 32, 32, 32))
-    assert x.size >= scale.ONEDNN_MIN
+    assert x.size >= onednn.BINARY_MIN
     check_gradient(layer, [x], dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=60)
 
 
@@ -348,36 +342,21 @@ def test_scale_on_onednn_passes_the_gradient_checker():
 @pytest.mark.parametrize("inplace", [False, True])
 def test_batchnorm_on_onednn_gives_numpys_bytes(inplace, monkeypatch):
     """A training BatchNorm's centring, normalizing and input gradient on oneDNN against sncaffe's
-    NumPy code (SNCAFFE_CONV=native): top, bottom gradient and the running statistics byte for
-    byte, in place and not."""
-    from sncaffe.layers import normalization
+    NumPy code: top, bottom gradient and the running statistics byte for byte, in place and not."""
     rng = np.random.default_rng(7)
     shape = (16, 16, 32, 32)
-    assert np.prod(shape) >= normalization.ONEDNN_MIN
+    assert np.prod(shape) >= onednn.BINARY_MIN
     x = rng.standard_normal(shape) * 3 + 1
     dy = rng.standard_normal(shape).astype(np.float32)
-
-    def run(native):
-        if native:
-            monkeypatch.setenv("SNCAFFE_CONV", "native")
-        else:
-            monkeypatch.delenv("SNCAFFE_CONV", raising=False)
-        layer = make_layer('type: "BatchNorm"', inplace=inplace)
-        h = Harness(layer, [x], dtype=np.float32)
-        y = h.forward()[0]
-        dx, _ = h.backward([dy])
-        return [a.tobytes() for a in [y, dx[0], *(b.data for b in layer.blobs)]]
-    calls = []
-    real = onednn.Binary.run
-    monkeypatch.setattr(onednn.Binary, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
-    assert run(native=False) == run(native=True)
-    assert len(calls) == 4                  # centre, normalize, and the gradient's two passes
+    fast, native, calls = _onednn_and_native(monkeypatch, 'type: "BatchNorm"', [x], dy,
+                                             [(onednn.Binary, "run")], inplace=inplace)
+    assert calls == 4                       # centre, normalize, and the gradient's two passes
+    assert [a.tobytes() for a in fast] == [b.tobytes() for b in native]
 
 
 @needs_onednn
 def test_batchnorm_on_onednn_passes_the_gradient_checker():
-    from sncaffe.layers import normalization
     layer = make_layer('type: "BatchNorm"')
     x = np.random.default_rng(8).standard_normal((8, 32, 32, 32))
-    assert x.size >= normalization.ONEDNN_MIN
+    assert x.size >= onednn.BINARY_MIN
     check_gradient(layer, [x], dtype=np.float32, eps=2e-2, rtol=2e-2, atol=2e-3, max_probes=40)

@@ -230,8 +230,21 @@ class _Step:
         self.nbytes = offset + _round(max(sizes))
         self.outputs = outputs
 
-    def run(self, arrays, ws):
-        """Execute on ``arrays`` {arg: ndarray} with ``ws`` (a uint8 array of ``nbytes``)."""
+    def slot(self, arg):
+        """(kernel md, workspace offset) of ``arg``'s reordered copy, or None where it has none."""
+        _, want, reorder, off = self.args[arg]
+        return None if reorder is None else (want, off)
+
+    def reorder_in(self, arg, a, ws):
+        """Reorder the input ``a`` of ``arg`` into its workspace slot (for ``run(..., ready=)``)."""
+        self._create()
+        user, want, _, off = self.args[arg]
+        base = ws.ctypes.data
+        _execute(self.reorders[arg], _stream(), [(SRC, _memory(user, self._checked(arg, a).ctypes.data)),
+                                                 (DST, _memory(want, base + off))],
+                 base + self.scratch_offset, self.reorder_pad[arg])
+
+    def _create(self):
         if self.prim is None:
             # two locations of one process (their own threads) may run the same geometry's
             # first step at once: one creates, and the primitive is published last
@@ -239,22 +252,29 @@ class _Step:
                 if self.prim is None:
                     self.reorders = {a: _primitive(r) for a, (_, _, r, _) in self.args.items() if r}
                     self.prim = _primitive(self.pd)
+
+    def _checked(self, arg, a):
+        if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != self.sizes[arg]:
+            # oneDNN reads raw memory: a strided view or a wrong shape would be read wrongly, silently
+            raise ValueError(f"oneDNN argument {arg}: needs a C-contiguous float32 array of "
+                             f"{self.sizes[arg]} bytes, got {a.dtype} {a.shape} strides {a.strides}")
+        return a
+
+    def run(self, arrays, ws, ready=()):
+        """Execute on ``arrays`` {arg: ndarray} with ``ws`` (a uint8 array of ``nbytes``). The
+        inputs in ``ready`` are already in their slots (``reorder_in``): not reordered again."""
+        self._create()
         base = ws.ctypes.data if self.nbytes else None
         pad = base + self.scratch_offset if self.nbytes else None
         stream = _stream()
         exec_args = []          # holds the memory objects until the primitive has run
         for arg, (user, want, reorder, off) in self.args.items():
-            a = arrays[arg]
-            if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != self.sizes[arg]:
-                # oneDNN reads raw memory: a strided view or a wrong shape would be read wrongly, silently
-                raise ValueError(f"oneDNN argument {arg}: needs a C-contiguous float32 array of "
-                                 f"{self.sizes[arg]} bytes, got {a.dtype} {a.shape} strides {a.strides}")
-            ptr = a.ctypes.data
             if reorder is None:
-                mem = _memory(want, ptr)
+                mem = _memory(want, self._checked(arg, arrays[arg]).ctypes.data)
             else:
                 mem = _memory(want, base + off)
-                if arg not in self.outputs:
+                if arg not in self.outputs and arg not in ready:
+                    ptr = self._checked(arg, arrays[arg]).ctypes.data
                     _execute(self.reorders[arg], stream, [(SRC, _memory(user, ptr)), (DST, mem)],
                              pad, self.reorder_pad[arg])
             exec_args.append((arg, mem))
@@ -263,7 +283,8 @@ class _Step:
             user, want, reorder, off = self.args[arg]
             if reorder is not None:
                 _execute(self.reorders[arg], stream,
-                         [(SRC, _memory(want, base + off)), (DST, _memory(user, arrays[arg].ctypes.data))],
+                         [(SRC, _memory(want, base + off)),
+                          (DST, _memory(user, self._checked(arg, arrays[arg]).ctypes.data))],
                          pad, self.reorder_pad[arg])
 
 
@@ -354,37 +375,46 @@ class Conv:
             g["padding_l"], g["padding_r"], self.attr), "convolution forward")
         return pd
 
-    def step(self, kind):
-        """The _Step of ``kind``: forward, forward_bias, data, weights."""
-        s = self._steps.get(kind)
+    _NAMES = {"forward": {SRC: "x", WEIGHTS: "w", DST: "y"},
+              "forward_bias": {SRC: "x", WEIGHTS: "w", BIAS: "b", DST: "y"},
+              "data": {DIFF_SRC: "x", WEIGHTS: "w", DIFF_DST: "y"},
+              "weights": {SRC: "x", DIFF_WEIGHTS: "w", DIFF_DST: "y"}}
+
+    def step(self, kind, first=None):
+        """The _Step of ``kind``: forward, forward_bias, data, weights; ``first``: the argument
+        name ("x", "y") whose reordered copy takes the workspace's first slot (``run_two``)."""
+        s = self._steps.get((kind, first))
         if s is not None:
             return s
         with _create_lock:
-            return self._steps.get(kind) or self._new_step(kind)
+            return self._steps.get((kind, first)) or self._new_step(kind, first)
 
-    def _new_step(self, kind):
+    def _new_step(self, kind, first):
         u, k, g = self.user, self._kern, self.geometry
+        names = self._NAMES[kind]
+        order = sorted(names, key=lambda arg: names[arg] != first)      # stable: ``first`` leads
+        descs = {arg: u[names[arg]] for arg in order}
         pd = ctypes.c_void_p()
         if kind == "forward":
-            s = _Step(self.fwd_pd, {SRC: u["x"], WEIGHTS: u["w"], DST: u["y"]}, (DST,))
+            s = _Step(self.fwd_pd, descs, (DST,))
         elif kind == "forward_bias":
-            s = _Step(self.fwd_bias_pd, {SRC: u["x"], WEIGHTS: u["w"], BIAS: u["b"], DST: u["y"]}, (DST,))
+            s = _Step(self.fwd_bias_pd, descs, (DST,))
         elif kind == "data":
             _check(_lib.dnnl_convolution_backward_data_primitive_desc_create(
                 ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, k["y"].ptr, g["strides"],
                 g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr), "convolution backward data")
-            s = _Step(pd, {DIFF_SRC: u["x"], WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_SRC,))
+            s = _Step(pd, descs, (DIFF_SRC,))
         else:
             _check(_lib.dnnl_convolution_backward_weights_primitive_desc_create(
                 ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, None, k["y"].ptr, g["strides"],
                 g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr),
                 "convolution backward weights")
-            s = _Step(pd, {SRC: u["x"], DIFF_WEIGHTS: u["w"], DIFF_DST: u["y"]}, (DIFF_WEIGHTS,))
-        self._steps[kind] = s
+            s = _Step(pd, descs, (DIFF_WEIGHTS,))
+        self._steps[(kind, first)] = s
         return s
 
-    def nbytes(self, kind):
-        return self.step(kind).nbytes
+    def nbytes(self, kind, first=None):
+        return self.step(kind, first).nbytes
 
     def impl(self, kind):
         return self.step(kind).impl
@@ -392,11 +422,34 @@ class Conv:
     def run(self, kind, ws, **arrays):
         """Run ``kind`` on x, y, w (and b) (C-contiguous float32 arrays); ws: uint8 workspace."""
         _set_threads()
-        names = {"forward": {SRC: "x", WEIGHTS: "w", DST: "y"},
-                 "forward_bias": {SRC: "x", WEIGHTS: "w", BIAS: "b", DST: "y"},
-                 "data": {DIFF_SRC: "x", WEIGHTS: "w", DIFF_DST: "y"},
-                 "weights": {SRC: "x", DIFF_WEIGHTS: "w", DIFF_DST: "y"}}[kind]
-        self.step(kind).run({arg: arrays[n] for arg, n in names.items()}, ws)
+        self.step(kind).run({arg: arrays[n] for arg, n in self._NAMES[kind].items()}, ws)
+
+    def shares(self, first_kind, second_kind, name) -> bool:
+        """Whether ``run_two`` reorders input ``name`` once for both passes: each pass wants it
+        reordered, into the same layout."""
+        a, b = self.step(first_kind, name), self.step(second_kind, name)
+        arg_a, arg_b = (next(arg for arg, n in self._NAMES[kind].items() if n == name)
+                        for kind in (first_kind, second_kind))
+        sa, sb = a.slot(arg_a), b.slot(arg_b)
+        return (sa is not None and sb is not None and sa[1] == sb[1] == 0
+                and bool(_lib.dnnl_memory_desc_equal(sa[0], sb[0])))
+
+    def run_two(self, ws, first, second, name, shared):
+        """Two passes that read the same input ``name`` ("x" or "y") = ``shared``: ``first`` and
+        ``second`` are (kind, {other name: array}). Where ``shares``, ``shared`` is reordered into
+        the kernels' layout once (the first slot of both passes' workspace, ``nbytes(kind, name)``),
+        else each pass reorders its own copy. The same bytes either way."""
+        _set_threads()
+        if not self.shares(first[0], second[0], name):
+            for kind, arrays in (first, second):
+                self.run(kind, ws, **{name: shared}, **arrays)
+            return
+        for i, (kind, arrays) in enumerate((first, second)):
+            step, names = self.step(kind, name), self._NAMES[kind]
+            arg = next(a for a, n in names.items() if n == name)
+            if i == 0:
+                step.reorder_in(arg, shared, ws)
+            step.run({a: arrays[n] for a, n in names.items() if n != name}, ws, ready=(arg,))
 
 
 _cache: dict = {}
@@ -480,13 +533,14 @@ def _post_op_src(k):
 class Binary:
     """dst = ((src0 op src1) op1 a1) op2 a2 ... on a contiguous float32 (outer, C, inner) view, one
     pass on the OpenMP team, each operation rounded to float32 in this order, as NumPy's separate
-    calls round (the same bytes: tests/layers/test_onednn.py). ``src1`` and each post-operand ``a``
-    are per channel (a (C,) array) or, where ``full``, a whole tensor. Caffe's Scale (x * scale +
+    calls round (the same bytes: tests/layers/test_onednn.py). ``src1`` (where ``full``: a whole
+    tensor) and each post-operand ``a`` are per channel (a (C,) array) or, where their ``full``, a
+    whole tensor. Caffe's Scale (x * scale +
     bias), its dx (dy * scale), and BatchNorm's steps run on it (``tools/bench_elementwise.py``,
     128x16x1024 from memory: x * s + b 2.15x NumPy's speed on one thread, 1.70x on two; BatchNorm's
     gradient 1.61x and 1.85x)."""
 
-    def __init__(self, view, op, posts=()):
+    def __init__(self, view, op, posts=(), full=False):
         _set_threads()
         outer, dim, inner = view
         self.md, self.cmd = _Desc((outer, dim, inner), _ABC), _Desc((1, dim, 1), _ABC)
@@ -502,9 +556,10 @@ class Binary:
             finally:
                 _lib.dnnl_post_ops_destroy(po)
         pd = ctypes.c_void_p()
+        src1 = self.md if full else self.cmd
         _check(_lib.dnnl_binary_primitive_desc_create(ctypes.byref(pd), _engine, op, self.md.ptr,
-                                                      self.cmd.ptr, self.md.ptr, self.attr), "binary")
-        user = {SRC: self.md, 2: self.cmd, DST: self.md}
+                                                      src1.ptr, self.md.ptr, self.attr), "binary")
+        user = {SRC: self.md, 2: src1, DST: self.md}
         for k, (_, full) in enumerate(posts):
             user[_post_op_src(k)] = self.md if full else self.cmd
         self.step = _Step(pd, user, (DST,))
@@ -521,13 +576,13 @@ class Binary:
 _binaries: dict = {}
 
 
-def binary(view, op, posts=()) -> Binary | None:
+def binary(view, op, posts=(), full=False) -> Binary | None:
     """The Binary of this (outer, C, inner) view and chain of operations (kept per process), or None
     where oneDNN is not in use or would need a scratchpad."""
     if choice() != "onednn":
         return None
-    b = _kept(_binaries, (tuple(view), op, tuple(posts), _threads.current().threads),
-              lambda: Binary(view, op, tuple(posts)))
+    b = _kept(_binaries, (tuple(view), op, tuple(posts), full, _threads.current().threads),
+              lambda: Binary(view, op, tuple(posts), full))
     return b if b.usable else None
 
 
@@ -545,6 +600,14 @@ def _fits(arrays, least) -> bool:
                                              and a.flags.c_contiguous for a in arrays))
 
 
+def sum_for(arrays) -> Binary | None:
+    """``arrays[0] + arrays[1] + ...`` into ``out`` (``arrays[-1]``), added left to right as NumPy's
+    ``np.add(a, b, out); out += c ...`` adds (Eltwise's SUM, Split's backward), or None where NumPy
+    runs it (``binary_for``'s rule)."""
+    n = arrays[0].size
+    return binary_for((1, 1, n), arrays, ADD, ((ADD, True),) * (len(arrays) - 3), full=True)
+
+
 def relu_for(slope, *arrays) -> Relu | None:
     """A layer's ReLU on ``arrays`` (x and y, or y, dy and dx) on oneDNN, or None where NumPy runs
     it: a negative slope (backward then needs x), arrays that are not float32 C-contiguous NumPy
@@ -558,12 +621,12 @@ def relu_for(slope, *arrays) -> Relu | None:
         return None
 
 
-def binary_for(view, arrays, op, posts=()) -> Binary | None:
+def binary_for(view, arrays, op, posts=(), full=False) -> Binary | None:
     """A layer's ``Binary`` of ``op`` and ``posts`` on ``view`` for ``arrays`` (every array the call
     reads and writes), or None where NumPy runs it (as ``relu_for``, from ``BINARY_MIN`` values)."""
     if not _fits(arrays, BINARY_MIN):
         return None
     try:
-        return binary(view, op, posts)
+        return binary(view, op, posts, full)
     except (ValueError, RuntimeError):
         return None

@@ -97,17 +97,47 @@ def workspace(layer, n):
     forward = "forward_bias" if layer.bias_term and not layer.deconv else "forward"   # what the layer runs
     need = [g.conv(m).nbytes(k) for m in sizes for k in (forward, "data")]
     need += [dw + g.conv(m).nbytes("weights") for m in sizes]
+    # backward's two passes on one reordered copy of dy (``_backward``): after the weight gradient
+    kind, shared = _PAIR[layer.deconv]
+    need += [dw + g.conv(m).nbytes(k, shared) for m in sizes for k in ("weights", kind)]
     return {WORKSPACE: ((max(need),), np.uint8)}
 
 
-def _weight_grad(layer, x, dy, dw):
-    """dw += the weight gradient of image side x and grid side dy, block by block."""
-    g, ws = layer.dnn, layer.workspace[WORKSPACE]
+# The input gradient's pass and the name of dy in both backward passes: a Convolution's dy is the
+# grid side of backward-data and backward-weights, a Deconvolution's the image side of forward and
+# backward-weights.
+_PAIR = {False: ("data", "y"), True: ("forward", "x")}
+
+
+def _split(layer, ws):
+    """The weight gradient's block buffer (the layer's weight shape) and the rest of ``ws``."""
+    g = layer.dnn
     nw = onednn._round(4 * g.weight_size)
-    buf, rest = ws[:4 * g.weight_size].view(np.float32).reshape(dw.shape), ws[nw:]
-    for b in _blocks(layer, x.shape[0]):
-        g.conv(b.stop - b.start).run("weights", rest, x=x[b], w=buf, y=dy[b])
-        dw += buf
+    return ws[:4 * g.weight_size].view(np.float32).reshape(layer.blobs[0].shape), ws[nw:]
+
+
+def _backward(layer, dy, x, dx):
+    """Backward of Convolution or Deconvolution, block by block: dw += the block's weight gradient
+    (blocks in image order), then the block's input gradient. Both passes read dy: it is
+    reordered into the kernels' layout once for the two (``onednn.Conv.run_two``)."""
+    g, ws, w = layer.dnn, layer.workspace[WORKSPACE], layer.blobs[0].data
+    learn = layer._learns(0)
+    kind, name = _PAIR[layer.deconv]
+    other = "x" if name == "y" else "y"
+    buf, rest = _split(layer, ws)
+    dw = layer.blobs[0].diff
+    for s in _blocks(layer, dy.shape[0]):
+        conv = g.conv(s.stop - s.start)
+        weights = ("weights", {other: x[s], "w": buf})
+        data = (kind, {other: dx[s], "w": w}) if dx is not None else None
+        if learn and data:
+            conv.run_two(rest, weights, data, name, dy[s])
+        elif learn:
+            conv.run("weights", rest, **{name: dy[s]}, **weights[1])
+        elif data:
+            conv.run(kind, ws, **{name: dy[s]}, **data[1])
+        if learn:
+            dw += buf
 
 
 def _run(layer, kind, x, y, b=None):
@@ -123,10 +153,7 @@ def conv_forward(layer, x, y):
 
 
 def conv_backward(layer, dy, x, dx):
-    if layer._learns(0):
-        _weight_grad(layer, x, dy, layer.blobs[0].diff)
-    if dx is not None:
-        _run(layer, "data", dx, dy)
+    _backward(layer, dy, x, dx)
 
 
 def deconv_forward(layer, x, y):
@@ -136,7 +163,4 @@ def deconv_forward(layer, x, y):
 
 
 def deconv_backward(layer, dy, x, dx):
-    if layer._learns(0):
-        _weight_grad(layer, dy, x, layer.blobs[0].diff)
-    if dx is not None:
-        _run(layer, "forward", dy, dx)
+    _backward(layer, dy, x, dx)

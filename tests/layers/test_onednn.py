@@ -214,6 +214,33 @@ def test_a_strided_argument_is_refused():
 
 
 @needs_onednn
+@pytest.mark.parametrize("stride,kind,name", [(1, "data", "y"), (1, "forward", "x"), (2, "data", "y")])
+def test_backward_passes_sharing_one_reordered_dy_give_the_bytes_of_two(stride, kind, name):
+    """run_two reorders dy once for the weight gradient and the input gradient (a Convolution's dy
+    is both passes' grid side, a Deconvolution's their image side): the same bytes as two separate
+    passes, and the fill of a stale workspace does not leak in. Where the kernels want dy in two
+    layouts (stride 2 here) ``shares`` says no and each pass reorders its own."""
+    rng = np.random.default_rng(1)
+    conv = onednn.conv(3, 16, 16, 1, (10, 10), (3, 3), (stride, stride), (1, 1), (1, 1))
+    out = (10 + 2 - 3) // stride + 1
+    x = rng.standard_normal((3, 16, 10, 10)).astype(np.float32)
+    y = rng.standard_normal((3, 16, out, out)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    shared, other = (y, x) if name == "y" else (x, y)
+    size = max(conv.nbytes(k, f) for k in ("weights", kind) for f in (None, name))
+    o = "x" if name == "y" else "y"
+    expected = {"weights": np.zeros_like(w), kind: np.zeros_like(other)}
+    conv.run("weights", np.zeros(size, np.uint8), x=x, w=expected["weights"], y=y)
+    conv.run(kind, np.zeros(size, np.uint8), **{name: shared, o: expected[kind], "w": w})
+    assert conv.shares("weights", kind, name) == (stride == 1 or name == "x")
+    dw, dother = np.zeros_like(w), np.zeros_like(other)
+    conv.run_two(np.full(size, 255, np.uint8), ("weights", {o: other, "w": dw}), (kind, {o: dother, "w": w}),
+                 name, shared)
+    assert dw.tobytes() == expected["weights"].tobytes()
+    assert dother.tobytes() == expected[kind].tobytes()
+
+
+@needs_onednn
 def test_threads_running_a_fresh_geometry_at_once_all_get_its_result():
     """Two locations of one process run their first step of one geometry on their own threads at
     the same time: one creates the primitives, every thread computes the same output (the
@@ -246,11 +273,12 @@ def test_threads_running_a_fresh_geometry_at_once_all_get_its_result():
         assert len(outs) == 8 and all(np.array_equal(outs[0], y) for y in outs[1:])
 
 
-def _onednn_and_native(monkeypatch, text, bottoms, dy, counted, inplace=False, n_bottoms=1):
+def _onednn_and_native(monkeypatch, text, bottoms, dy, counted, inplace=False, n_bottoms=1, n_tops=1):
     """One float32 forward and backward of the layer ``text`` on oneDNN's element-wise kernels,
-    then on sncaffe's NumPy code (SNCAFFE_CONV=native): for each, the top, the bottom and
+    then on sncaffe's NumPy code (SNCAFFE_CONV=native): for each, the tops, the bottom and
     parameter gradients and the parameters (running statistics); and how many calls of the
-    ``counted`` (class, method) pairs the two runs made (the native run makes none)."""
+    ``counted`` (class, method) pairs the two runs made (the native run makes none). ``dy``: the
+    top's gradient, or a list of the tops'."""
     calls = []
     for cls, name in counted:
         real = getattr(cls, name)
@@ -261,11 +289,11 @@ def _onednn_and_native(monkeypatch, text, bottoms, dy, counted, inplace=False, n
             monkeypatch.setenv("SNCAFFE_CONV", "native")
         else:
             monkeypatch.delenv("SNCAFFE_CONV", raising=False)
-        layer = make_layer(text, inplace=inplace, n_bottoms=n_bottoms)
+        layer = make_layer(text, inplace=inplace, n_bottoms=n_bottoms, n_tops=n_tops)
         h = Harness(layer, bottoms, dtype=np.float32)
-        y = h.forward()[0]
-        dx, dp = h.backward([dy])
-        runs.append([y, *dx, *dp, *(b.data.copy() for b in layer.blobs)])
+        y = h.forward()
+        dx, dp = h.backward(dy if isinstance(dy, list) else [dy])
+        runs.append([*y, *dx, *dp, *(b.data.copy() for b in layer.blobs)])
     return runs[0], runs[1], len(calls)
 
 
@@ -360,3 +388,36 @@ def test_batchnorm_on_onednn_passes_the_gradient_checker():
     x = np.random.default_rng(8).standard_normal((8, 32, 32, 32))
     assert x.size >= onednn.BINARY_MIN
     check_gradient(layer, [x], dtype=np.float32, eps=2e-2, rtol=2e-2, atol=2e-3, max_probes=40)
+
+
+@needs_onednn
+@pytest.mark.parametrize("text, n_bottoms, n_tops", [
+    ('type: "Eltwise"', 2, 1),                                   # SUM: x0 + x1
+    ('type: "Eltwise" eltwise_param { coeff: 1 coeff: 1 coeff: 1 }', 3, 1),   # (x0 + x1) + x2
+    ('type: "Split"', 1, 2),                                     # backward: d0 + d1
+    ('type: "Split"', 1, 3),                                     # (d0 + d1) + d2
+])
+def test_sums_on_onednn_give_numpys_bytes(text, n_bottoms, n_tops, monkeypatch):
+    """Eltwise's SUM (coefficients 1) and Split's backward add on oneDNN's binary kernel, left to
+    right as NumPy adds: tops and bottom gradients byte for byte (signed zeros, infinities and a
+    NaN included), one oneDNN call per pass."""
+    rng = np.random.default_rng(9)
+    shape = (16, 16, 32, 32)
+    assert np.prod(shape) >= onednn.BINARY_MIN
+    bottoms = [rng.standard_normal(shape).astype(np.float32) for _ in range(n_bottoms)]
+    dys = [rng.standard_normal(shape).astype(np.float32) for _ in range(n_tops)]
+    for a in bottoms[:2] + dys[:2]:
+        a[0, 0, 0, :4] = [-0.0, np.inf, 1e-45, np.nan]
+    fast, native, calls = _onednn_and_native(monkeypatch, text, bottoms, dys, [(onednn.Binary, "run")],
+                                             n_bottoms=n_bottoms, n_tops=n_tops)
+    assert calls == 1                       # Eltwise's forward or Split's backward
+    assert [a.tobytes() for a in fast] == [b.tobytes() for b in native]
+
+
+@needs_onednn
+def test_eltwise_sum_on_onednn_passes_the_gradient_checker():
+    layer = make_layer('type: "Eltwise"', n_bottoms=2)
+    rng = np.random.default_rng(10)
+    xs = [rng.standard_normal((8, 32, 32, 32)) for _ in range(2)]
+    assert xs[0].size >= onednn.BINARY_MIN
+    check_gradient(layer, xs, dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=40)

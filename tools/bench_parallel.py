@@ -24,6 +24,13 @@ less than wall time. ``ceiling``: the best ``vs 2B`` two locations could reach
 if they ran perfectly in parallel at no cost, one location's time at 2B over
 its time at B (a location at B pays the fixed per-operator costs of one at 2B).
 
+``exposed ms``: the gradient exchange time after this rank's last backward
+operator, which the update waits for (what the exchange adds to an
+iteration); ``in bwd``: the rest of the exchange time over all of it (median
+of the traced iterations). It counts as not exposed what ran in backward's
+gaps (a BatchNorm waiting for its batch sums, the GIL), which ``hidden`` does
+not count as hidden.
+
 ``hidden``: of the time some gradient exchange (all-reduce or sum) was running,
 the share during which a backward operator of this rank (rank 0, a BatchNorm's
 backward stages included) was computing,
@@ -196,7 +203,8 @@ def main():
           f"timed after {args.warmup + args.traces}, 1 BLAS thread per rank or location; ResNet-50 at "
           f"{args.hw}x{args.hw}")
     print(f"{'net':<13}{'configuration':<16}{'ops':>5}{'ms/iter':>10}{'cpu ms':>8}{'images/s':>10}{'efficiency':>11}"
-          f"{'vs 2B':>7}{'exchange ms':>12}{'hidden':>8}{'any rank':>9}{'BN sums ms':>11}")
+          f"{'vs 2B':>7}{'exchange ms':>12}{'hidden':>8}{'any rank':>9}{'exposed ms':>11}{'in bwd':>8}"
+          f"{'BN sums ms':>11}")
     for net in args.nets:
         base = run(net, 1, args)
         rows = [("1 rank", base), ("2 ranks alone", run(net, 2, args, alone=True)),
@@ -212,8 +220,9 @@ def main():
                   + (f"{base['ms'] / r['ms']:>11.2f}" if name != "1 rank, 2B" else f"{'-':>11}")
                   + (f"{double / r['ms']:>7.2f}" if name == "2 locations" else f"{'-':>7}")
                   + (f"{r['comm_s'] * 1e3:>12.1f}{100 * r['hidden_share']:>7.0f}%{hidden_any}"
+                     f"{r['exposed_s'] * 1e3:>11.2f}{100 * r['in_backward_share']:>7.0f}%"
                      f"{r.get('statistics_s', 0) * 1e3:>11.1f}" if exchange
-                     else f"{'-':>12}{'-':>8}{'-':>9}{'-':>11}"), flush=True)
+                     else f"{'-':>12}{'-':>8}{'-':>9}{'-':>11}{'-':>8}{'-':>11}"), flush=True)
         print(f"{net:<13}ceiling of 2 locations vs 2B (1 location's time at 2B over B): {double / base['ms']:.2f}; "
               f"by CPU time {rows[-1][1]['cpu_ms'] / base['cpu_ms']:.2f}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

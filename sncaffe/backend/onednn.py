@@ -365,6 +365,7 @@ class Conv:
         self.fwd_pd = self._pd_forward(kern, with_bias=False)
         self.fwd_bias_pd = self._pd_forward(kern, with_bias=True)
         self._steps = {}
+        self._pairs = {}
 
     def _pd_forward(self, kern, with_bias):
         pd = ctypes.c_void_p()
@@ -427,12 +428,24 @@ class Conv:
     def shares(self, first_kind, second_kind, name) -> bool:
         """Whether ``run_two`` reorders input ``name`` once for both passes: each pass wants it
         reordered, into the same layout."""
-        a, b = self.step(first_kind, name), self.step(second_kind, name)
-        arg_a, arg_b = (next(arg for arg, n in self._NAMES[kind].items() if n == name)
-                        for kind in (first_kind, second_kind))
-        sa, sb = a.slot(arg_a), b.slot(arg_b)
-        return (sa is not None and sb is not None and sa[1] == sb[1] == 0
-                and bool(_lib.dnnl_memory_desc_equal(sa[0], sb[0])))
+        return self._pair(first_kind, second_kind, name) is not None
+
+    def _pair(self, first_kind, second_kind, name):
+        """((step, its arg for ``name``, its other args by name) of each pass), or None where the
+        passes cannot share ``name``'s reordered copy; worked out once."""
+        key = (first_kind, second_kind, name)
+        if key not in self._pairs:
+            passes = []
+            for kind in key[:2]:
+                step, names = self.step(kind, name), self._NAMES[kind]
+                arg = next(a for a, n in names.items() if n == name)
+                passes.append((step, arg, {a: n for a, n in names.items() if n != name}))
+            (a, arg_a, _), (b, arg_b, _) = passes
+            sa, sb = a.slot(arg_a), b.slot(arg_b)
+            same = (sa is not None and sb is not None and sa[1] == sb[1] == 0
+                    and bool(_lib.dnnl_memory_desc_equal(sa[0], sb[0])))
+            self._pairs[key] = passes if same else None
+        return self._pairs[key]
 
     def run_two(self, ws, first, second, name, shared):
         """Two passes that read the same input ``name`` ("x" or "y") = ``shared``: ``first`` and
@@ -440,16 +453,14 @@ class Conv:
         the kernels' layout once (the first slot of both passes' workspace, ``nbytes(kind, name)``),
         else each pass reorders its own copy. The same bytes either way."""
         _set_threads()
-        if not self.shares(first[0], second[0], name):
+        pair = self._pair(first[0], second[0], name)
+        if pair is None:
             for kind, arrays in (first, second):
                 self.run(kind, ws, **{name: shared}, **arrays)
             return
-        for i, (kind, arrays) in enumerate((first, second)):
-            step, names = self.step(kind, name), self._NAMES[kind]
-            arg = next(a for a, n in names.items() if n == name)
-            if i == 0:
-                step.reorder_in(arg, shared, ws)
-            step.run({a: arrays[n] for a, n in names.items() if n != name}, ws, ready=(arg,))
+        pair[0][0].reorder_in(pair[0][1], shared, ws)
+        for (step, arg, others), (_, arrays) in zip(pair, (first, second)):
+            step.run({a: arrays[n] for a, n in others.items()}, ws, ready=(arg,))
 
 
 _cache: dict = {}

@@ -61,14 +61,22 @@ def overlap(spans) -> dict:
     over all of it (1.0: none of it delays the update). A cross-replica BatchNorm's exchanges of
     batch sums are not gradient exchange: the next stage of that layer waits for each, so none
     can hide by design; their time is ``statistics_s``.
+
+    ``exposed_s`` is the gradient exchange time after the last backward operator ended: what the
+    update waits for, so what the exchange adds to the iteration; ``in_backward_share`` is the
+    rest over all of it. It differs from ``hidden_share`` by the exchange time that fell in
+    backward's gaps: while the compute stream waited for a BatchNorm's batch sums, or for the GIL.
     """
     comm = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "comm" and not _statistics(s[1]))
     statistics = _union((s[2], s[3]) for s in spans if _kind(s[0]) in ("comm", "exchange") and _statistics(s[1]))
     backward = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "compute" and ":backward" in s[1])
     comm_s = _length(comm)
     hidden = _intersection(comm, backward)
+    end = backward[-1][1] if backward else float("-inf")
+    exposed = _length([(max(a, end), b) for a, b in comm if b > end])
     return {"comm_s": comm_s, "backward_s": _length(backward), "hidden_s": hidden,
-            "hidden_share": hidden / comm_s if comm_s else 0.0, "statistics_s": _length(statistics)}
+            "hidden_share": hidden / comm_s if comm_s else 0.0, "statistics_s": _length(statistics),
+            "exposed_s": exposed, "in_backward_share": 1 - exposed / comm_s if comm_s else 0.0}
 
 
 class IterationTrace:
@@ -96,5 +104,5 @@ class IterationTrace:
             self.spans = spans
             o = overlap(spans)
             comm = (f"; all-reduce {o['comm_s'] * 1e3:.1f} ms, {100 * o['hidden_share']:.0f}% of it hidden behind "
-                    "backward" if o["comm_s"] else "")
+                    f"backward's operators, {o['exposed_s'] * 1e3:.2f} ms after backward" if o["comm_s"] else "")
             log.info("Trace of iteration %d written to %s: %d spans%s", self.iteration, self.path, len(spans), comm)

@@ -18,7 +18,22 @@ def test_hidden_share_counts_all_reduce_time_under_backward_compute():
     assert o["comm_s"] == pytest.approx(1.0 + 3.0)
     assert o["backward_s"] == pytest.approx(3.0)
     assert o["hidden_s"] == pytest.approx(2.0) and o["hidden_share"] == pytest.approx(0.5)
+    # the update waits only for what runs after backward's last operator (5.0 to 6.0)
+    assert o["exposed_s"] == pytest.approx(1.0) and o["in_backward_share"] == pytest.approx(0.75)
     assert overlap([("compute", "a:backward", 0, 1)])["hidden_share"] == 0.0
+
+
+def test_exchange_in_a_gap_of_backward_is_not_hidden_but_not_exposed():
+    """An all-reduce running while backward waits (a BatchNorm's batch sums, the GIL) overlaps no
+    backward operator, yet the update does not wait for it."""
+    spans = [("compute", "b:backward", 0.0, 1.0),
+             ("exchange", "exchange bn's gradient sums", 1.0, 2.0),
+             ("compute", "a:backward", 2.0, 3.0),
+             ("comm", "all-reduce bucket 0", 1.0, 2.0),
+             ("comm", "all-reduce bucket 1", 3.0, 3.5)]
+    o = overlap(spans)
+    assert o["hidden_share"] == pytest.approx(0.0)
+    assert o["exposed_s"] == pytest.approx(0.5) and o["in_backward_share"] == pytest.approx(2 / 3)
 
 
 def test_batchnorm_sums_are_not_gradient_exchange_and_its_stages_are_backward():

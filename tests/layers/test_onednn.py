@@ -421,3 +421,21 @@ def test_eltwise_sum_on_onednn_passes_the_gradient_checker():
     xs = [rng.standard_normal((8, 32, 32, 32)) for _ in range(2)]
     assert xs[0].size >= onednn.BINARY_MIN
     check_gradient(layer, xs, dtype=np.float32, eps=1e-1, rtol=5e-3, atol=5e-3, max_probes=40)
+
+
+@needs_onednn
+@pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu"])
+def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
+    """tools/bench_toggle.py switches one fast path off on every other iteration: it prints both
+    forms' times and leaves the entry point it replaced as it found it."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_toggle
+    owner, name = {"share-dy": (onednn.Conv, "_pair"), "sum": (onednn, "sum_for"),
+                   "binary": (onednn, "binary_for"), "relu": (onednn, "relu_for")}[path]
+    before = getattr(owner, name)
+    assert bench_toggle.main(["--path", path, "--batch", "2", "--iterations", "1"]) == 0
+    assert getattr(owner, name) is before
+    out = capsys.readouterr().out
+    assert f"{path}: on " in out and " off/on " in out

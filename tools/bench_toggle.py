@@ -1,0 +1,92 @@
+"""Time one of sncaffe's CPU fast paths on and off, iteration by iteration in one process (not a test).
+
+    python tools/bench_toggle.py --path share-dy [--net prototxt/cifar10_resnet.prototxt] [--batch 128]
+                                 [--threads 1] [--iterations 8]
+
+The paths (each is on by default; "off" is what sncaffe ran before it):
+
+- ``share-dy``: a convolution's two backward passes read one copy of dy reordered into oneDNN's
+  layout (``onednn.Conv.run_two``); off: each pass reorders its own;
+- ``sum``: Eltwise's SUM and Split's backward on oneDNN's binary kernel (``onednn.sum_for``);
+  off: NumPy;
+- ``binary``: Scale's and BatchNorm's element-wise steps on oneDNN's binary kernel
+  (``onednn.binary_for``); off: NumPy;
+- ``relu``: ReLU on oneDNN's eltwise kernel (``onednn.relu_for``); off: NumPy.
+
+The machine this was written on is shared and noisy (one process's speed moves by 10-30 % from
+run to run), so the two forms alternate every iteration in one process, after one warm-up
+iteration each: printed are the median forward + backward milliseconds of each and their ratio
+(off / on: above 1, the path pays). Every form gives the same bytes (tests/layers/test_onednn.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _switch(path):
+    """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
+    from sncaffe.backend import onednn
+    owner, name, never = {
+        "share-dy": (onednn.Conv, "_pair", lambda self, *a: None),
+        "sum": (onednn, "sum_for", lambda *a, **k: None),
+        "binary": (onednn, "binary_for", lambda *a, **k: None),
+        "relu": (onednn, "relu_for", lambda *a, **k: None),
+    }[path]
+    real = getattr(owner, name)
+    return (lambda: setattr(owner, name, real)), (lambda: setattr(owner, name, never))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--path", required=True, choices=["share-dy", "sum", "binary", "relu"])
+    ap.add_argument("--net", default="prototxt/cifar10_resnet.prototxt")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--iterations", type=int, default=8, help="timed iterations of each form")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+
+    from sncaffe import Net
+    from sncaffe.backend import onednn
+    from sncaffe.backend import threads as policy
+    from sncaffe.proto import sncaffe_pb2 as pb
+    from sncaffe.prototxt import read_text, set_batch
+    policy.configure(args.threads)
+    if onednn.choice() != "onednn":
+        raise SystemExit("oneDNN is not in use (SNCAFFE_CONV=native, or the library is not installed)")
+    net = Net(set_batch(read_text(ROOT / args.net, pb.NetParameter()), args.batch), "TRAIN", seed=0)
+    rng = np.random.default_rng(0)
+    for name in net.inputs:
+        blob = net.blobs[name].data
+        blob[...] = rng.integers(0, 10, blob.shape) if "label" in name else rng.standard_normal(blob.shape)
+    on, off = _switch(args.path)
+    forms = {"on": on, "off": off}
+    times = {"on": [], "off": []}
+    try:
+        for i in range(2 * (args.iterations + 1)):
+            form = ("on", "off")[i % 2]
+            forms[form]()
+            t0 = time.perf_counter()
+            net.forward()
+            net.backward()
+            if i >= 2:                      # the first of each: warm-up
+                times[form].append(time.perf_counter() - t0)
+    finally:
+        on()
+    a, b = (statistics.median(times[f]) * 1e3 for f in ("on", "off"))
+    load = os.getloadavg()[0]
+    print(f"{args.net} batch {args.batch}, {args.threads} thread(s), {args.path}: on {a:.1f} ms, off {b:.1f} ms, "
+          f"off/on {b / a:.3f} (median of {args.iterations} each, alternating; load average {load:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -544,10 +544,10 @@ def _post_op_src(k):
 class Binary:
     """dst = ((src0 op src1) op1 a1) op2 a2 ... on a contiguous float32 (outer, C, inner) view, one
     pass on the OpenMP team, each operation rounded to float32 in this order, as NumPy's separate
-    calls round (the same bytes: tests/layers/test_onednn.py). ``src1`` (where ``full``: a whole
-    tensor) and each post-operand ``a`` are per channel (a (C,) array) or, where their ``full``, a
-    whole tensor. Caffe's Scale (x * scale +
-    bias), its dx (dy * scale), and BatchNorm's steps run on it (``tools/bench_elementwise.py``,
+    calls round (the same bytes: tests/layers/test_onednn.py). ``src1`` is per channel (a (C,)
+    array) or, where ``full``, a whole tensor; so is each post-operand ``a``, by its own ``full``.
+    Caffe's Scale (x * scale + bias), its dx (dy * scale), BatchNorm's steps, and Eltwise's and
+    Split's sums (``sum_for``) run on it (``tools/bench_elementwise.py``,
     128x16x1024 from memory: x * s + b 2.15x NumPy's speed on one thread, 1.70x on two; BatchNorm's
     gradient 1.61x and 1.85x)."""
 

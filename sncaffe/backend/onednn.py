@@ -208,6 +208,7 @@ class _Step:
     def __init__(self, pd, user, outputs):
         self.pd = pd
         self.prim = None
+        self._local = threading.local()     # this thread's kept executes (``_calls``)
         self.impl = _impl(pd)
         self.args = {}              # arg -> (user md, kernel md, reorder pd, slot offset)
         self.sizes = {}             # arg -> bytes of the user's array
@@ -237,12 +238,10 @@ class _Step:
 
     def reorder_in(self, arg, a, ws):
         """Reorder the input ``a`` of ``arg`` into its workspace slot (for ``run(..., ready=)``)."""
-        self._create()
-        user, want, _, off = self.args[arg]
+        calls = self._calls()
         base = ws.ctypes.data
-        _execute(self.reorders[arg], _stream(), [(SRC, _memory(user, self._checked(arg, a).ctypes.data)),
-                                                 (DST, _memory(want, base + off))],
-                 base + self.scratch_offset, self.reorder_pad[arg])
+        calls.reorders[arg](_stream(), (self._checked(arg, a).ctypes.data, base + self.args[arg][3]),
+                            base + self.scratch_offset)
 
     def _create(self):
         if self.prim is None:
@@ -252,6 +251,19 @@ class _Step:
                 if self.prim is None:
                     self.reorders = {a: _primitive(r) for a, (_, _, r, _) in self.args.items() if r}
                     self.prim = _primitive(self.pd)
+
+    def _calls(self):
+        """This thread's kept executes of the primitive and its reorders (``_Call``)."""
+        calls = getattr(self._local, "calls", None)
+        if calls is None:
+            self._create()
+            calls = self._local.calls = _Calls(
+                _Call(self.prim, [(arg, want) for arg, (_, want, _, _) in self.args.items()], self.pad_md),
+                {arg: _Call(self.reorders[arg], [(SRC, want if arg in self.outputs else user),
+                                                 (DST, user if arg in self.outputs else want)],
+                            self.reorder_pad[arg])
+                 for arg, (user, want, reorder, _) in self.args.items() if reorder})
+        return calls
 
     def _checked(self, arg, a):
         if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != self.sizes[arg]:
@@ -263,29 +275,53 @@ class _Step:
     def run(self, arrays, ws, ready=()):
         """Execute on ``arrays`` {arg: ndarray} with ``ws`` (a uint8 array of ``nbytes``). The
         inputs in ``ready`` are already in their slots (``reorder_in``): not reordered again."""
-        self._create()
+        calls = self._calls()
         base = ws.ctypes.data if self.nbytes else None
         pad = base + self.scratch_offset if self.nbytes else None
         stream = _stream()
-        exec_args = []          # holds the memory objects until the primitive has run
-        for arg, (user, want, reorder, off) in self.args.items():
+        ptrs = []
+        for arg, (_, _, reorder, off) in self.args.items():
             if reorder is None:
-                mem = _memory(want, self._checked(arg, arrays[arg]).ctypes.data)
-            else:
-                mem = _memory(want, base + off)
-                if arg not in self.outputs and arg not in ready:
-                    ptr = self._checked(arg, arrays[arg]).ctypes.data
-                    _execute(self.reorders[arg], stream, [(SRC, _memory(user, ptr)), (DST, mem)],
-                             pad, self.reorder_pad[arg])
-            exec_args.append((arg, mem))
-        _execute(self.prim, stream, exec_args, pad, self.pad_md)
+                ptrs.append(self._checked(arg, arrays[arg]).ctypes.data)
+                continue
+            ptrs.append(base + off)
+            if arg not in self.outputs and arg not in ready:
+                calls.reorders[arg](stream, (self._checked(arg, arrays[arg]).ctypes.data, base + off), pad)
+        calls.main(stream, ptrs, pad)
         for arg in self.outputs:
-            user, want, reorder, off = self.args[arg]
-            if reorder is not None:
-                _execute(self.reorders[arg], stream,
-                         [(SRC, _memory(want, base + off)),
-                          (DST, _memory(user, self._checked(arg, arrays[arg]).ctypes.data))],
-                         pad, self.reorder_pad[arg])
+            off = self.args[arg][3]
+            if self.args[arg][2] is not None:
+                calls.reorders[arg](stream, (base + off, self._checked(arg, arrays[arg]).ctypes.data), pad)
+
+
+class _Calls:
+    def __init__(self, main, reorders):
+        self.main, self.reorders = main, reorders
+
+
+class _Call:
+    """One primitive's execute with its memory objects made once, for one thread (a memory object
+    is pointed at each call's arrays with ``dnnl_memory_set_data_handle``; making and destroying
+    them on every call was most of a small call's Python time, which holds the GIL)."""
+
+    def __init__(self, prim, mds, pad_md):
+        self.prim = prim
+        self.padded = bool(pad_md is not None and _lib.dnnl_memory_desc_get_size(pad_md))
+        if self.padded:
+            mds = list(mds) + [(SCRATCHPAD, pad_md)]
+        self.mems = [_memory(md, 0) for _, md in mds]          # no buffer until a call gives one
+        self.n = len(self.mems)
+        self.args = (_ExecArg * self.n)(*[_ExecArg(a, m) for (a, _), m in zip(mds, self.mems)])
+
+    def __call__(self, stream, ptrs, pad):
+        point = _lib.dnnl_memory_set_data_handle
+        failed = 0
+        for m, p in zip(self.mems, ptrs):
+            failed |= point(m, p)
+        if self.padded:
+            failed |= point(self.mems[-1], pad)
+        _check(failed, "memory_set_data_handle")
+        _check(_lib.dnnl_primitive_execute(self.prim, stream, self.n, self.args), "primitive_execute")
 
 
 def _round(n):
@@ -330,13 +366,6 @@ def _memory(md, ptr):
     mem = _Memory()
     _check(_lib.dnnl_memory_create(ctypes.byref(mem), md, _engine, ctypes.c_void_p(ptr)), "memory_create")
     return mem
-
-
-def _execute(prim, stream, args, pad, pad_md):
-    if pad is not None and _lib.dnnl_memory_desc_get_size(pad_md):
-        args = list(args) + [(SCRATCHPAD, _memory(pad_md, pad))]
-    arr = (_ExecArg * len(args))(*[_ExecArg(a, m) for a, m in args])
-    _check(_lib.dnnl_primitive_execute(prim, stream, len(args), arr), "primitive_execute")
 
 
 class Conv:

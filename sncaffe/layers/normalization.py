@@ -239,11 +239,14 @@ class BatchNorm(Layer):
         workers.split(self.view[1], 2 * x.size, normalize)
 
     # -- the stages of a training forward on the CPU (see the class's doc); each is split over
-    # channels on the worker threads, which keeps every (image, channel) sum in its own order ------
+    # channels on the worker threads, which keeps every (image, channel) sum in its own order.
+    # The per-image sums are einsum's (its SIMD sum of one contiguous row, the same bits whatever
+    # the number of images or the row's address: tests/layers/test_normalization.py), 3-5x faster
+    # than np.add.reduce's pairwise sum of a row --------------------------------------------------
     def sums(self, bottom):
         """partials[0] = each image's sum of x per channel."""
         x, partials = bottom[0].data.reshape(self.view), self.scratch["partials"][0]
-        workers.split(self.view[1], x.size, lambda cs: np.add.reduce(x[:, cs], axis=2, out=partials[:, cs]))
+        workers.split(self.view[1], x.size, lambda cs: np.einsum("ncs->nc", x[:, cs], out=partials[:, cs]))
 
     def center(self, bottom, total):
         """mean = total / m; x_norm = x - mean; partials[1] = each image's sum of x_norm^2."""
@@ -319,7 +322,7 @@ class BatchNorm(Layer):
         x_norm = self.scratch["x_norm"].reshape(self.view)
 
         def grad_sums(cs):
-            np.add.reduce(dy[:, cs], axis=2, out=partials[0][:, cs])
+            np.einsum("ncs->nc", dy[:, cs], out=partials[0][:, cs])
             np.einsum("ncs,ncs->nc", x_norm[:, cs], dy[:, cs], out=partials[1][:, cs])
         workers.split(self.view[1], 2 * dy.size, grad_sums)
 

@@ -108,6 +108,42 @@ def test_batchnorm_train_forward_and_stats(shape, inplace):
     np.testing.assert_allclose(layer.blobs[2].data, [1.9], rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batchnorm_per_image_sums_are_the_same_bits_for_any_batch_and_address(dtype):
+    """Each (image, channel) sum of a training BatchNorm (forward: of x; backward: of dy and of
+    dy * x_norm) comes out the same bits whatever the images beside it and wherever the rows lie
+    in memory: what lets a replica's sums, added image after image, give one location's bits
+    (parallel/sync_bn.py). Images [2, 5) of a batch of 6, alone, at every offset in memory,
+    against the batch's rows."""
+    from types import SimpleNamespace
+    rng = np.random.default_rng(11)
+    x, dy, xn = (rng.standard_normal((6, 5, 7, 9)).astype(dtype) for _ in range(3))
+
+    def sums(layer, x, dy, xn):
+        layer.sums([SimpleNamespace(data=x)])
+        of_x = layer.scratch["partials"][0].copy()
+        layer.scratch["x_norm"][...] = xn
+        layer.grad_sums([SimpleNamespace(diff=dy)])
+        return of_x, layer.scratch["partials"].copy()
+
+    whole = make_layer(bn_text())
+    Harness(whole, [x], dtype=dtype)
+    of_x, of_dy = sums(whole, x, dy, xn)
+    part = make_layer(bn_text())
+    Harness(part, [x[2:5]], dtype=dtype)
+
+    def placed(a, offset):          # a copy of ``a`` that starts ``offset`` bytes past a 64-byte line
+        buf = np.empty(a.nbytes + 128, np.uint8)
+        start = (-buf.ctypes.data) % 64 + offset
+        out = buf[start:start + a.nbytes].view(dtype).reshape(a.shape)
+        out[...] = a
+        return out
+    for offset in range(0, 64, np.dtype(dtype).itemsize):
+        p_x, p_dy = sums(part, placed(x[2:5], offset), placed(dy[2:5], offset), xn[2:5])
+        assert p_x.tobytes() == of_x[2:5].tobytes()
+        assert p_dy.tobytes() == of_dy[:, 2:5].tobytes()
+
+
 def test_batchnorm_recomputed_forward_leaves_stats():
     layer = make_layer(bn_text())
     h = Harness(layer, [randn(4, 3, 2, 2)])

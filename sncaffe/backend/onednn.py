@@ -589,8 +589,8 @@ class Binary:
             po = ctypes.c_void_p()
             _check(_lib.dnnl_post_ops_create(ctypes.byref(po)), "post_ops_create")
             try:
-                for alg, full in posts:
-                    _check(_lib.dnnl_post_ops_append_binary(po, alg, (self.md if full else self.cmd).ptr),
+                for alg, whole in posts:
+                    _check(_lib.dnnl_post_ops_append_binary(po, alg, (self.md if whole else self.cmd).ptr),
                            "post_ops_append_binary")
                 _check(_lib.dnnl_primitive_attr_set_post_ops(self.attr, po), "set_post_ops")
             finally:
@@ -600,8 +600,8 @@ class Binary:
         _check(_lib.dnnl_binary_primitive_desc_create(ctypes.byref(pd), _engine, op, self.md.ptr,
                                                       src1.ptr, self.md.ptr, self.attr), "binary")
         user = {SRC: self.md, 2: src1, DST: self.md}
-        for k, (_, full) in enumerate(posts):
-            user[_post_op_src(k)] = self.md if full else self.cmd
+        for k, (_, whole) in enumerate(posts):
+            user[_post_op_src(k)] = self.md if whole else self.cmd
         self.step = _Step(pd, user, (DST,))
         self.usable = self.step.nbytes == 0
 

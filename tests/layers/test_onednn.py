@@ -439,3 +439,24 @@ def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
     assert getattr(owner, name) is before
     out = capsys.readouterr().out
     assert f"{path}: on " in out and " off/on " in out
+
+
+@needs_onednn
+@pytest.mark.parametrize("full, posts", [(False, ((onednn.ADD, True),)), (True, ((onednn.ADD, False),)),
+                                         (False, ((onednn.SUB, True), (onednn.DIV, False)))])
+def test_binary_takes_src1_and_each_post_operand_in_its_own_shape(full, posts):
+    """src1 per channel or whole (``full``) whatever the post-operands are, and each post-operand
+    by its own flag: the bytes of NumPy's separate calls."""
+    rng = np.random.default_rng(12)
+    view = (2, 3, 5)
+    whole, channel = (lambda: rng.standard_normal(view).astype(np.float32)), (lambda: rng.random(3).astype(np.float32) + 1)
+    x, src1 = whole(), (whole() if full else channel())
+    operands = [whole() if w else channel() for _, w in posts]
+    ops = {onednn.ADD: np.add, onednn.SUB: np.subtract, onednn.DIV: np.divide, onednn.MUL: np.multiply}
+    shaped = lambda a: a if a.ndim == 3 else a[None, :, None]     # noqa: E731
+    expected = np.multiply(x, shaped(src1))
+    for (alg, _), a in zip(posts, operands):
+        expected = ops[alg](expected, shaped(a))
+    y = np.empty_like(x)
+    onednn.binary(view, onednn.MUL, posts, full).run(x, src1, y, *operands)
+    assert y.tobytes() == expected.astype(np.float32).tobytes()

@@ -238,9 +238,9 @@ class _Step:
 
     def reorder_in(self, arg, a, ws):
         """Reorder the input ``a`` of ``arg`` into its workspace slot (for ``run(..., ready=)``)."""
-        calls = self._calls()
+        _, reorders = self._calls()
         base = ws.ctypes.data
-        calls.reorders[arg](_stream(), (self._checked(arg, a).ctypes.data, base + self.args[arg][3]),
+        reorders[arg](_stream(), (self._checked(arg, a).ctypes.data, base + self.args[arg][3]),
                             base + self.scratch_offset)
 
     def _create(self):
@@ -253,11 +253,11 @@ class _Step:
                     self.prim = _primitive(self.pd)
 
     def _calls(self):
-        """This thread's kept executes of the primitive and its reorders (``_Call``)."""
+        """This thread's kept executes (``_Call``): (the primitive's, {arg: its reorder's})."""
         calls = getattr(self._local, "calls", None)
         if calls is None:
             self._create()
-            calls = self._local.calls = _Calls(
+            calls = self._local.calls = (
                 _Call(self.prim, [(arg, want) for arg, (_, want, _, _) in self.args.items()], self.pad_md),
                 {arg: _Call(self.reorders[arg], [(SRC, want if arg in self.outputs else user),
                                                  (DST, user if arg in self.outputs else want)],
@@ -275,7 +275,7 @@ class _Step:
     def run(self, arrays, ws, ready=()):
         """Execute on ``arrays`` {arg: ndarray} with ``ws`` (a uint8 array of ``nbytes``). The
         inputs in ``ready`` are already in their slots (``reorder_in``): not reordered again."""
-        calls = self._calls()
+        main, reorders = self._calls()
         base = ws.ctypes.data if self.nbytes else None
         pad = base + self.scratch_offset if self.nbytes else None
         stream = _stream()
@@ -286,17 +286,12 @@ class _Step:
                 continue
             ptrs.append(base + off)
             if arg not in self.outputs and arg not in ready:
-                calls.reorders[arg](stream, (self._checked(arg, arrays[arg]).ctypes.data, base + off), pad)
-        calls.main(stream, ptrs, pad)
+                reorders[arg](stream, (self._checked(arg, arrays[arg]).ctypes.data, base + off), pad)
+        main(stream, ptrs, pad)
         for arg in self.outputs:
-            off = self.args[arg][3]
-            if self.args[arg][2] is not None:
-                calls.reorders[arg](stream, (base + off, self._checked(arg, arrays[arg]).ctypes.data), pad)
-
-
-class _Calls:
-    def __init__(self, main, reorders):
-        self.main, self.reorders = main, reorders
+            _, _, reorder, off = self.args[arg]
+            if reorder is not None:
+                reorders[arg](stream, (base + off, self._checked(arg, arrays[arg]).ctypes.data), pad)
 
 
 class _Call:
@@ -449,10 +444,11 @@ class Conv:
     def impl(self, kind):
         return self.step(kind).impl
 
-    def run(self, kind, ws, **arrays):
-        """Run ``kind`` on x, y, w (and b) (C-contiguous float32 arrays); ws: uint8 workspace."""
+    def run(self, kind, ws, first=None, **arrays):
+        """Run ``kind`` on x, y, w (and b) (C-contiguous float32 arrays); ws: uint8 workspace
+        (``nbytes(kind, first)``); ``first``: which step (``step``)."""
         _set_threads()
-        self.step(kind).run({arg: arrays[n] for arg, n in self._NAMES[kind].items()}, ws)
+        self.step(kind, first).run({arg: arrays[n] for arg, n in self._NAMES[kind].items()}, ws)
 
     def shares(self, first_kind, second_kind, name) -> bool:
         """Whether ``run_two`` reorders input ``name`` once for both passes: each pass wants it
@@ -483,9 +479,9 @@ class Conv:
         else each pass reorders its own copy. The same bytes either way."""
         _set_threads()
         pair = self._pair(first[0], second[0], name)
-        if pair is None:
+        if pair is None:            # the same steps, each reordering its own copy
             for kind, arrays in (first, second):
-                self.run(kind, ws, **{name: shared}, **arrays)
+                self.run(kind, ws, name, **{name: shared}, **arrays)
             return
         pair[0][0].reorder_in(pair[0][1], shared, ws)
         for (step, arg, others), (_, arrays) in zip(pair, (first, second)):

@@ -190,7 +190,7 @@ class Convolution(_ConvolutionBase):
 
     def _backward_chunk(self, dy, x, dx):
         if self.dnn:
-            return conv_onednn.conv_backward(self, dy, x, dx)
+            return conv_onednn.backward(self, dy, x, dx)
         self.plan.backward(x, dy, self.blobs[0].data, self.workspace, dx=dx,
                            dw=self.blobs[0].diff if self._learns(0) else None)
 
@@ -212,7 +212,7 @@ class Deconvolution(_ConvolutionBase):
 
     def _backward_chunk(self, dy, x, dx):
         if self.dnn:
-            return conv_onednn.deconv_backward(self, dy, x, dx)
+            return conv_onednn.backward(self, dy, x, dx)
         if self._learns(0):
             self.plan.backward(dy, x, self.blobs[0].data, self.workspace, dw=self.blobs[0].diff)
         if dx is not None:

@@ -94,10 +94,11 @@ def workspace(layer, n):
     g = layer.dnn
     sizes = {len(range(*b.indices(n))) for b in _blocks(layer, n)}
     dw = onednn._round(4 * g.weight_size)
-    forward = "forward_bias" if layer.bias_term and not layer.deconv else "forward"   # what the layer runs
-    need = [g.conv(m).nbytes(k) for m in sizes for k in (forward, "data")]
-    need += [dw + g.conv(m).nbytes("weights") for m in sizes]
-    # backward's two passes on one reordered copy of dy (``_backward``): after the weight gradient
+    # forward: a Deconvolution's is the backward-data pass
+    forward = "data" if layer.deconv else "forward_bias" if layer.bias_term else "forward"
+    need = [g.conv(m).nbytes(forward) for m in sizes]
+    # backward: both passes' steps with dy's copy in the first slot (``backward``), after the
+    # weight gradient's block
     kind, shared = _PAIR[layer.deconv]
     need += [dw + g.conv(m).nbytes(k, shared) for m in sizes for k in ("weights", kind)]
     return {WORKSPACE: ((max(need),), np.uint8)}
@@ -109,14 +110,7 @@ def workspace(layer, n):
 _PAIR = {False: ("data", "y"), True: ("forward", "x")}
 
 
-def _split(layer, ws):
-    """The weight gradient's block buffer (the layer's weight shape) and the rest of ``ws``."""
-    g = layer.dnn
-    nw = onednn._round(4 * g.weight_size)
-    return ws[:4 * g.weight_size].view(np.float32).reshape(layer.blobs[0].shape), ws[nw:]
-
-
-def _backward(layer, dy, x, dx):
+def backward(layer, dy, x, dx):
     """Backward of Convolution or Deconvolution, block by block: dw += the block's weight gradient
     (blocks in image order), then the block's input gradient. Both passes read dy: it is
     reordered into the kernels' layout once for the two (``onednn.Conv.run_two``)."""
@@ -124,18 +118,19 @@ def _backward(layer, dy, x, dx):
     learn = layer._learns(0)
     kind, name = _PAIR[layer.deconv]
     other = "x" if name == "y" else "y"
-    buf, rest = _split(layer, ws)
     dw = layer.blobs[0].diff
+    # the weight gradient's block buffer first, the passes' workspace after it
+    buf = ws[:4 * g.weight_size].view(np.float32).reshape(dw.shape)
+    rest = ws[onednn._round(4 * g.weight_size):]
     for s in _blocks(layer, dy.shape[0]):
         conv = g.conv(s.stop - s.start)
         weights = ("weights", {other: x[s], "w": buf})
         data = (kind, {other: dx[s], "w": w}) if dx is not None else None
         if learn and data:
             conv.run_two(rest, weights, data, name, dy[s])
-        elif learn:
-            conv.run("weights", rest, **{name: dy[s]}, **weights[1])
-        elif data:
-            conv.run(kind, ws, **{name: dy[s]}, **data[1])
+        elif learn or data:
+            one_kind, arrays = weights if learn else data
+            conv.run(one_kind, rest, name, **{name: dy[s]}, **arrays)
         if learn:
             dw += buf
 
@@ -152,15 +147,8 @@ def conv_forward(layer, x, y):
     _run(layer, "forward" if bias is None else "forward_bias", x, y, bias)
 
 
-def conv_backward(layer, dy, x, dx):
-    _backward(layer, dy, x, dx)
-
-
 def deconv_forward(layer, x, y):
     _run(layer, "data", y, x)
     if layer.bias_term:
         y += layer.blobs[1].data.reshape(-1, 1, 1)
 
-
-def deconv_backward(layer, dy, x, dx):
-    _backward(layer, dy, x, dx)

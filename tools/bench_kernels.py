@@ -46,7 +46,6 @@ def main():
     from sncaffe.backend import threads, workers
     from sncaffe.gradcheck import Harness, make_layer
     threads.configure(args.threads)
-    split_at = workers.ELEMENTS_PER_THREAD
     print(f"python tools/bench_kernels.py --threads {args.threads} --repeat {args.repeat}; {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f} at the start (the machine is shared)")
     rng = np.random.default_rng(0)
@@ -62,7 +61,6 @@ def main():
         times = {(p, on): [] for p in ("forward", "backward") for on in (False, True)}
         for _ in range(args.repeat):
             for on in (False, True):
-                workers.ELEMENTS_PER_THREAD = split_at if on else float("inf")
                 workers.KERNEL_THREADS = args.threads if on else 1
                 for p, call in (("forward", lambda: layer.forward(h.bottom, h.top)),
                                 ("backward", lambda: layer.backward(h.top, down, h.bottom))):

@@ -44,7 +44,6 @@ def child(net, threads, kernels, iterations):
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import read_text, set_batch
     decision = policy.configure(threads)
-    split_at = workers.ELEMENTS_PER_THREAD
     modes = [True, False] if kernels == "alt" else [kernels]
     path, batch = NETS[net]
     n = Net(set_batch(read_text(ROOT / path, pb.NetParameter()), batch), "TRAIN", seed=0)
@@ -58,7 +57,6 @@ def child(net, threads, kernels, iterations):
     runs = []
     for i in range(iterations * len(modes)):
         mode = modes[i % len(modes)]        # "alt": kernel threads on and off, iteration by iteration
-        workers.ELEMENTS_PER_THREAD = split_at if mode else float("inf")
         workers.KERNEL_THREADS = decision.threads if mode else 1
         ops = {}
         t0, c0 = time.perf_counter(), time.process_time()

@@ -551,9 +551,11 @@ def type_split(net) -> dict:
     return out
 
 
-def conv_share(split) -> float:
-    """Share of a forward + backward pass spent in Convolution layers (what bounds sncaffe)."""
-    return split.get("Convolution", 0.0) / max(sum(split.values()), 1e-12)
+def conv_share(split) -> float | None:
+    """Share of a step's time (a ``type_split`` or ``torch_split``) in its convolutions, or None
+    where there is no split."""
+    total = sum(split.values()) if split else 0.0
+    return split.get("Convolution", 0.0) / total if total else None
 
 
 # PyTorch's aten operators grouped as the Caffe layer types they stand for (first match wins).
@@ -592,14 +594,6 @@ def torch_split(step) -> dict | None:
         return None
 
 
-def torch_conv_share(split) -> float | None:
-    """Share of a PyTorch step's CPU time in its convolution kernels."""
-    if not split:
-        return None
-    total = sum(split.values())
-    return split.get("Convolution", 0.0) / total if total else None
-
-
 def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=True) -> dict:
     """images/s of sncaffe (each mode) and PyTorch (each variant of ``pytorch_trainers``) on the same
     net, weights and batch; with ``extras``, also the first losses and each framework's share of
@@ -625,7 +619,7 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=Tr
     if extras:
         for v, t in trainers.items():
             out.setdefault("split", {})[f"pytorch {v}"] = split = torch_split(t.step)
-            out.setdefault("torch_conv_share", {})[v] = torch_conv_share(split)
+            out.setdefault("torch_conv_share", {})[v] = conv_share(split)
     for s in solvers.values():
         s.net.release()
     return out
@@ -994,7 +988,7 @@ def report(results) -> str:
                          variant or "-", f"{p['images_per_s']:.1f} ({spread(p)})" if p else "-",
                          ", ".join(f"{k} {v['images_per_s']:.1f}" for k, v in others.items()) or "-",
                          f"{s['images_per_s'] / p['images_per_s']:.2f}" if p and s else "-",
-                         f"{r['conv_share']:.0%}" if "conv_share" in r else "-",
+                         f"{r['conv_share']:.0%}" if r.get("conv_share") is not None else "-",
                          " / ".join(f"{loss[k]:.4f}" for k in loss) or "-"])
         n = m["threads"].get("sncaffe", 1)
         parts.append(f"### Training throughput, {n} thread{'s' * (n != 1)} each\n\n" + table(

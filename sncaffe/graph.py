@@ -26,7 +26,24 @@ ALIASING = {"Split": ("data",), "Flatten": ("data", "diff"), "Reshape": ("data",
 # bits: an in-place Scale keeps a copy of its input, and when a training BatchNorm wrote that
 # input, BatchNorm's x_norm is that very copy (Caffe keeps both). (layer type, scratch) ->
 # (writer type, writer's scratch).
-SHARED_SCRATCH = {("Scale", "bottom"): ("BatchNorm", "x_norm")}
+SHARED_SCRATCH = {("Scale", "bottom"): ("BatchNorm", "x_norm"),
+                  ("Scale", "partials"): ("BatchNorm", "partials")}
+
+
+@dataclass(eq=False)
+class Fusion:
+    """A training BatchNorm and the in-place Scale right after it, run as one on the CPU: forward,
+    BatchNorm writes x_norm only and Scale reads it (BatchNorm's top is not written, then copied
+    to x_norm, then read again); backward, Scale leaves dy as it is, takes each image's sums of dy
+    and dy * x_norm into BatchNorm's per-image sums (its own gradients are their sums over the
+    images), and BatchNorm multiplies dy and those sums by the scale (the same two sums are not
+    taken twice, nor dy * scale written and read again). ``forward``/``backward``: whether the pair
+    runs as one in this pass, which needs both layers in it (pycaffe's partial passes turn it off
+    where one of the two is left out)."""
+    bn: "LayerNode"
+    scale: "LayerNode"
+    forward: bool = True
+    backward: bool = True
 
 
 class GraphError(ValueError):
@@ -123,6 +140,7 @@ class Graph:
     blobs: dict                     # name -> BlobNode, in Caffe's blob order
     ops: list = field(default_factory=list)
     learnable: list = field(default_factory=list)   # sharing.LearnableParam: owners, Caffe's order
+    fusions: list = field(default_factory=list)     # Fusion: BatchNorm + Scale pairs run as one
 
     def __repr__(self):
         return f"Graph({self.param.name!r}, {len(self.layers)} layers, {len(self.ops)} operators)"
@@ -238,9 +256,10 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
         node.backward_workspace = node.workspace if bspecs is None else _workspace(lp.name, bspecs, dtype, lp.location)
         nodes.append(node)
     _decide_backward(nodes, param.force_backward)
+    fusions = _fuse_batch_norm_scale(nodes)
     _make_diffs(nodes, blobs, dtype)
     _frozen_diff_workspaces(nodes, dtype)
-    graph = Graph(param, phase, nodes, blobs, learnable=learnable)
+    graph = Graph(param, phase, nodes, blobs, learnable=learnable, fusions=fusions)
     graph.ops = _operators(nodes)
     return graph
 
@@ -346,12 +365,42 @@ def _share_scratch(node, writers) -> None:
         if (src.shape, src.dtype, src.location) == (t.shape, t.dtype, t.location):
             node.scratch[key] = src
             node.layer.shared_scratch |= {key}
+    for key in node.layer.optional_scratch - node.layer.shared_scratch:
+        del node.scratch[key]           # only ever used as another layer's
+
+
+def _fuse_batch_norm_scale(nodes) -> list:
+    """The Fusion of each training BatchNorm (on the CPU) and the in-place Scale that shares its
+    x_norm and per-image sums, where no layer between the two touches BatchNorm's top, both run
+    backward and the Scale has its scale as a parameter."""
+    fusions, index = [], {id(node): i for i, node in enumerate(nodes)}
+    bns = {id(n.scratch["x_norm"]): n for n in nodes if n.type == "BatchNorm" and "x_norm" in n.scratch}
+    for sc in nodes:
+        if sc.type != "Scale" or not {"bottom", "partials"} <= sc.shared_scratch:
+            continue
+        bn = bns[id(sc.scratch["bottom"])]
+        between = nodes[index[id(bn)] + 1:index[id(sc)]]      # (a replicated net interleaves its replicas)
+        if sc.bottoms[0] is not bn.tops[0] or any(bn.tops[0] in n.bottoms + n.tops for n in between):
+            continue
+        if not (sc.need_backward and sc.propagate_down[0] and bn.need_backward and bn.propagate_down[0]):
+            continue
+        fusion = Fusion(bn, sc)
+        bn.layer.fusion = sc.layer.fusion = fusion
+        fusions.append(fusion)
+    for node in nodes:
+        if node.layer.fusion is None and "partials" in node.layer.optional_scratch & node.shared_scratch:
+            del node.scratch["partials"]
+            node.layer.shared_scratch -= {"partials"}
+    return fusions
 
 
 def _operators(nodes) -> list:
     ops = []
     for node in nodes:
         reads = [b.data for b in node.bottoms] + [p for p, _ in node.params]
+        fusion = node.layer.fusion
+        if fusion is not None and fusion.scale is node:         # reads BatchNorm's x_norm
+            reads.append(node.scratch["bottom"])
         writes = [t.data for t in node.tops] + [t for k, t in node.scratch.items() if k not in node.shared_scratch]
         ops.append(Operator(node.name + ":forward", "forward", node, reads,
                             writes + list(node.workspace.values())))
@@ -367,6 +416,11 @@ def _operators(nodes) -> list:
         reads += [p for p, _ in node.params] + list(node.scratch.values())
         writes = [b.diff for j, b in enumerate(node.bottoms) if node.propagate_down[j]]
         writes += [d for (_, d), need in zip(node.params, node.param_need_backward) if need]
+        fusion = node.layer.fusion
+        if fusion is not None and fusion.scale is node:         # BatchNorm's per-image sums
+            writes.append(node.scratch["partials"])
+        elif fusion is not None:                                # the scale
+            reads.append(fusion.scale.params[0][0])
         ops.append(Operator(node.name + ":backward", "backward", node, reads,
                             writes + list(node.backward_workspace.values())))
     return ops

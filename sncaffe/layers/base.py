@@ -93,6 +93,8 @@ class Layer:
         self.blobs: list[Blob] = []
         self.scratch: dict = {}
         self.shared_scratch: frozenset = frozenset()    # scratch another layer writes (graph.SHARED_SCRATCH)
+        self.optional_scratch: frozenset = frozenset()  # scratch kept only where shared (dropped otherwise)
+        self.fusion = None      # graph.Fusion: run as one with a neighbour (BatchNorm + Scale)
         self.workspace: dict = {}
         self.rng = np.random.default_rng(0)
 

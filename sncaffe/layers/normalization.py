@@ -132,6 +132,7 @@ def sum_over_images(partials, out):
 # (onednn.binary_for: one pass, all the budget's threads, each operation rounded as NumPy's own
 # call rounds it, so the same bytes).
 _GRAD = ((onednn.SUB, True), (onednn.DIV, False))       # ((dy - mean(dy)) - temp) / std
+_SCALED_GRAD = ((onednn.SUB, False),) + _GRAD            # (((dy * scale) - mean) - temp) / std
 
 
 @register
@@ -273,6 +274,15 @@ class BatchNorm(Layer):
         std += self.eps
         np.sqrt(std, out=std)
 
+        if self.fusion is not None and self.fusion.forward:    # x_norm only: Scale reads it (graph.Fusion)
+            div = onednn.binary_for(self.view, (x_norm, std), onednn.DIV)
+            if div is not None:
+                div.run(x_norm, std, x_norm)
+            else:
+                def scaled(cs):
+                    x_norm[:, cs] /= std[cs, None]
+                workers.split(self.view[1], 2 * x_norm.size, scaled)
+            return
         div = onednn.binary_for(self.view, (x_norm, y, std), onednn.DIV)
         if div is not None:                 # y = x_norm / std, kept as x_norm too
             div.run(x_norm, std, y)
@@ -319,6 +329,9 @@ class BatchNorm(Layer):
     def grad_sums(self, top):
         """partials = each image's sums of dy and of dy * x_norm per channel."""
         dy, partials = top[0].diff.reshape(self.view), self.scratch["partials"]
+        if self.fused_backward():       # Scale took the sums of its own dy: times the scale
+            np.multiply(partials, self.fusion.scale.layer.blobs[0].data.reshape(-1), out=partials)
+            return
         x_norm = self.scratch["x_norm"].reshape(self.view)
 
         def grad_sums(cs):
@@ -331,17 +344,34 @@ class BatchNorm(Layer):
         dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
         mean_dy_xn, mean_dy, std = sum_dy_xn / self.count, sum_dy / self.count, self.scratch["std"]
+        # after a fused Scale (graph.Fusion) dy is Scale's: times the scale first
+        scale = self.fusion.scale.layer.blobs[0].data.reshape(-1) if self.fused_backward() else None
         mul = onednn.binary_for(self.view, (x_norm, temp, mean_dy_xn), onednn.MUL)
-        chain = onednn.binary_for(self.view, (dy, dx, temp, mean_dy, std), onednn.SUB, _GRAD) if mul is not None else None
+        if mul is None:
+            chain = None
+        elif scale is None:
+            chain = onednn.binary_for(self.view, (dy, dx, temp, mean_dy, std), onednn.SUB, _GRAD)
+        else:
+            chain = onednn.binary_for(self.view, (dy, dx, temp, scale, mean_dy, std), onednn.MUL, _SCALED_GRAD)
         if chain is not None:       # temp = xn * mean(dy xn); dx = ((dy - mean(dy)) - temp) / std
             mul.run(x_norm, mean_dy_xn, temp)
-            chain.run(dy, mean_dy, dx, temp, std)
+            if scale is None:
+                chain.run(dy, mean_dy, dx, temp, std)
+            else:
+                chain.run(dy, scale, dx, mean_dy, temp, std)
             return
 
         def grad(cs):
             xn, g, d, t = x_norm[:, cs], dy[:, cs], dx[:, cs], temp[:, cs]
             np.multiply(xn, mean_dy_xn[cs, None], out=t)
-            np.subtract(g, mean_dy[cs, None], out=d)       # dx may be dy itself (in place)
+            if scale is None:
+                np.subtract(g, mean_dy[cs, None], out=d)       # dx may be dy itself (in place)
+            else:
+                np.multiply(g, scale[cs, None], out=d)
+                d -= mean_dy[cs, None]
             d -= t
             d /= std[cs, None]
         workers.split(self.view[1], 4 * dy.size, grad)
+
+    def fused_backward(self) -> bool:
+        return self.fusion is not None and self.fusion.backward

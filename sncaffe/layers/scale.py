@@ -10,6 +10,7 @@ import numpy as np
 from ..backend import onednn, workers
 from . import scale_gpu
 from .base import Layer, array_module, canonical_axis, count, register
+from .normalization import sum_over_images
 
 
 class _BroadcastLayer(Layer):
@@ -72,6 +73,9 @@ class Scale(_BroadcastLayer):
         self.param_shapes = [shape] * (self.scale_is_param + self.bias_term)
         if self.inplace:
             self.scratch_specs = {"bottom": (tuple(bottom_shapes[0]), None)}
+            if self.scale_is_param:     # a training BatchNorm's per-image sums (graph.Fusion)
+                self.scratch_specs["partials"] = ((2,) + self.view[:2], None)
+                self.optional_scratch = frozenset({"partials"})
         self.backward_needs = () if self.inplace and self.scale_is_param else ("bottom",)
         return [tuple(bottom_shapes[0])]
 
@@ -91,6 +95,8 @@ class Scale(_BroadcastLayer):
     # its own whole computation, its sums included, so every sum keeps its order.
     def forward(self, bottom, top):
         x = bottom[0].data
+        if self.fusion is not None and self.fusion.forward:
+            x = self.scratch["bottom"]      # BatchNorm's x_norm: its top was not written (graph.Fusion)
         keep = self.inplace and "bottom" not in self.shared_scratch
         if array_module(x) is not np:
             if keep:
@@ -122,6 +128,8 @@ class Scale(_BroadcastLayer):
         if xp is not np:
             return scale_gpu.scale_backward(self, top, propagate_down, bottom)
         dy3 = self.as3(top[0].diff)
+        if self.fusion is not None and self.fusion.backward and propagate_down[0]:
+            return self._fused_backward(dy3)
         scale = self.scale_blob(bottom)
         scale_grad = self.scale_is_param or propagate_down[1]
         x3 = self.as3(self.scratch["bottom"] if self.inplace else bottom[0].data) if scale_grad else None
@@ -147,6 +155,21 @@ class Scale(_BroadcastLayer):
             self.sum_into(sums[0], self.blobs[-1].diff, True)
         if scale_grad:
             self.sum_into(sums[1], scale.diff, self.scale_is_param)
+
+    def _fused_backward(self, dy3):
+        """After a training BatchNorm (graph.Fusion): each image's sums of dy and dy * x_norm into
+        BatchNorm's per-image sums, the gradients their sums over the images; dy is left as it is
+        (BatchNorm multiplies it by the scale)."""
+        partials, x_norm = self.scratch["partials"], self.as3(self.scratch["bottom"])
+
+        def run(cs):
+            np.einsum("ncs->nc", dy3[:, cs], out=partials[0][:, cs])
+            np.einsum("ncs,ncs->nc", x_norm[:, cs], dy3[:, cs], out=partials[1][:, cs])
+        workers.split(self.view[1], 3 * dy3.size, run)
+        sums = np.empty((2, self.view[1]), dy3.dtype)
+        if self.bias_term:
+            self.sum_into(sum_over_images([partials[0]], sums[0]), self.blobs[-1].diff, True)
+        self.sum_into(sum_over_images([partials[1]], sums[1]), self.blobs[0].diff, True)
 
 
 @register

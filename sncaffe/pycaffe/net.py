@@ -10,6 +10,8 @@ schedule's memory instructions in full and run only the chosen layers.
 """
 from __future__ import annotations
 
+import contextlib
+
 from collections import OrderedDict
 from pathlib import Path
 
@@ -360,19 +362,33 @@ class Net:
         return [ins for ins in instrs if ins.kind != "run" or ins.recompute
                 or lo <= self._index[ins.op.node.name] <= hi]
 
+    @contextlib.contextmanager
+    def _fusions(self, kind, lo, hi):
+        """A BatchNorm + Scale pair runs as one (graph.Fusion) only where both are in the pass."""
+        fusions = self._net.graph.fusions
+        for f in fusions:
+            setattr(f, kind, lo <= self._index[f.bn.name] and self._index[f.scale.name] <= hi)
+        try:
+            yield
+        finally:
+            for f in fusions:
+                setattr(f, kind, True)
+
     def _forward(self, start, end):
         self.reshape()
         net = self._net
         if net.executor.busy:
             net.executor.reset()        # the last forward had no backward
-        net.executor.execute(self._select(net.plan.schedule.forward, start, end))
+        with self._fusions("forward", start, end):
+            net.executor.execute(self._select(net.plan.schedule.forward, start, end))
         self._forwarded = True
 
     def _backward(self, start, end):
         net = self._net
         if net.plan.mode != "none" and not self._forwarded:
             raise RuntimeError(f"backward() needs a forward() first in memory mode {net.plan.mode!r}")
-        net.executor.execute(self._select(net.plan.schedule.backward, end, start))
+        with self._fusions("backward", end, start):
+            net.executor.execute(self._select(net.plan.schedule.backward, end, start))
         net.executor.reset()
         self._forwarded = False
 

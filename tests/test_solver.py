@@ -491,3 +491,25 @@ def test_non_finite_parameters_are_never_snapshotted(tmp_path):
     with pytest.raises(TrainingError, match='parameter 1 of layer "ip1" went non-finite'):
         s.snapshot()
     assert not list(tmp_path.glob("snap_iter_*"))
+
+
+@pytest.mark.skipif(__import__("sncaffe.backend.onednn", fromlist=["x"]).choice() != "onednn",
+                    reason="oneDNN is not in use on this machine")
+@pytest.mark.parametrize("weight_decay", [0.0, 5e-4])
+def test_sgd_step_on_onednn_gives_numpys_bytes(tmp_path, monkeypatch, weight_decay):
+    """A large float32 parameter's SGD step (L2 decay, momentum, Net::Update) runs on oneDNN's
+    binary kernel (SGD.step); a small one on NumPy. Both give the bytes of NumPy's calls."""
+    from sncaffe.backend import onednn
+    hidden = (onednn.BINARY_MIN + 5) // 6 + 1          # ip1's weights past the threshold, ip2's under
+    runs, calls = [], []
+    real = onednn.Binary.run
+    monkeypatch.setattr(onednn.Binary, "run", lambda self, *a: calls.append(1) or real(self, *a))
+    for native in (False, True):
+        if native:
+            monkeypatch.setenv("SNCAFFE_CONV", "native")
+        calls.clear()
+        s = make(tmp_path, hidden=hidden, momentum=0.9, weight_decay=weight_decay, max_iter=3)
+        s.solve()
+        assert (len(calls) > 0) != native
+        runs.append([a.copy() for a in s.state_arrays()] + [q.blob.diff.copy() for q in s._learnable])
+    assert [a.tobytes() for a in runs[0]] == [b.tobytes() for b in runs[1]]

@@ -303,15 +303,21 @@ class Solver:
                 for d in diffs:
                     d *= scale
         n = len(self._learnable)
+        updated = set()
         for k, q in enumerate(self._learnable):
             blob = q.blob
-            work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
             if p.iter_size > 1:
                 blob.diff *= dt(1) / dt(p.iter_size)
-            regularize(blob.diff, blob.data, dt(p.weight_decay) * q.decay_mult, p.regularization_type, work[0])
-            self.rule.compute(blob.diff, self.history[k::n], work, dt(rate) * q.lr_mult, self.iter)
-        for q in self._learnable:            # Net::Update
-            q.blob.data -= q.blob.diff
+            decay, local_rate = dt(p.weight_decay) * q.decay_mult, dt(rate) * q.lr_mult
+            if self.rule.step(blob.data, blob.diff, self.history[k::n], local_rate, decay, p.regularization_type):
+                updated.add(k)          # its data too (each parameter's update reads only its own)
+                continue
+            work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
+            regularize(blob.diff, blob.data, decay, p.regularization_type, work[0])
+            self.rule.compute(blob.diff, self.history[k::n], work, local_rate, self.iter)
+        for k, q in enumerate(self._learnable):            # Net::Update
+            if k not in updated:
+                q.blob.data -= q.blob.diff
         return rate
 
     # -- the loop (Solver::Step, Solve) ---------------------------------------

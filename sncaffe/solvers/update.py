@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ..backend import onednn
 from ..layers.base import array_module
 from .lr_policy import SolverParamError
 
@@ -34,6 +37,11 @@ class Rule:
     def compute(self, diff, history, work, local_rate, iter):
         raise NotImplementedError
 
+    def step(self, data, diff, history, local_rate, local_decay, kind) -> bool:
+        """``regularize``, ``compute`` and Net::Update's ``data -= diff`` at once where this rule
+        can (the same bytes); False where the caller runs them."""
+        return False
+
 
 class SGD(Rule):
     """history = local_rate * diff + momentum * history; step = history."""
@@ -45,6 +53,31 @@ class SGD(Rule):
         diff *= local_rate
         h += diff
         diff[...] = h
+
+    def step(self, data, diff, history, local_rate, local_decay, kind) -> bool:
+        """Large float32 parameters on the CPU: three passes of oneDNN's binary kernel and a copy,
+        each operation rounded as NumPy's calls above round it (so the same bytes), where
+        NumPy takes six to eight passes: diff = ((data * decay) + diff) * rate; history =
+        (history * momentum) + diff; diff = history; data = data - history."""
+        if kind != "L2":
+            return False
+        (h,), view = history, (1, 1, data.size)
+        arrays = (data, diff, h)
+        decayed = ((onednn.ADD, True), (onednn.MUL, False))
+        first = onednn.binary_for(view, arrays, onednn.MUL, decayed if local_decay else ())
+        then = onednn.binary_for(view, arrays, onednn.MUL, ((onednn.ADD, True),)) if first else None
+        last = onednn.binary_for(view, arrays, onednn.SUB, full=True) if then else None
+        if last is None:
+            return False
+        dt = self.dt
+        if local_decay:
+            first.run(data, np.array([local_decay], dt), diff, diff, np.array([local_rate], dt))
+        else:
+            first.run(diff, np.array([local_rate], dt), diff)
+        then.run(h, np.array([self.momentum], dt), h, diff)
+        np.copyto(diff, h)
+        last.run(data, h, data)
+        return True
 
 
 class Nesterov(Rule):

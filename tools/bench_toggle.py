@@ -11,12 +11,18 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   off: NumPy;
 - ``binary``: Scale's and BatchNorm's element-wise steps on oneDNN's binary kernel
   (``onednn.binary_for``); off: NumPy;
-- ``relu``: ReLU on oneDNN's eltwise kernel (``onednn.relu_for``); off: NumPy.
+- ``relu``: ReLU on oneDNN's eltwise kernel (``onednn.relu_for``); off: NumPy;
+- ``bn-scale``: a training BatchNorm and the in-place Scale after it run as one (``graph.Fusion``);
+  off: each layer on its own;
+- ``sgd-step``: SGD's update of a large parameter in three oneDNN passes (``update.SGD.step``);
+  off: NumPy's calls. This one times the solver's update, the others forward + backward.
 
 The machine this was written on is shared and noisy (one process's speed moves by 10-30 % from
 run to run), so the two forms alternate every iteration in one process, after one warm-up
 iteration each: printed are the median forward + backward milliseconds of each and their ratio
-(off / on: above 1, the path pays). Every form gives the same bytes (tests/layers/test_onednn.py).
+(off / on: above 1, the path pays). Every form gives the same bytes (tests/layers/test_onednn.py,
+tests/test_solver.py) but ``bn-scale``'s gradients, which agree to rounding
+(tests/layers/test_batchnorm_scale.py).
 """
 from __future__ import annotations
 
@@ -30,10 +36,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _switch(path):
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step"]
+
+
+def _switch(path, net):
     """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
     from sncaffe.backend import onednn
+    from sncaffe.solvers.update import SGD
+    if path == "bn-scale":
+        def turn(state):
+            for f in net.graph.fusions:
+                f.forward = f.backward = state
+        return (lambda: turn(True)), (lambda: turn(False))
     owner, name, never = {
+        "sgd-step": (SGD, "step", lambda self, *a: False),
         "share-dy": (onednn.Conv, "_pair", lambda self, *a: None),
         "sum": (onednn, "sum_for", lambda *a, **k: None),
         "binary": (onednn, "binary_for", lambda *a, **k: None),
@@ -45,7 +61,7 @@ def _switch(path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--path", required=True, choices=["share-dy", "sum", "binary", "relu"])
+    ap.add_argument("--path", required=True, choices=PATHS)
     ap.add_argument("--net", default="prototxt/cifar10_resnet.prototxt")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
@@ -54,20 +70,33 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
-    from sncaffe import Net
     from sncaffe.backend import onednn
     from sncaffe.backend import threads as policy
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import read_text, set_batch
+    from sncaffe.solver import Solver
     policy.configure(args.threads)
     if onednn.choice() != "onednn":
         raise SystemExit("oneDNN is not in use (SNCAFFE_CONV=native, or the library is not installed)")
-    net = Net(set_batch(read_text(ROOT / args.net, pb.NetParameter()), args.batch), "TRAIN", seed=0)
+    sp = pb.SolverParameter(base_lr=1e-3, momentum=0.9, weight_decay=5e-4, lr_policy="fixed", type="SGD",
+                            max_iter=1 << 30, display=0, random_seed=0, snapshot_after_train=False)
+    sp.net_param.CopyFrom(set_batch(read_text(ROOT / args.net, pb.NetParameter()), args.batch))
+    sp.memory_param.mode = "none"
+    solver = Solver(sp, device="cpu")
+    net = solver.net
     rng = np.random.default_rng(0)
     for name in net.inputs:
         blob = net.blobs[name].data
         blob[...] = rng.integers(0, 10, blob.shape) if "label" in name else rng.standard_normal(blob.shape)
-    on, off = _switch(args.path)
+    net.forward()
+    net.backward()
+    if args.path == "sgd-step":
+        timed = solver.apply_update
+    else:
+        def timed():
+            net.forward()
+            net.backward()
+    on, off = _switch(args.path, net)
     forms = {"on": on, "off": off}
     times = {"on": [], "off": []}
     try:
@@ -75,15 +104,15 @@ def main(argv=None) -> int:
             form = ("on", "off")[i % 2]
             forms[form]()
             t0 = time.perf_counter()
-            net.forward()
-            net.backward()
+            timed()
             if i >= 2:                      # the first of each: warm-up
                 times[form].append(time.perf_counter() - t0)
     finally:
         on()
     a, b = (statistics.median(times[f]) * 1e3 for f in ("on", "off"))
     load = os.getloadavg()[0]
-    print(f"{args.net} batch {args.batch}, {args.threads} thread(s), {args.path}: on {a:.1f} ms, off {b:.1f} ms, "
+    what = "update" if args.path == "sgd-step" else "forward + backward"
+    print(f"{args.net} batch {args.batch}, {args.threads} thread(s), {args.path} ({what}): on {a:.1f} ms, off {b:.1f} ms, "
           f"off/on {b / a:.3f} (median of {args.iterations} each, alternating; load average {load:.2f})")
     return 0
 

@@ -37,13 +37,22 @@ class Fusion:
     to x_norm, then read again); backward, Scale leaves dy as it is, takes each image's sums of dy
     and dy * x_norm into BatchNorm's per-image sums (its own gradients are their sums over the
     images), and BatchNorm multiplies dy and those sums by the scale (the same two sums are not
-    taken twice, nor dy * scale written and read again). ``forward``/``backward``: whether the pair
-    runs as one in this pass, which needs both layers in it (pycaffe's partial passes turn it off
-    where one of the two is left out)."""
+    taken twice, nor dy * scale written and read again). Backward only where BatchNorm runs in
+    place (``in_place``): otherwise its top's diff, which pycaffe shows, would be Scale's dy
+    where Caffe leaves dy * scale. ``forward``/``backward``: whether the pair runs as one in
+    this pass, which needs both layers in it (pycaffe's partial passes turn it off where one of
+    the two is left out; ``on(kind)`` is the setting of a whole pass)."""
     bn: "LayerNode"
     scale: "LayerNode"
+    in_place: bool = True
     forward: bool = True
     backward: bool = True
+
+    def __post_init__(self):
+        self.backward = self.in_place
+
+    def on(self, kind) -> bool:
+        return kind == "forward" or self.in_place
 
 
 class GraphError(ValueError):
@@ -384,7 +393,7 @@ def _fuse_batch_norm_scale(nodes) -> list:
             continue
         if not (sc.need_backward and sc.propagate_down[0] and bn.need_backward and bn.propagate_down[0]):
             continue
-        fusion = Fusion(bn, sc)
+        fusion = Fusion(bn, sc, in_place=bn.tops[0] is bn.bottoms[0])
         bn.layer.fusion = sc.layer.fusion = fusion
         fusions.append(fusion)
     for node in nodes:
@@ -417,9 +426,9 @@ def _operators(nodes) -> list:
         writes = [b.diff for j, b in enumerate(node.bottoms) if node.propagate_down[j]]
         writes += [d for (_, d), need in zip(node.params, node.param_need_backward) if need]
         fusion = node.layer.fusion
-        if fusion is not None and fusion.scale is node:         # BatchNorm's per-image sums
+        if fusion is not None and fusion.in_place and fusion.scale is node:     # BatchNorm's per-image sums
             writes.append(node.scratch["partials"])
-        elif fusion is not None:                                # the scale
+        elif fusion is not None and fusion.in_place:                            # the scale
             reads.append(fusion.scale.params[0][0])
         ops.append(Operator(node.name + ":backward", "backward", node, reads,
                             writes + list(node.backward_workspace.values())))

@@ -46,7 +46,7 @@ def _switch(path, net):
     if path == "bn-scale":
         def turn(state):
             for f in net.graph.fusions:
-                f.forward = f.backward = state
+                f.forward, f.backward = state, state and f.on("backward")
         return (lambda: turn(True)), (lambda: turn(False))
     owner, name, never = {
         "sgd-step": (SGD, "step", lambda self, *a: False),

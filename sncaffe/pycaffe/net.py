@@ -367,12 +367,12 @@ class Net:
         """A BatchNorm + Scale pair runs as one (graph.Fusion) only where both are in the pass."""
         fusions = self._net.graph.fusions
         for f in fusions:
-            setattr(f, kind, lo <= self._index[f.bn.name] and self._index[f.scale.name] <= hi)
+            setattr(f, kind, f.on(kind) and lo <= self._index[f.bn.name] and self._index[f.scale.name] <= hi)
         try:
             yield
         finally:
             for f in fusions:
-                setattr(f, kind, True)
+                setattr(f, kind, f.on(kind))
 
     def _forward(self, start, end):
         self.reshape()

@@ -38,7 +38,7 @@ def make(text, phase="TRAIN"):
 
 def step(net, fused=True):
     for f in net.graph.fusions:
-        f.forward = f.backward = fused
+        f.forward, f.backward = fused, fused and f.on("backward")
     net.clear_param_diffs()
     out = {"loss": np.float64(net.forward())}
     net.backward()
@@ -152,3 +152,18 @@ def test_fused_pair_in_every_memory_mode_gives_the_bits_of_none_and_meets_its_pl
     for mode, out in runs.items():
         assert len(out) >= 7 and {k: v.tobytes() for k, v in out.items()} == {
             k: runs["none"][k].tobytes() for k in out}, mode          # loss and every parameter's gradient
+
+
+def test_a_batchnorm_not_in_place_fuses_forward_only_so_its_tops_diff_is_caffes():
+    """BatchNorm into a blob of its own, Scale in place on it: fused forward (the same bits), but
+    backward apart, so that blob's diff is dy * scale as Caffe leaves it, to the bit."""
+    net = make(net_text((2, 4, 5, 5), bn_top="b"))
+    (fusion,) = net.graph.fusions
+    assert not fusion.in_place and fusion.forward and not fusion.backward
+    ops = {op.name: op for op in net.graph.ops}
+    assert not any(t is fusion.bn.scratch["partials"] for t in ops["sc:backward"].writes)
+    fused = step(net)
+    b_diff = net.blobs["b"].diff.copy()
+    apart = step(net, fused=False)
+    assert {k: v.tobytes() for k, v in fused.items()} == {k: v.tobytes() for k, v in apart.items()}
+    assert b_diff.tobytes() == net.blobs["b"].diff.tobytes()

@@ -76,6 +76,9 @@ def _live(events):
 
 _start = itemgetter(0)
 
+_DONE = Event()         # the event of an operator run on the calling thread with nothing pending
+_DONE.set()
+
 
 def _static(op):
     """What the dispatcher needs of an operator each time it issues it, worked out once (the
@@ -111,6 +114,11 @@ class Dispatcher(SerialExecutor):
         self.record = None          # a list to append one dict per operator into (see the module's doc)
         self.pool_trace = None      # a list to append (location, time, bytes in use) into
         self.waiting_for_collectives = False    # the issuing thread waits for collectives alone
+        # events of work on other threads or streams (submitted operators, copies) that may still
+        # be running or have failed: while there are none, an operator on the calling thread has
+        # nothing to wait for, and nothing later waits for it (it is done when issue returns)
+        self._async = []
+        self._async_prune = 64
 
     # -- streams ----------------------------------------------------------------------
     def stream(self, location, kind):
@@ -158,6 +166,8 @@ class Dispatcher(SerialExecutor):
         ``fn`` runs under its location's device (``device.active()``: that GPU current, its
         stream and cuDNN handle), on whichever thread runs it. ``waited``: events the caller has
         already waited for on the device; ``after``: more events to wait for (mem/parts.py)."""
+        if not (self._dispatching or asynchronous or after or self._pending_async()):
+            return self._run_here(location, kind, name, fn, nbytes)
         deps = [d for d in self._deps(rw) if id(d) not in waited] + list(after)
         index, self._issue_index = self._issue_index, self._issue_index + 1
         device = self.devices[location]
@@ -171,6 +181,7 @@ class Dispatcher(SerialExecutor):
                 self.stats["waits"] += 1
             event = self.stream(location, kind).submit(fn, deps)
             self._issued.append((event, timeout, on_timeout))
+            self._pending(event)
         else:
             # the device's own copies are waited for on the device (the host goes on queueing
             # kernels); the rest (host threads' events) on the host
@@ -187,6 +198,38 @@ class Dispatcher(SerialExecutor):
             event.start, event.end = start, time.perf_counter()
             event.set()
         self._touched(rw, event)
+        self._log(location, kind, name, event, nbytes, index)
+        return event
+
+    def _pending(self, event):
+        self._async.append(event)
+        if len(self._async) > self._async_prune:       # amortised, as _reused prunes its blocks
+            self._async = _live(self._async)
+            self._async_prune = max(64, 2 * len(self._async))
+
+    def _pending_async(self) -> bool:
+        """Whether work on other threads or streams may still be running, or failed (its error is
+        passed on through the events that depend on it)."""
+        if self._async:
+            self._async = _live(self._async)
+        return bool(self._async)
+
+    def _run_here(self, location, kind, name, fn, nbytes):
+        """``issue`` of an operator on the calling thread while no other work is pending: nothing
+        to wait for, and its event (fired when it returns) need not be any tensor's, as every
+        later operator finds it done; only the trace and the record see it."""
+        index, self._issue_index = self._issue_index, self._issue_index + 1
+        with self.devices[location].active():
+            if self.trace is None and self.record is None:
+                fn()
+                return _DONE
+            start = time.perf_counter()
+            fn()
+            if self.trace is not None and hasattr(self.devices[location], "synchronize_compute"):
+                self.devices[location].synchronize_compute()
+        event = Event()
+        event.start, event.end = start, time.perf_counter()
+        event.set()
         self._log(location, kind, name, event, nbytes, index)
         return event
 
@@ -324,6 +367,7 @@ class Dispatcher(SerialExecutor):
         def ok(e):
             return getattr(e, "error", None) is None
         self._writer = {k: e for k, e in self._writer.items() if ok(e)}
+        self._async = [e for e in self._async if ok(e)]
         self._readers = {k: [e for e in es if ok(e)] for k, es in self._readers.items()}
         for location, freed in self._freed.items():
             freed[:] = [(a, b, [e for e in es if ok(e)]) for a, b, es in freed]
@@ -357,7 +401,7 @@ class Dispatcher(SerialExecutor):
         recompute, chunk, run_op = ins.recompute, ins.chunk, self.run_op
         rw, keys, (location, kind, nbytes) = _static(op)
         waited = set()
-        if not self._dispatching:       # the copies it depends on, waited for on its device
+        if not self._dispatching and (self.h2d or self.d2h):    # the copies it depends on, on its device
             for r, write in op_tensors(op):
                 for event in (self.h2d.pop(id(r), None), self.d2h.pop(id(r), None) if write else None):
                     if event is not None:
@@ -475,6 +519,7 @@ class Dispatcher(SerialExecutor):
         serial executor's spill-file code has put it in the trace already."""
         self._touched(rw, event)
         self._copy_event(event)
+        self._pending(event)
         self._log(location, kind, name, event, nbytes, trace=not traced)
 
     def _copy_event(self, event):

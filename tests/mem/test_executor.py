@@ -167,3 +167,39 @@ def test_memory_taken_outside_the_plan_is_a_clear_error_and_recoverable():
     net.forward()                                         # resets what the failed forward left
     net.backward()
     assert pool.in_use == net.plan.persistent_bytes and pool.peak == net.plan.peak
+
+
+def test_bench_dispatch_prints_the_time_per_operator(capsys):
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_dispatch
+    assert bench_dispatch.main(["--net", str(ROOT / "prototxt/lenet_train_test.prototxt"), "--batch", "2",
+                                "--passes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "lenet_train_test.prototxt batch 2: " in out and " us an operator" in out
+
+
+def test_an_operator_on_the_calling_thread_waits_for_a_collective_still_running():
+    """While a collective runs on its stream the dispatcher tracks every operator's tensors (its
+    fast path is for when nothing is pending): an operator reading what the collective writes
+    waits for it, and once nothing is pending operators run untracked again."""
+    import time
+    ex, device = executor()
+    g = Tensor("g", (4,), np.dtype(np.float32), "param_diff")
+    ex.alloc(g, fill=0, persistent=True)
+    node = SimpleNamespace(workspace={}, backward_workspace={})
+    seen = []
+    ex.run_op = lambda op, recompute, ws, chunk: seen.append(ex.arrays[id(g)].copy())
+
+    def slow_sum(arrays, token):
+        time.sleep(0.1)
+        arrays[0][...] = 7.0
+    collective = SimpleNamespace(name="all-reduce", tensors=[g], location="", nbytes=16, timeout=5,
+                                 before=lambda ready=None: None, run=slow_sum, timed_out=lambda: None)
+    read = Operator("read:forward", "forward", node, [g], [])
+    ex.execute([Instr("collective", op=collective), Instr("run", op=read)])
+    assert np.all(seen[-1] == 7.0)
+    writers = dict(ex._writer)
+    ex.execute([Instr("run", op=Operator("write:forward", "forward", node, [], [g]))])
+    assert ex._writer == writers and not ex._async         # nothing pending: not tracked

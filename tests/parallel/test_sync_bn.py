@@ -249,3 +249,15 @@ def test_two_ranks_batch_norm_statistics_are_one_ranks_at_twice_the_batch(tmp_pa
     if lr == 0:                 # bn2's input is a convolution's: its GEMM may round the last image apart
         for k in range(3):
             assert np.array_equal(two["bn1", k], one["bn1", k]), k
+
+
+def test_the_dispatchers_record_of_pending_work_stays_bounded():
+    """Two locations: every operator goes to a worker and joins the dispatcher's list of work that
+    may be pending (mem/dispatcher.py); the list is pruned as it grows, not kept for ever."""
+    solver = make_solver(ELEMENTWISE, True, iters=40)
+    reps = Replicas(solver)
+    solver.solve()
+    ex = solver.net.executor
+    assert ex.threaded and len(ex._async) <= max(64, ex._async_prune)
+    assert len(ex._async) < 40 * len(solver.net.graph.ops) // 4
+    reps.close()

@@ -5,7 +5,8 @@ allocation and binding.
     python tools/bench_dispatch.py [--net prototxt/resnet50.prototxt] [--batch 2] [--passes 20]
 
 Prints the median of ``--passes`` forward + backward pairs and that time per operator run. The
-memory mode is ``none`` (the plan `sncaffe train` takes where the net fits).
+memory mode is ``none`` (the plan `sncaffe train` takes where the net fits). The net is built as
+it is: a Data layer needs its database (LeNet's: the README's first command makes it).
 """
 from __future__ import annotations
 
@@ -44,7 +45,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--passes", type=int, default=20)
     args = ap.parse_args(argv)
-    seconds, runs = measure(args.net, args.batch, args.passes)
+    sys.path.insert(0, str(ROOT))
+    from sncaffe.graph import GraphError
+    from sncaffe.prototxt import PrototxtError
+    try:
+        seconds, runs = measure(args.net, args.batch, args.passes)
+    except (GraphError, PrototxtError, OSError) as e:
+        raise SystemExit(f"bench_dispatch: {e}") from None
     print(f"{Path(args.net).name} batch {args.batch}: {runs} operators, {seconds * 1e3:.2f} ms a forward + "
           f"backward with no layer work, {seconds / runs * 1e6:.1f} us an operator (median of {args.passes})")
     return 0

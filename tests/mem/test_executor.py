@@ -174,10 +174,12 @@ def test_bench_dispatch_prints_the_time_per_operator(capsys):
     from conftest import ROOT
     sys.path.insert(0, str(ROOT / "tools"))
     import bench_dispatch
-    assert bench_dispatch.main(["--net", str(ROOT / "prototxt/lenet_train_test.prototxt"), "--batch", "2",
+    assert bench_dispatch.main(["--net", str(ROOT / "prototxt/cifar10_resnet.prototxt"), "--batch", "2",
                                 "--passes", "2"]) == 0
     out = capsys.readouterr().out
-    assert "lenet_train_test.prototxt batch 2: " in out and " us an operator" in out
+    assert "cifar10_resnet.prototxt batch 2: " in out and " us an operator" in out
+    with pytest.raises(SystemExit, match="bench_dispatch: .*no_such.prototxt"):
+        bench_dispatch.main(["--net", str(ROOT / "no_such.prototxt"), "--passes", "1"])
 
 
 def test_an_operator_on_the_calling_thread_waits_for_a_collective_still_running():

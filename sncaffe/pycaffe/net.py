@@ -11,7 +11,6 @@ schedule's memory instructions in full and run only the chosen layers.
 from __future__ import annotations
 
 import contextlib
-
 from collections import OrderedDict
 from pathlib import Path
 

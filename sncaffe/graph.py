@@ -374,8 +374,6 @@ def _share_scratch(node, writers) -> None:
         if (src.shape, src.dtype, src.location) == (t.shape, t.dtype, t.location):
             node.scratch[key] = src
             node.layer.shared_scratch |= {key}
-    for key in node.layer.optional_scratch - node.layer.shared_scratch:
-        del node.scratch[key]           # only ever used as another layer's
 
 
 def _fuse_batch_norm_scale(nodes) -> list:
@@ -396,10 +394,10 @@ def _fuse_batch_norm_scale(nodes) -> list:
         fusion = Fusion(bn, sc, in_place=bn.tops[0] is bn.bottoms[0])
         bn.layer.fusion = sc.layer.fusion = fusion
         fusions.append(fusion)
-    for node in nodes:
-        if node.layer.fusion is None and "partials" in node.layer.optional_scratch & node.shared_scratch:
-            del node.scratch["partials"]
-            node.layer.shared_scratch -= {"partials"}
+    for node in nodes:          # scratch kept only for a fusion: dropped where none formed
+        for key in node.layer.optional_scratch & set(node.scratch) if node.layer.fusion is None else ():
+            del node.scratch[key]
+            node.layer.shared_scratch -= {key}
     return fusions
 
 

@@ -98,6 +98,10 @@ class Layer:
         self.workspace: dict = {}
         self.rng = np.random.default_rng(0)
 
+    def fused(self, kind) -> bool:
+        """Whether this pass (``kind``: forward, backward) runs as one with its ``fusion`` partner."""
+        return self.fusion is not None and getattr(self.fusion, kind)
+
     # -- contract -----------------------------------------------------------
     def setup(self, bottom_shapes: list[tuple]) -> list[tuple]:
         """Read parameters, check bottoms, declare specs; return top shapes."""

@@ -274,24 +274,18 @@ class BatchNorm(Layer):
         std += self.eps
         np.sqrt(std, out=std)
 
-        if self.fusion is not None and self.fusion.forward:    # x_norm only: Scale reads it (graph.Fusion)
-            div = onednn.binary_for(self.view, (x_norm, std), onednn.DIV)
-            if div is not None:
-                div.run(x_norm, std, x_norm)
-            else:
-                def scaled(cs):
-                    x_norm[:, cs] /= std[cs, None]
-                workers.split(self.view[1], 2 * x_norm.size, scaled)
-            return
-        div = onednn.binary_for(self.view, (x_norm, y, std), onednn.DIV)
-        if div is not None:                 # y = x_norm / std, kept as x_norm too
-            div.run(x_norm, std, y)
-            np.copyto(x_norm, y)
+        fused = self.fused("forward")      # x_norm only: Scale reads it (graph.Fusion)
+        div = onednn.binary_for(self.view, (x_norm, std), onednn.DIV)
+        if div is not None:                 # x_norm /= std, in place, then kept as y too
+            div.run(x_norm, std, x_norm)
+            if not fused:
+                np.copyto(y, x_norm)
             return
 
         def normalize(cs):
             x_norm[:, cs] /= std[cs, None]
-            y[:, cs] = x_norm[:, cs]
+            if not fused:
+                y[:, cs] = x_norm[:, cs]
         workers.split(self.view[1], 2 * x_norm.size, normalize)
 
     def _update_stats(self, mean, var, m):
@@ -329,8 +323,9 @@ class BatchNorm(Layer):
     def grad_sums(self, top):
         """partials = each image's sums of dy and of dy * x_norm per channel."""
         dy, partials = top[0].diff.reshape(self.view), self.scratch["partials"]
-        if self.fused_backward():       # Scale took the sums of its own dy: times the scale
-            np.multiply(partials, self.fusion.scale.layer.blobs[0].data.reshape(-1), out=partials)
+        scale = self._fused_scale()
+        if scale is not None:           # Scale took the sums of its own dy: times the scale
+            np.multiply(partials, scale, out=partials)
             return
         x_norm = self.scratch["x_norm"].reshape(self.view)
 
@@ -345,20 +340,16 @@ class BatchNorm(Layer):
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
         mean_dy_xn, mean_dy, std = sum_dy_xn / self.count, sum_dy / self.count, self.scratch["std"]
         # after a fused Scale (graph.Fusion) dy is Scale's: times the scale first
-        scale = self.fusion.scale.layer.blobs[0].data.reshape(-1) if self.fused_backward() else None
+        scale = self._fused_scale()
+        if scale is None:           # dx = ((dy - mean(dy)) - temp) / std
+            op, posts, src1, operands = onednn.SUB, _GRAD, mean_dy, (temp, std)
+        else:                       # dx = (((dy * scale) - mean(dy)) - temp) / std
+            op, posts, src1, operands = onednn.MUL, _SCALED_GRAD, scale, (mean_dy, temp, std)
         mul = onednn.binary_for(self.view, (x_norm, temp, mean_dy_xn), onednn.MUL)
-        if mul is None:
-            chain = None
-        elif scale is None:
-            chain = onednn.binary_for(self.view, (dy, dx, temp, mean_dy, std), onednn.SUB, _GRAD)
-        else:
-            chain = onednn.binary_for(self.view, (dy, dx, temp, scale, mean_dy, std), onednn.MUL, _SCALED_GRAD)
-        if chain is not None:       # temp = xn * mean(dy xn); dx = ((dy - mean(dy)) - temp) / std
+        chain = onednn.binary_for(self.view, (dy, dx, src1, *operands), op, posts) if mul is not None else None
+        if chain is not None:       # temp = xn * mean(dy xn), then the chain
             mul.run(x_norm, mean_dy_xn, temp)
-            if scale is None:
-                chain.run(dy, mean_dy, dx, temp, std)
-            else:
-                chain.run(dy, scale, dx, mean_dy, temp, std)
+            chain.run(dy, src1, dx, *operands)
             return
 
         def grad(cs):
@@ -373,5 +364,6 @@ class BatchNorm(Layer):
             d /= std[cs, None]
         workers.split(self.view[1], 4 * dy.size, grad)
 
-    def fused_backward(self) -> bool:
-        return self.fusion is not None and self.fusion.backward
+    def _fused_scale(self):
+        """The scale (C,) of the Scale this backward runs as one with (graph.Fusion), or None."""
+        return self.fusion.scale.layer.blobs[0].data.reshape(-1) if self.fused("backward") else None

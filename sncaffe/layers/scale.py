@@ -95,7 +95,7 @@ class Scale(_BroadcastLayer):
     # its own whole computation, its sums included, so every sum keeps its order.
     def forward(self, bottom, top):
         x = bottom[0].data
-        if self.fusion is not None and self.fusion.forward:
+        if self.fused("forward"):
             x = self.scratch["bottom"]      # BatchNorm's x_norm: its top was not written (graph.Fusion)
         keep = self.inplace and "bottom" not in self.shared_scratch
         if array_module(x) is not np:
@@ -128,7 +128,7 @@ class Scale(_BroadcastLayer):
         if xp is not np:
             return scale_gpu.scale_backward(self, top, propagate_down, bottom)
         dy3 = self.as3(top[0].diff)
-        if self.fusion is not None and self.fusion.backward and propagate_down[0]:
+        if self.fused("backward") and propagate_down[0]:
             return self._fused_backward(dy3)
         scale = self.scale_blob(bottom)
         scale_grad = self.scale_is_param or propagate_down[1]

@@ -190,13 +190,7 @@ class Dispatcher(SerialExecutor):
                     self._stream_wait(location, d)
                 else:
                     self._wait(d)
-            start = time.perf_counter()
-            fn()
-            if self.trace is not None and hasattr(device, "synchronize_compute"):
-                device.synchronize_compute()
-            event = Event()
-            event.start, event.end = start, time.perf_counter()
-            event.set()
+            event = self._timed(device, fn)
         self._touched(rw, event)
         self._log(location, kind, name, event, nbytes, index)
         return event
@@ -219,18 +213,29 @@ class Dispatcher(SerialExecutor):
         to wait for, and its event (fired when it returns) need not be any tensor's, as every
         later operator finds it done; only the trace and the record see it."""
         index, self._issue_index = self._issue_index, self._issue_index + 1
-        with self.devices[location].active():
-            if self.trace is None and self.record is None:
+        device = self.devices[location]
+        if self.trace is None and self.record is None:
+            with device.active():
                 fn()
-                return _DONE
-            start = time.perf_counter()
-            fn()
-            if self.trace is not None and hasattr(self.devices[location], "synchronize_compute"):
-                self.devices[location].synchronize_compute()
+            return _DONE
+
+        def work():
+            with device.active():
+                fn()
+        event = self._timed(device, work)
+        self._log(location, kind, name, event, nbytes, index)
+        return event
+
+    def _timed(self, device, fn):
+        """Run ``fn`` here; its event, fired, with its start and end (a GPU's compute waited for
+        when tracing, so the span is the kernels')."""
+        start = time.perf_counter()
+        fn()
+        if self.trace is not None and hasattr(device, "synchronize_compute"):
+            device.synchronize_compute()
         event = Event()
         event.start, event.end = start, time.perf_counter()
         event.set()
-        self._log(location, kind, name, event, nbytes, index)
         return event
 
     def _log(self, location, kind, name, event, nbytes, index=None, trace=True):

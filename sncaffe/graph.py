@@ -33,11 +33,13 @@ SHARED_SCRATCH = {("Scale", "bottom"): ("BatchNorm", "x_norm"),
 @dataclass(eq=False)
 class Fusion:
     """A training BatchNorm and the in-place Scale right after it, run as one on the CPU: forward,
-    BatchNorm writes x_norm only and Scale reads it (BatchNorm's top is not written, then copied
-    to x_norm, then read again); backward, Scale leaves dy as it is, takes each image's sums of dy
+    BatchNorm writes x_norm only, centered and not yet divided by std, and Scale computes
+    ((x_norm / std) * scale) + bias in one pass (BatchNorm's top is not written, then copied to
+    x_norm, then read again, nor x_norm divided in a pass of its own); backward, Scale leaves dy as it is, takes each image's sums of dy
     and dy * x_norm into BatchNorm's per-image sums (its own gradients are their sums over the
-    images), and BatchNorm multiplies dy and those sums by the scale (the same two sums are not
-    taken twice, nor dy * scale written and read again). Backward only where BatchNorm runs in
+    images), and BatchNorm's dx is one pass over x_norm and dy with per-channel factors (the same
+    two sums are not taken twice, nor dy * scale or x_norm * mean(dy * x_norm) written and read
+    again). Backward only where BatchNorm runs in
     place (``in_place``): otherwise its top's diff, which pycaffe shows, would be Scale's dy
     where Caffe leaves dy * scale. ``forward``/``backward``: whether the pair runs as one in
     this pass, which needs both layers in it (pycaffe's partial passes turn it off where one of
@@ -406,8 +408,8 @@ def _operators(nodes) -> list:
     for node in nodes:
         reads = [b.data for b in node.bottoms] + [p for p, _ in node.params]
         fusion = node.layer.fusion
-        if fusion is not None and fusion.scale is node:         # reads BatchNorm's x_norm
-            reads.append(node.scratch["bottom"])
+        if fusion is not None and fusion.scale is node:         # reads BatchNorm's x_norm and std
+            reads += [node.scratch["bottom"], fusion.bn.scratch["std"]]
         writes = [t.data for t in node.tops] + [t for k, t in node.scratch.items() if k not in node.shared_scratch]
         ops.append(Operator(node.name + ":forward", "forward", node, reads,
                             writes + list(node.workspace.values())))
@@ -424,6 +426,9 @@ def _operators(nodes) -> list:
         writes = [b.diff for j, b in enumerate(node.bottoms) if node.propagate_down[j]]
         writes += [d for (_, d), need in zip(node.params, node.param_need_backward) if need]
         fusion = node.layer.fusion
+        if fusion is not None and fusion.scale is node:     # BatchNorm's std, and its x_norm: divided
+            reads.append(fusion.bn.scratch["std"])          # there if a fused forward left it centered
+            writes.append(node.scratch["bottom"])
         if fusion is not None and fusion.in_place and fusion.scale is node:     # BatchNorm's per-image sums
             writes.append(node.scratch["partials"])
         elif fusion is not None and fusion.in_place:                            # the scale

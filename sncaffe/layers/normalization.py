@@ -132,7 +132,8 @@ def sum_over_images(partials, out):
 # (onednn.binary_for: one pass, all the budget's threads, each operation rounded as NumPy's own
 # call rounds it, so the same bytes).
 _GRAD = ((onednn.SUB, True), (onednn.DIV, False))       # ((dy - mean(dy)) - temp) / std
-_SCALED_GRAD = ((onednn.SUB, False),) + _GRAD            # (((dy * scale) - mean) - temp) / std
+# after a fused Scale, one pass: dx = (((xs * -k) + dy) - mean(dy)) * (scale / std)
+_FUSED_GRAD = ((onednn.ADD, True), (onednn.SUB, False), (onednn.MUL, False))
 
 
 @register
@@ -161,6 +162,13 @@ class BatchNorm(Layer):
 
     Runs in place: backward reads only the top diff and scratch (``x_norm``,
     ``std``), never bottom or top data.
+
+    Run as one with the Scale after it (graph.Fusion), a training forward leaves ``x_norm``
+    centered, x - mean, not yet divided by std (``centered``): Scale computes
+    ((x_norm / std) * scale) + bias in one pass, the bits of the two layers apart, where the
+    division was a pass of its own. The fused backward reads it so (its sums are of dy * (x -
+    mean), divided by std per channel); a pass that runs either layer apart divides it first
+    (``normalized``).
     """
     type = "BatchNorm"
     exact_bottoms = exact_tops = 1
@@ -168,6 +176,7 @@ class BatchNorm(Layer):
     backward_needs = ()
     sync = None             # the cross-replica group reducing the batch sums (parallel/sync_bn.py)
     first_stage = False     # set by ``sync`` for one call: forward/backward run their first stage only
+    centered = False        # x_norm holds x - mean, not yet divided by std (a fused forward)
 
     def setup(self, bottom_shapes):
         bp = self.param.batch_norm_param
@@ -203,6 +212,9 @@ class BatchNorm(Layer):
         if self.use_global_stats or array_module(x) is not np:
             return self.forward(bottom, top, update_stats=False)
         mean, std, x_norm = self.scratch["mean"], self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
+        if self.centered:           # as the fused forward left it: Scale divides
+            workers.split(self.view[1], 2 * x.size, lambda cs: np.subtract(x[:, cs], mean[cs, None], out=x_norm[:, cs]))
+            return
 
         def normalize(cs):
             np.subtract(x[:, cs], mean[cs, None], out=y[:, cs])
@@ -265,28 +277,45 @@ class BatchNorm(Layer):
         workers.split(self.view[1], 3 * x.size, center)
 
     def normalize(self, top, total, update_stats=True):
-        """var = total / m (biased); the running sums move; y = x_norm = x_norm / sqrt(var + eps)."""
-        std, x_norm = self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
-        y = top[0].data.reshape(self.view)
+        """var = total / m (biased); the running sums move; y = x_norm = x_norm / sqrt(var + eps),
+        or, run as one with Scale, x_norm left centered (Scale divides)."""
+        std = self.scratch["std"]
         np.divide(total, self.count, out=std)
         if update_stats:
             self._update_stats(self.scratch["mean"], std, self.count)
         std += self.eps
         np.sqrt(std, out=std)
+        self.centered = self.fused("forward")
+        if not self.centered:
+            self._divide(top[0].data.reshape(self.view))
 
-        fused = self.fused("forward")      # x_norm only: Scale reads it (graph.Fusion)
+    def _divide(self, y=None):
+        """x_norm /= std, in place, then copied to ``y`` (None: not)."""
+        std, x_norm = self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
         div = onednn.binary_for(self.view, (x_norm, std), onednn.DIV)
-        if div is not None:                 # x_norm /= std, in place, then kept as y too
+        if div is not None:
             div.run(x_norm, std, x_norm)
-            if not fused:
+            if y is not None:
                 np.copyto(y, x_norm)
             return
 
         def normalize(cs):
             x_norm[:, cs] /= std[cs, None]
-            if not fused:
+            if y is not None:
                 y[:, cs] = x_norm[:, cs]
         workers.split(self.view[1], 2 * x_norm.size, normalize)
+
+    def normalized(self):
+        """x_norm, divided by std now if a fused forward left it centered (a pass that runs
+        Scale or this layer apart reads it so)."""
+        if self.centered:
+            self._divide()
+            self.centered = False
+        return self.scratch["x_norm"]
+
+    def std_of_x_norm(self):
+        """Per channel, what x_norm is still to be divided by: std while ``centered``, else None."""
+        return self.scratch["std"] if self.centered else None
 
     def _update_stats(self, mean, var, m):
         mean_sum, var_sum, factor = (b.data for b in self.blobs)
@@ -323,11 +352,9 @@ class BatchNorm(Layer):
     def grad_sums(self, top):
         """partials = each image's sums of dy and of dy * x_norm per channel."""
         dy, partials = top[0].diff.reshape(self.view), self.scratch["partials"]
-        scale = self._fused_scale()
-        if scale is not None:           # Scale took the sums of its own dy: times the scale
-            np.multiply(partials, scale, out=partials)
+        if self.fused("backward"):      # Scale took the sums of its own dy (grad_input scales them)
             return
-        x_norm = self.scratch["x_norm"].reshape(self.view)
+        x_norm = self.normalized().reshape(self.view)
 
         def grad_sums(cs):
             np.einsum("ncs->nc", dy[:, cs], out=partials[0][:, cs])
@@ -336,34 +363,51 @@ class BatchNorm(Layer):
 
     def grad_input(self, top, bottom, sum_dy, sum_dy_xn):
         """dx from the batch sums of dy and dy * x_norm."""
+        if self.fused("backward"):
+            return self._fused_grad_input(top, bottom, sum_dy, sum_dy_xn)
         dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
         x_norm, temp = self.scratch["x_norm"].reshape(self.view), self.workspace["temp"].reshape(self.view)
         mean_dy_xn, mean_dy, std = sum_dy_xn / self.count, sum_dy / self.count, self.scratch["std"]
-        # after a fused Scale (graph.Fusion) dy is Scale's: times the scale first
-        scale = self._fused_scale()
-        if scale is None:           # dx = ((dy - mean(dy)) - temp) / std
-            op, posts, src1, operands = onednn.SUB, _GRAD, mean_dy, (temp, std)
-        else:                       # dx = (((dy * scale) - mean(dy)) - temp) / std
-            op, posts, src1, operands = onednn.MUL, _SCALED_GRAD, scale, (mean_dy, temp, std)
         mul = onednn.binary_for(self.view, (x_norm, temp, mean_dy_xn), onednn.MUL)
-        chain = onednn.binary_for(self.view, (dy, dx, src1, *operands), op, posts) if mul is not None else None
-        if chain is not None:       # temp = xn * mean(dy xn), then the chain
+        chain = onednn.binary_for(self.view, (dy, dx, mean_dy, temp, std), onednn.SUB, _GRAD) if mul else None
+        if chain is not None:       # temp = xn * mean(dy xn), then dx = ((dy - mean(dy)) - temp) / std
             mul.run(x_norm, mean_dy_xn, temp)
-            chain.run(dy, src1, dx, *operands)
+            chain.run(dy, mean_dy, dx, temp, std)
             return
 
         def grad(cs):
             xn, g, d, t = x_norm[:, cs], dy[:, cs], dx[:, cs], temp[:, cs]
             np.multiply(xn, mean_dy_xn[cs, None], out=t)
-            if scale is None:
-                np.subtract(g, mean_dy[cs, None], out=d)       # dx may be dy itself (in place)
-            else:
-                np.multiply(g, scale[cs, None], out=d)
-                d -= mean_dy[cs, None]
+            np.subtract(g, mean_dy[cs, None], out=d)       # dx may be dy itself (in place)
             d -= t
             d /= std[cs, None]
         workers.split(self.view[1], 4 * dy.size, grad)
 
-    def _fused_scale(self):
-        """The scale (C,) of the Scale this backward runs as one with (graph.Fusion), or None."""
-        return self.fusion.scale.layer.blobs[0].data.reshape(-1) if self.fused("backward") else None
+    def _fused_grad_input(self, top, bottom, sum_dy, sum_dy_xs):
+        """After a fused Scale (graph.Fusion), whose dy this is and whose sums these are (of dy and
+        of dy * xs, xs = x_norm as it is: centered or divided, ``std_of_x_norm``), one pass:
+        dx = (dy * scale - scale * mean(dy) - xn * scale * mean(dy * xn)) / std
+           = (((xs * -k) + dy) - mean(dy)) * (scale / std),  k = mean(dy * xs) / d^2, d the
+        divisor xs still owes (std, or none)."""
+        dy, dx = top[0].diff.reshape(self.view), bottom[0].diff.reshape(self.view)
+        xs, std = self.scratch["x_norm"].reshape(self.view), self.scratch["std"]
+        d = self.std_of_x_norm()
+        k = sum_dy_xs / self.count
+        if d is not None:
+            k /= d
+            k /= d
+        neg_k, mean_dy = -k, sum_dy / self.count
+        factor = self.fusion.scale.layer.blobs[0].data.reshape(-1) / std
+        chain = onednn.binary_for(self.view, (xs, dy, dx, neg_k), onednn.MUL, _FUSED_GRAD)
+        if chain is not None:
+            chain.run(xs, neg_k, dx, dy, mean_dy, factor)
+            return
+        temp = self.workspace["temp"].reshape(self.view)
+
+        def grad(cs):
+            t, d_ = temp[:, cs], dx[:, cs]
+            np.multiply(xs[:, cs], neg_k[cs, None], out=t)
+            t += dy[:, cs]
+            np.subtract(t, mean_dy[cs, None], out=d_)      # dx may be dy itself (in place): read first
+            d_ *= factor[cs, None]
+        workers.split(self.view[1], 4 * dy.size, grad)

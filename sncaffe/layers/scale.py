@@ -95,8 +95,10 @@ class Scale(_BroadcastLayer):
     # its own whole computation, its sums included, so every sum keeps its order.
     def forward(self, bottom, top):
         x = bottom[0].data
+        std = None
         if self.fused("forward"):
             x = self.scratch["bottom"]      # BatchNorm's x_norm: its top was not written (graph.Fusion)
+            std = self.fusion.bn.layer.std_of_x_norm()      # and, centered, not yet divided
         keep = self.inplace and "bottom" not in self.shared_scratch
         if array_module(x) is not np:
             if keep:
@@ -107,6 +109,8 @@ class Scale(_BroadcastLayer):
         kept = self.as3(self.scratch["bottom"]) if keep else None
         scale = self.scale_blob(bottom).data.reshape(-1)
         bias = self.blobs[-1].data.reshape(-1) if self.bias_term else None
+        if std is not None:
+            return self._divided_forward(x3, std, scale, bias, y3)
         # large float32 tensors: one pass on oneDNN (onednn.binary_for: the same bytes)
         fast = onednn.binary_for(self.view, (x, top[0].data, scale, bias), onednn.MUL,
                                  ((onednn.ADD, False),) if bias is not None else ())
@@ -123,6 +127,22 @@ class Scale(_BroadcastLayer):
                 y3[:, cs] += bias[cs, None]
         workers.split(self.view[1], (2 + keep) * x.size, run)
 
+    def _divided_forward(self, x3, std, scale, bias, y3):
+        """y = ((x / std) * scale) + bias, per channel: BatchNorm's division and this layer in one
+        pass, each operation rounded as the two layers apart round it."""
+        posts = ((onednn.MUL, False),) + (((onednn.ADD, False),) if bias is not None else ())
+        operands = (scale,) + (() if bias is None else (bias,))
+        fast = onednn.binary_for(self.view, (x3, y3, std, *operands), onednn.DIV, posts)
+        if fast is not None:
+            return fast.run(x3, std, y3, *operands)
+
+        def run(cs):
+            np.divide(x3[:, cs], std[cs, None], out=y3[:, cs])
+            y3[:, cs] *= scale[cs, None]
+            if bias is not None:
+                y3[:, cs] += bias[cs, None]
+        workers.split(self.view[1], 2 * x3.size, run)
+
     def backward(self, top, propagate_down, bottom):
         xp = array_module(top[0].diff)
         if xp is not np:
@@ -132,6 +152,8 @@ class Scale(_BroadcastLayer):
             return self._fused_backward(dy3)
         scale = self.scale_blob(bottom)
         scale_grad = self.scale_is_param or propagate_down[1]
+        if scale_grad and self.fusion is not None:      # BatchNorm's x_norm, divided if still centered
+            self.fusion.bn.layer.normalized()
         x3 = self.as3(self.scratch["bottom"] if self.inplace else bottom[0].data) if scale_grad else None
         dx3 = self.as3(bottom[0].diff) if propagate_down[0] else None
         sums = np.empty((2, self.view[1]), dy3.dtype)        # per channel: bias, scale gradients
@@ -159,8 +181,10 @@ class Scale(_BroadcastLayer):
     def _fused_backward(self, dy3):
         """After a training BatchNorm (graph.Fusion): each image's sums of dy and dy * x_norm into
         BatchNorm's per-image sums, the gradients their sums over the images; dy is left as it is
-        (BatchNorm multiplies it by the scale)."""
+        (BatchNorm multiplies it by the scale). x_norm as BatchNorm left it: centered, the scale's
+        gradient is divided by std per channel after the sum."""
         partials, x_norm = self.scratch["partials"], self.as3(self.scratch["bottom"])
+        std = self.fusion.bn.layer.std_of_x_norm()
 
         def run(cs):
             np.einsum("ncs->nc", dy3[:, cs], out=partials[0][:, cs])
@@ -169,7 +193,10 @@ class Scale(_BroadcastLayer):
         sums = np.empty((2, self.view[1]), dy3.dtype)
         if self.bias_term:
             self.sum_into(sum_over_images([partials[0]], sums[0]), self.blobs[-1].diff, True)
-        self.sum_into(sum_over_images([partials[1]], sums[1]), self.blobs[0].diff, True)
+        sum_over_images([partials[1]], sums[1])
+        if std is not None:
+            sums[1] /= std
+        self.sum_into(sums[1], self.blobs[0].diff, True)
 
 
 @register

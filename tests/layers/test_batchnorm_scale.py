@@ -167,3 +167,36 @@ def test_a_batchnorm_not_in_place_fuses_forward_only_so_its_tops_diff_is_caffes(
     apart = step(net, fused=False)
     assert {k: v.tobytes() for k, v in fused.items()} == {k: v.tobytes() for k, v in apart.items()}
     assert b_diff.tobytes() == net.blobs["b"].diff.tobytes()
+
+
+
+def test_each_layer_apart_after_a_fused_forward_reads_x_norm_divided(tmp_path):
+    """A fused forward leaves x_norm centered (Scale divides by std in its own pass); pycaffe's
+    backward of either layer alone afterwards sees it divided: Scale's gradients are the sums of
+    dy and dy * x_hat, BatchNorm's dx the textbook one."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(net_text((3, 4, 5, 5)))
+    net = caffe.Net(str(path), caffe.TRAIN)
+    x = net.blobs["x"].data
+    x[...] = np.random.default_rng(2).standard_normal(x.shape)
+    c = net.forward(end="conv")["c"].astype(np.float64)
+    net.forward()
+    bn = next(n.layer for n in net._net.graph.layers if n.name == "bn")
+    assert bn.centered                                  # the fused forward left it so
+    x_hat = (c - c.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(c.var(axis=(0, 2, 3), keepdims=True) + 1e-5)
+    dy = np.random.default_rng(3).standard_normal(x.shape).astype(np.float32)
+    for b in net.params["sc"]:
+        b.diff[...] = 0
+    net.blobs["c"].diff[...] = dy
+    net.backward(start="sc", end="sc")
+    assert not bn.centered
+    gamma = net.params["sc"][0].data.reshape(1, -1, 1, 1).astype(np.float64)
+    np.testing.assert_allclose(net.params["sc"][0].diff, (dy * x_hat).sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(net.params["sc"][1].diff, dy.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-5)
+    g = net.blobs["c"].diff.astype(np.float64)      # dy * gamma, BatchNorm's dy
+    np.testing.assert_allclose(g, dy * gamma, rtol=1e-6)
+    net.backward(start="bn", end="bn")
+    std = np.sqrt(c.var(axis=(0, 2, 3), keepdims=True) + 1e-5)
+    mean = lambda a: a.mean(axis=(0, 2, 3), keepdims=True)      # noqa: E731
+    want = (g - mean(g) - x_hat * mean(g * x_hat)) / std
+    np.testing.assert_allclose(net.blobs["c"].diff, want, rtol=1e-3, atol=1e-4 * np.abs(want).max())

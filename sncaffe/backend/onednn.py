@@ -34,7 +34,7 @@ _CPU, _F32, _ANY, _A = 1, 3, 1, 2
 _NCHW, _OIHW, _GOIHW = 5, 5, 6
 _FWD_TRAINING, _DIRECT, _SCRATCHPAD_USER = 64, 1, 1
 _Q_IMPL_INFO, _Q_EXEC_ARG_MD = 8, 255
-SRC, DST, WEIGHTS, BIAS, SCRATCHPAD = 1, 17, 33, 41, 80
+SRC, DST, WEIGHTS, BIAS, WORKSPACE, SCRATCHPAD = 1, 17, 33, 41, 64, 80
 DIFF_SRC, DIFF_DST, DIFF_WEIGHTS = 129, 145, 161
 ALIGN = 64
 _Dims = ctypes.c_int64 * 12
@@ -136,6 +136,8 @@ def _declare(lib):
         "dnnl_post_ops_append_binary": [P, I, P],
         "dnnl_primitive_attr_set_post_ops": [P, P],
         "dnnl_eltwise_forward_primitive_desc_create": [p(P), P, I, I, P, P, ctypes.c_float, ctypes.c_float, P],
+        "dnnl_pooling_forward_primitive_desc_create": [p(P), P, I, I, P, P, _Dims, _Dims, _Dims, _Dims, _Dims, P],
+        "dnnl_pooling_backward_primitive_desc_create": [p(P), P, I, P, P, _Dims, _Dims, _Dims, _Dims, _Dims, P, P],
         "dnnl_eltwise_backward_primitive_desc_create":
             [p(P), P, I, P, P, P, ctypes.c_float, ctypes.c_float, P, P],
         "dnnl_convolution_backward_weights_primitive_desc_create":
@@ -266,9 +268,11 @@ class _Step:
         return calls
 
     def _checked(self, arg, a):
-        if a.dtype != np.float32 or not a.flags.c_contiguous or a.nbytes != self.sizes[arg]:
+        if a.dtype != (np.uint8 if arg == WORKSPACE else np.float32) or not a.flags.c_contiguous \
+                or a.nbytes != self.sizes[arg]:
             # oneDNN reads raw memory: a strided view or a wrong shape would be read wrongly, silently
-            raise ValueError(f"oneDNN argument {arg}: needs a C-contiguous float32 array of "
+            kind = "uint8" if arg == WORKSPACE else "float32"
+            raise ValueError(f"oneDNN argument {arg}: needs a C-contiguous {kind} array of "
                              f"{self.sizes[arg]} bytes, got {a.dtype} {a.shape} strides {a.strides}")
         return a
 
@@ -555,6 +559,83 @@ def relu(n, slope) -> Relu | None:
         return None
     r = _kept(_relus, (n, float(slope), _threads.current().threads), lambda: Relu(n, slope))
     return r if r.usable else None
+
+
+class _Queried:
+    """A memory descriptor a primitive descriptor owns (queried, not destroyed by us)."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+POOL_MAX, POOL_AVG = 0x1ff, 0x2ff      # dnnl_pooling_max, dnnl_pooling_avg_include_padding
+
+
+class Pool:
+    """Caffe's MAX or AVE pooling of a contiguous float32 (N, C, H, W) tensor into (N, C, PH, PW):
+    oneDNN's JIT kernel (one pass, on the OpenMP team) where NumPy takes a pass or more per tap.
+    MAX keeps each window's argmax in ``argmax`` (a uint8 per output value, oneDNN's workspace:
+    its own encoding, read only by its backward) and takes the first maximum of a window, as
+    Caffe's strict > does; padding never wins. AVE divides by the window's cells, padding
+    included, which is Caffe's divisor wherever no window runs past the padding (``pool``
+    offers it only there). ``nbytes``: the scratchpad both passes need (a planned workspace)."""
+
+    def __init__(self, shape, pooled, kernel, stride, pad, alg):
+        _set_threads()
+        N, C, H, W = shape
+        right = [max(0, (p - 1) * s + k - n - q) for p, s, k, n, q in zip(pooled, stride, kernel, (H, W), pad)]
+        self.src, self.dst = _Desc(shape, _NCHW), _Desc((N, C) + tuple(pooled), _NCHW)
+        self.attr = _attr()
+        dims = (_dims(stride), _dims(kernel), _dims((0, 0)), _dims(pad), _dims(right))
+        fwd, bwd = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(_lib.dnnl_pooling_forward_primitive_desc_create(
+            ctypes.byref(fwd), _engine, _FWD_TRAINING, alg, self.src.ptr, self.dst.ptr, *dims, self.attr),
+            "pooling forward")
+        _check(_lib.dnnl_pooling_backward_primitive_desc_create(
+            ctypes.byref(bwd), _engine, alg, self.src.ptr, self.dst.ptr, *dims, fwd, self.attr),
+            "pooling backward")
+        fu, bu = {SRC: self.src, DST: self.dst}, {DIFF_DST: self.dst, DIFF_SRC: self.src}
+        self.ws = None
+        if alg == POOL_MAX:
+            self.ws = _Queried(_lib.dnnl_primitive_desc_query_md(fwd, _Q_EXEC_ARG_MD, WORKSPACE))
+            fu[WORKSPACE] = bu[WORKSPACE] = self.ws
+        self.forward_step = _Step(fwd, fu, (DST, WORKSPACE) if self.ws else (DST,))
+        self.backward_step = _Step(bwd, bu, (DIFF_SRC,))
+        self.ws_bytes = _lib.dnnl_memory_desc_get_size(self.ws.ptr) if self.ws else 0
+        self.nbytes = max(self.forward_step.nbytes, self.backward_step.nbytes)
+        # its user arrays in their own layouts: a reorder of one would be a silent extra pass
+        self.usable = not any(r for step in (self.forward_step, self.backward_step)
+                              for _, _, r, _ in step.args.values())
+
+    def forward(self, x, y, argmax, ws):
+        _set_threads()
+        args = {SRC: x, DST: y}
+        if self.ws is not None:
+            args[WORKSPACE] = argmax.reshape(-1).view(np.uint8)
+        self.forward_step.run(args, ws[:self.forward_step.nbytes])
+
+    def backward(self, dy, dx, argmax, ws):
+        _set_threads()
+        args = {DIFF_DST: dy, DIFF_SRC: dx}
+        if self.ws is not None:
+            args[WORKSPACE] = argmax.reshape(-1).view(np.uint8)
+        self.backward_step.run(args, ws[:self.backward_step.nbytes])
+
+
+_pools: dict = {}
+
+
+def pool(shape, pooled, kernel, stride, pad, alg) -> Pool | None:
+    """The Pool of this geometry (kept per process), or None where oneDNN is not in use or would
+    not take the user's layouts as they are."""
+    if choice() != "onednn":
+        return None
+    key = (tuple(shape), tuple(pooled), tuple(kernel), tuple(stride), tuple(pad), alg, _threads.current().threads)
+    try:
+        p = _kept(_pools, key, lambda: Pool(shape, pooled, kernel, stride, pad, alg))
+    except (ValueError, RuntimeError):
+        return None
+    return p if p.usable else None
 
 
 ADD, MUL, DIV, SUB = 0x1fff0, 0x1fff1, 0x1fff4, 0x1fff5      # dnnl_binary_*

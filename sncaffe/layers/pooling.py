@@ -7,6 +7,13 @@ or a clipped last window, the input is first laid into a workspace split by
 stride phase, (N, C, sh, sw, H'/sh, W'/sw), so that every tap's view has
 unit-stride rows (strided NumPy loops are several times slower). Global
 pooling (a kernel covering the whole input) reduces over H*W directly.
+
+On the CPU, float32 MAX and AVE pooling with one top run on oneDNN's JIT kernel where it loads
+(``onednn.Pool``: one pass each way on the OpenMP team, where the taps take kh*kw passes or more;
+``SNCAFFE_CONV=native`` keeps NumPy's): MAX's argmax is then oneDNN's own encoding, which only its
+backward reads (a mask top needs Caffe's, so a layer with one runs on NumPy), and AVE runs there
+only where no window reaches past the padding (oneDNN divides by the whole kernel, Caffe by the
+cells up to the padding's end).
 """
 from __future__ import annotations
 
@@ -14,13 +21,14 @@ import itertools
 
 import numpy as np
 
-from ..backend import is_gpu, workers
+from ..backend import is_gpu, onednn, workers
 from . import pooling_gpu
 from .base import TEST, Layer, array_module, register
 
 MAX, AVE, STOCHASTIC = 0, 1, 2          # PoolingParameter.PoolMethod
 CEIL = 0                                # PoolingParameter.RoundMode
 FLT_MAX = float(np.finfo(np.float32).max)   # Caffe starts a MAX window at -FLT_MAX (float and double)
+_NONE = np.empty(0, np.uint8)           # no workspace
 
 
 def pooled_size(length, k, s, p, ceil, padded):
@@ -52,6 +60,7 @@ class Pooling(Layer):
     second top (MAX only) outputs Caffe's mask, the argmax as h*W+w in float.
     Backward needs neither bottom nor top data.
     """
+    dnn = None          # onednn.Pool where oneDNN runs the layer
     type = "Pooling"
     exact_bottoms = 1
     min_tops, max_tops = 1, 2
@@ -100,6 +109,11 @@ class Pooling(Layer):
         self.scratch_specs, self.workspace_specs = {}, {}
         if self.method != AVE:
             self.scratch_specs["argmax"] = (top_shape, np.uint8 if kh * kw <= 256 else np.int32)
+        self.dnn = self._onednn(shape, len(self.param.top))
+        if self.dnn is not None:
+            if self.dnn.nbytes:
+                self.workspace_specs["onednn"] = ((self.dnn.nbytes,), np.uint8)
+            return [top_shape]
         # The GPU's MAX and AVE kernels read the input in place: no workspace.
         if not self.is_global and (self.method == STOCHASTIC or not is_gpu(self.target)):
             # Enough rows/cols for the padding and for the last window of ceil rounding.
@@ -114,6 +128,25 @@ class Pooling(Layer):
                 self.workspace_specs["hit"] = (top_shape, np.bool_)
                 self.workspace_specs["step"] = (top_shape, self.scratch_specs["argmax"][1])
         return [top_shape] * len(self.param.top)
+
+    def _onednn(self, shape, tops):
+        """oneDNN's Pool for this layer, or None where NumPy runs it (see the module's doc)."""
+        (kh, kw), (sh, sw), (ph, pw), (PH, PW) = self.kernel, self.stride, self.pad, self.pooled
+        if (is_gpu(self.target) or np.dtype(self.dtype) != np.float32 or self.method == STOCHASTIC
+                or self.is_global or tops > 1 or self.scratch_specs.get("argmax", (0, np.uint8))[1] != np.uint8):
+            return None
+        past = any((p - 1) * s + k > n + 2 * q for p, s, k, n, q in zip(self.pooled, self.stride, self.kernel,
+                                                                         self.in_hw, self.pad))
+        if self.method == AVE and past:
+            return None
+        try:
+            dnn = onednn.pool(shape, self.pooled, self.kernel, self.stride, self.pad,
+                              onednn.POOL_MAX if self.method == MAX else onednn.POOL_AVG)
+        except (ValueError, RuntimeError):      # a misspelt SNCAFFE_CONV: the convolutions report it
+            return None
+        if dnn is not None and dnn.ws is not None and dnn.ws_bytes != shape[0] * shape[1] * PH * PW:
+            return None
+        return dnn
 
     # -- helpers ------------------------------------------------------------
     def _taps(self):
@@ -187,6 +220,8 @@ class Pooling(Layer):
         idx = self.scratch.get("argmax")
         if xp is not np and self.method != STOCHASTIC:      # GPU: Caffe's kernels
             return pooling_gpu.pool_forward(self, x, y, idx, top[1].data if len(top) > 1 else None)
+        if self.dnn is not None:
+            return self.dnn.forward(x, y, idx, self.workspace.get("onednn", _NONE))
         if self.method == STOCHASTIC:       # one random draw for the whole top: not split
             self._forward_stochastic(xp, self._source(x, 0, self.workspace.get("padded")), y, idx)
         else:
@@ -275,6 +310,8 @@ class Pooling(Layer):
             raise self.error("STOCHASTIC pooling has no backward in TEST phase: its TEST forward picks no cell")
         if xp is not np and self.method != STOCHASTIC:
             return pooling_gpu.pool_backward(self, dy, dx, idx)
+        if self.dnn is not None:
+            return self.dnn.backward(dy, dx, idx, self.workspace.get("onednn", _NONE))
         taps = 1 if self.is_global else self.kernel[0] * self.kernel[1]
         self._split({"dy": dy, "dx": dx, "idx": idx}, dx.size + 4 * taps * dy.size, self._backward_planes)
 

@@ -45,6 +45,7 @@ class SPP(Layer):
         self.scratch_specs, self.workspace_specs = {}, {}
         for level in range(p.pyramid_height):
             pool = Pooling(level_param(self.name, level, H, W, p.pool), self.phase)
+            pool.target, pool.dtype = self.target, self.dtype       # what the net is built for
             try:
                 (top,) = pool.setup([shape])
             except ValueError as e:

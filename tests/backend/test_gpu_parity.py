@@ -1055,7 +1055,8 @@ def test_setup_for_a_cpu_device_declares_the_cpu_workspaces():
         layer.target = target
         layer.setup([(1, 2, 8, 8)])
         specs.append(layer.workspace_specs)
-    assert specs[0] == specs[1] and "padded" in specs[0]
+    # NumPy's taps' padded copy, or oneDNN's scratchpad where it runs the layer
+    assert specs[0] == specs[1] and {"padded", "onednn"} & set(specs[0])
 
 
 def test_setup_for_a_gpu_drops_what_only_the_cpu_needs():

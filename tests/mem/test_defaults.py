@@ -59,7 +59,7 @@ def _solver(net, solver_mode=None):
     if solver_mode:
         p.memory_param.mode = solver_mode
     history = history_bytes(graph_of(net), 1)          # SGD's
-    return Solver(p, device=CPUDevice(tight_capacity() + history + (64 << 10)))
+    return Solver(p, device=CPUDevice(tight_capacity() + history + (1 << 20)))      # room for fragmentation
 
 
 def test_solver_reads_the_solvers_then_the_nets_memory_param_else_auto():

@@ -135,7 +135,7 @@ CONV = """name: "conv"
 layer { name: "data" type: "Input" top: "data" top: "label"
   input_param { shape { dim: 4 dim: 3 dim: 6 dim: 6 } shape { dim: 4 } } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-  convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+  convolution_param { num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "relu1" }
 layer { name: "pool1" type: "Pooling" bottom: "relu1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
 layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
@@ -147,7 +147,9 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 def test_forward_and_backward_callbacks(tmp_path, memory):
     (tmp_path / "conv.prototxt").write_text(CONV)
     net = caffe.Net(str(tmp_path / "conv.prototxt"), caffe.TRAIN, memory=memory)
-    assert (memory == "recompute") == bool(net.memory_plan.dropped)     # relu1, pool1 recomputed in backward
+    # relu1, pool1 recomputed in backward (conv1's 16 channels make that lower the peak, whatever
+    # scratch the pooling kernel takes)
+    assert (memory == "recompute") == bool(net.memory_plan.dropped)
     net.blobs["data"].data[...] = np.random.default_rng(0).standard_normal((4, 3, 6, 6))
     seen = []
     for when in ("before_forward", "after_forward", "before_backward", "after_backward"):

@@ -1,7 +1,7 @@
 """Weak scaling of data-parallel training on the CPU: 2 ranks (MPI) and 2 locations of one process,
 and how much gradient exchange hides behind backward.
 
-    python tools/bench_parallel.py [--nets lenet cifar_resnet resnet50] [--batch 8] [--iters 5]
+    python tools/bench_parallel.py [--nets lenet cifar_resnet resnet50] [--batch B] [--iters 5]
 
 For each net, each configuration runs in a process of its own (the venv's
 ``mpiexec`` for ranks), one BLAS thread per rank or location, synthetic inputs:
@@ -79,6 +79,10 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip3" bottom: "label" top: 
 
 
 NETS = ("lenet", "cifar_resnet", "resnet50", "mlp")
+# Images per rank or location unless --batch: LeNet at the batch its prototxt trains with (at 8 its
+# whole backward, about a millisecond, is shorter than the exchange of its 1.7 MB of gradients),
+# the others at 8, which two ResNet-50 replicas on one thread each run in about 2 s an iteration.
+BATCH = {"lenet": 64, "cifar_resnet": 8, "resnet50": 8, "mlp": 8}
 
 
 def net_param(name, batch, hw=None):
@@ -162,11 +166,11 @@ def worker(args) -> None:
                           **median}), flush=True)
 
 
-def run(net, ranks, args, bucket_mb=1.0, alone=False, replicas=0, batch=None) -> dict:
+def run(net, ranks, args, batch, bucket_mb=1.0, alone=False, replicas=0) -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, __file__, "--worker", "--net", net,
-               "--batch", str(batch or args.batch), "--iters", str(args.iters), "--warmup", str(args.warmup),
+               "--batch", str(batch), "--iters", str(args.iters), "--warmup", str(args.warmup),
                "--traces", str(args.traces), "--hw", str(args.hw),
                "--bucket-mb", str(bucket_mb), "--trace", os.path.join(tmp, "trace.json")] + \
             (["--alone"] if alone else []) + (["--replicas", str(replicas)] if replicas else [])
@@ -181,7 +185,7 @@ def run(net, ranks, args, bucket_mb=1.0, alone=False, replicas=0, batch=None) ->
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", nargs="+", default=["lenet", "cifar_resnet", "resnet50"], choices=NETS)
-    ap.add_argument("--batch", type=int, default=8, help="images per rank or location (default: %(default)s)")
+    ap.add_argument("--batch", type=int, help="images per rank or location (default: LeNet 64, the others 8)")
     ap.add_argument("--hw", type=int, default=224, help="ResNet-50's image size (default: %(default)s)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -199,24 +203,26 @@ def main():
         return worker(args)
     load = os.getloadavg()
     print(f"weak scaling on the CPU ({os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} "
-          f"{load[2]:.1f} at the start), batch {args.batch} per rank or location, {args.iters} iterations "
+          f"{load[2]:.1f} at the start), {args.iters} iterations "
           f"timed after {args.warmup + args.traces}, 1 BLAS thread per rank or location; ResNet-50 at "
           f"{args.hw}x{args.hw}")
     print(f"{'net':<13}{'configuration':<16}{'ops':>5}{'ms/iter':>10}{'cpu ms':>8}{'images/s':>10}{'efficiency':>11}"
           f"{'vs 2B':>7}{'exchange ms':>12}{'hidden':>8}{'any rank':>9}{'exposed ms':>11}{'in bwd':>8}"
           f"{'BN sums ms':>11}")
     for net in args.nets:
-        base = run(net, 1, args)
-        rows = [("1 rank", base), ("2 ranks alone", run(net, 2, args, alone=True)),
-                ("2 ranks", run(net, 2, args, args.bucket_mb[0])), ("2 locations", run(net, 1, args, replicas=2)),
-                ("1 rank, 2B", run(net, 1, args, batch=2 * args.batch))]
+        b = args.batch or BATCH[net]
+        print(f"{net}: batch {b} per rank or location", flush=True)
+        base = run(net, 1, args, b)
+        rows = [("1 rank", base), ("2 ranks alone", run(net, 2, args, b, alone=True)),
+                ("2 ranks", run(net, 2, args, b, args.bucket_mb[0])), ("2 locations", run(net, 1, args, b, replicas=2)),
+                ("1 rank, 2B", run(net, 1, args, 2 * b))]
         double = rows[-1][1]["ms"]
         for name, r in rows:
             n = 1 if name == "1 rank" else 2
             exchange = name in ("2 ranks", "2 locations")
             hidden_any = f"{100 * r['hidden_any']:>8.0f}%" if "hidden_any" in r else f"{'-':>9}"
             print(f"{net:<13}{name:<16}{r['buckets']:>5}{r['ms']:>10.1f}{r['cpu_ms']:>8.1f}"
-                  f"{n * args.batch / r['ms'] * 1e3:>10.1f}"
+                  f"{n * b / r['ms'] * 1e3:>10.1f}"
                   + (f"{base['ms'] / r['ms']:>11.2f}" if name != "1 rank, 2B" else f"{'-':>11}")
                   + (f"{double / r['ms']:>7.2f}" if name == "2 locations" else f"{'-':>7}")
                   + (f"{r['comm_s'] * 1e3:>12.1f}{100 * r['hidden_share']:>7.0f}%{hidden_any}"

@@ -15,7 +15,9 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
 - ``bn-scale``: a training BatchNorm and the in-place Scale after it run as one (``graph.Fusion``);
   off: each layer on its own;
 - ``sgd-step``: SGD's update of a large parameter in three oneDNN passes (``update.SGD.step``);
-  off: NumPy's calls. This one times the solver's update, the others forward + backward.
+  off: NumPy's calls. This one times the solver's update, the others forward + backward;
+- ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
+  two forms plan different workspaces, so they are two nets with the same weights and inputs.
 
 The machine this was written on is shared and noisy (one process's speed moves by 10-30 % from
 run to run), so the two forms alternate every iteration in one process, after one warm-up
@@ -36,13 +38,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling"]
 
 
 def _switch(path, net):
     """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
     from sncaffe.backend import onednn
     from sncaffe.solvers.update import SGD
+    if path == "pooling":          # two nets (main): nothing to switch
+        return (lambda: None), (lambda: None)
     if path == "bn-scale":
         def turn(state):
             for f in net.graph.fusions:
@@ -82,21 +86,28 @@ def main(argv=None) -> int:
                             max_iter=1 << 30, display=0, random_seed=0, snapshot_after_train=False)
     sp.net_param.CopyFrom(set_batch(read_text(ROOT / args.net, pb.NetParameter()), args.batch))
     sp.memory_param.mode = "none"
-    solver = Solver(sp, device="cpu")
-    net = solver.net
-    rng = np.random.default_rng(0)
-    for name in net.inputs:
-        blob = net.blobs[name].data
-        blob[...] = rng.integers(0, 10, blob.shape) if "label" in name else rng.standard_normal(blob.shape)
-    net.forward()
-    net.backward()
-    if args.path == "sgd-step":
-        timed = solver.apply_update
-    else:
-        def timed():
-            net.forward()
-            net.backward()
-    on, off = _switch(args.path, net)
+
+    def build():
+        solver = Solver(sp, device="cpu")
+        rng = np.random.default_rng(0)
+        for name in solver.net.inputs:
+            blob = solver.net.blobs[name].data
+            blob[...] = rng.integers(0, 10, blob.shape) if "label" in name else rng.standard_normal(blob.shape)
+        solver.net.forward()
+        solver.net.backward()
+        if args.path == "sgd-step":
+            return solver, solver.apply_update
+        return solver, lambda: (solver.net.forward(), solver.net.backward())
+    solver, timed = build()
+    runs = {"on": timed, "off": timed}
+    if args.path == "pooling":
+        from sncaffe.layers import pooling
+        pooling.ONEDNN = False
+        try:
+            runs["off"] = build()[1]
+        finally:
+            pooling.ONEDNN = True
+    on, off = _switch(args.path, solver.net)
     forms = {"on": on, "off": off}
     times = {"on": [], "off": []}
     try:
@@ -104,7 +115,7 @@ def main(argv=None) -> int:
             form = ("on", "off")[i % 2]
             forms[form]()
             t0 = time.perf_counter()
-            timed()
+            runs[form]()
             if i >= 2:                      # the first of each: warm-up
                 times[form].append(time.perf_counter() - t0)
     finally:

@@ -29,6 +29,7 @@ MAX, AVE, STOCHASTIC = 0, 1, 2          # PoolingParameter.PoolMethod
 CEIL = 0                                # PoolingParameter.RoundMode
 FLT_MAX = float(np.finfo(np.float32).max)   # Caffe starts a MAX window at -FLT_MAX (float and double)
 _NONE = np.empty(0, np.uint8)           # no workspace
+ONEDNN = True                           # False: layers set up after it run NumPy's taps (tools/bench_toggle.py)
 
 
 def pooled_size(length, k, s, p, ceil, padded):
@@ -132,7 +133,7 @@ class Pooling(Layer):
     def _onednn(self, shape, tops):
         """oneDNN's Pool for this layer, or None where NumPy runs it (see the module's doc)."""
         (kh, kw), (sh, sw), (ph, pw), (PH, PW) = self.kernel, self.stride, self.pad, self.pooled
-        if (is_gpu(self.target) or np.dtype(self.dtype) != np.float32 or self.method == STOCHASTIC
+        if (not ONEDNN or is_gpu(self.target) or np.dtype(self.dtype) != np.float32 or self.method == STOCHASTIC
                 or self.is_global or tops > 1 or self.scratch_specs.get("argmax", (0, np.uint8))[1] != np.uint8):
             return None
         past = any((p - 1) * s + k > n + 2 * q for p, s, k, n, q in zip(self.pooled, self.stride, self.kernel,

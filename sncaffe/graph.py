@@ -32,14 +32,14 @@ SHARED_SCRATCH = {("Scale", "bottom"): ("BatchNorm", "x_norm"),
 
 @dataclass(eq=False)
 class Fusion:
-    """A training BatchNorm and the in-place Scale right after it, run as one on the CPU: forward,
+    """A training BatchNorm and the in-place Scale right after it, run as one on the CPU. Forward,
     BatchNorm writes x_norm only, centered and not yet divided by std, and Scale computes
     ((x_norm / std) * scale) + bias in one pass (BatchNorm's top is not written, then copied to
-    x_norm, then read again, nor x_norm divided in a pass of its own); backward, Scale leaves dy as it is, takes each image's sums of dy
-    and dy * x_norm into BatchNorm's per-image sums (its own gradients are their sums over the
-    images), and BatchNorm's dx is one pass over x_norm and dy with per-channel factors (the same
-    two sums are not taken twice, nor dy * scale or x_norm * mean(dy * x_norm) written and read
-    again). Backward only where BatchNorm runs in
+    x_norm, then read again, nor x_norm divided in a pass of its own). Backward, Scale leaves dy
+    as it is and takes each image's sums of dy and dy * x_norm into BatchNorm's per-image sums
+    (its own gradients are their sums over the images), and BatchNorm's dx is one pass over
+    x_norm and dy with per-channel factors (the same two sums are not taken twice, nor dy * scale
+    or x_norm * mean(dy * x_norm) written and read again). Backward only where BatchNorm runs in
     place (``in_place``): otherwise its top's diff, which pycaffe shows, would be Scale's dy
     where Caffe leaves dy * scale. ``forward``/``backward``: whether the pair runs as one in
     this pass, which needs both layers in it (pycaffe's partial passes turn it off where one of

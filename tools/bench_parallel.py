@@ -202,8 +202,11 @@ def main():
     if args.worker:
         return worker(args)
     load = os.getloadavg()
+    sys.path.insert(0, str(ROOT))
+    from sncaffe.backend import onednn
+    conv = onednn.choice()          # the workers run this interpreter: a venv without oneDNN halves the speed
     print(f"weak scaling on the CPU ({os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} "
-          f"{load[2]:.1f} at the start), {args.iters} iterations "
+          f"{load[2]:.1f} at the start; {sys.executable}, convolutions on {conv}), {args.iters} iterations "
           f"timed after {args.warmup + args.traces}, 1 BLAS thread per rank or location; ResNet-50 at "
           f"{args.hw}x{args.hw}")
     print(f"{'net':<13}{'configuration':<16}{'ops':>5}{'ms/iter':>10}{'cpu ms':>8}{'images/s':>10}{'efficiency':>11}"

@@ -213,7 +213,8 @@ class BatchNorm(Layer):
             return self.forward(bottom, top, update_stats=False)
         mean, std, x_norm = self.scratch["mean"], self.scratch["std"], self.scratch["x_norm"].reshape(self.view)
         if self.centered:           # as the fused forward left it: Scale divides
-            workers.split(self.view[1], 2 * x.size, lambda cs: np.subtract(x[:, cs], mean[cs, None], out=x_norm[:, cs]))
+            workers.split(self.view[1], 2 * x.size,
+                          lambda cs: np.subtract(x[:, cs], mean[cs, None], out=x_norm[:, cs]))
             return
 
         def normalize(cs):

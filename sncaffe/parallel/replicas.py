@@ -18,7 +18,9 @@ operator of each layer's replicas, a summing operator: it adds the replicas'
 gradients of that layer (in location order) and writes the sum into every
 replica, on the comm stream of the first location, while backward goes on.
 Each replica then applies the same update to the same weights, so they stay
-equal to the bit. The result is that of one location at the summed batch up
+equal to the bit, each on its own location's worker with the replicas at once
+(``Solver.update_streams``), as Purine's update operators run where their
+weights are. The result is that of one location at the summed batch up
 to float summation order: one location sums a parameter's gradient over the
 whole batch in one GEMM, the replicas in parts, then across parts.
 
@@ -167,6 +169,9 @@ class Replicas:
             if slots[0]:
                 self.ops.append(ReplicaSum(self, base, {node.name for node in nodes}, slots))
         self.instructions = insert_allreduce(self.net.plan.schedule, self.ops)
+        executor = self.net.executor
+        if getattr(executor, "threaded", False):    # each replica's update on its own location's worker
+            solver.update_streams = {loc: executor.stream(loc, "compute") for loc in self.locations}
         self.batch_norms = cross_replica_batch_norms(self.net, groups, self.locations)
         bn = sum(1 for g in groups.values() if next(iter(g.values())).type == "BatchNorm")
         if bn and not self.batch_norms:
@@ -187,6 +192,7 @@ class Replicas:
 
     def close(self) -> None:
         self.net.executor.synchronize()
+        self.solver.update_streams = None
         for group in self.batch_norms:
             group.detach()
         backward = self.net.plan.schedule.backward

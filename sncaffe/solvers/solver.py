@@ -132,6 +132,10 @@ class Solver:
         for net in self.test_nets:
             self._share_trained_layers(net)
         self._learnable = self._learnable_params()
+        self._locations = [q.data.location for q in self.net.graph.learnable]
+        # {location: stream}: each location's parameters updated on its own worker, concurrently
+        # (data parallelism in one process, parallel/replicas.py); None: all on this thread
+        self.update_streams = None
         self.history = self._alloc_history()
         self.iter = 0
         self.current_step = 0
@@ -303,13 +307,20 @@ class Solver:
                 for d in diffs:
                     d *= scale
         n = len(self._learnable)
+        rates = []
+        for q in self._learnable:
+            if p.iter_size > 1:
+                q.blob.diff *= dt(1) / dt(p.iter_size)
+            rates.append((dt(p.weight_decay) * q.decay_mult, dt(rate) * q.lr_mult))
+
+        def step(k):
+            blob, (decay, local_rate) = self._learnable[k].blob, rates[k]
+            return self.rule.step(blob.data, blob.diff, self.history[k::n], local_rate, decay, p.regularization_type)
+        stepped = self._step_at_locations(step) if self.update_streams else {}
         updated = set()
         for k, q in enumerate(self._learnable):
-            blob = q.blob
-            if p.iter_size > 1:
-                blob.diff *= dt(1) / dt(p.iter_size)
-            decay, local_rate = dt(p.weight_decay) * q.decay_mult, dt(rate) * q.lr_mult
-            if self.rule.step(blob.data, blob.diff, self.history[k::n], local_rate, decay, p.regularization_type):
+            blob, (decay, local_rate) = q.blob, rates[k]
+            if stepped[k] if k in stepped else step(k):
                 updated.add(k)          # its data too (each parameter's update reads only its own)
                 continue
             work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
@@ -319,6 +330,18 @@ class Solver:
             if k not in updated:
                 q.blob.data -= q.blob.diff
         return rate
+
+    def _step_at_locations(self, step) -> dict:
+        """{k: whether ``step(k)`` updated parameter k}, each location's parameters stepped on its
+        stream (``update_streams``), the locations at once; what a rule cannot step (``Rule.step``
+        false) is left to the caller, whose work buffers are one set."""
+        done, events = {}, []
+        for loc, stream in self.update_streams.items():
+            ks = [k for k, where in enumerate(self._locations) if where == loc]
+            events.append(stream.submit(lambda ks=ks: done.update((k, step(k)) for k in ks)))
+        for e in events:
+            e.wait()
+        return done
 
     # -- the loop (Solver::Step, Solve) ---------------------------------------
     def _forward(self, net, index, backward):

@@ -83,6 +83,38 @@ def test_two_replicas_train_as_one_location_at_the_summed_batch(iter_size):
     assert np.shares_memory(w1, two.net.devices["cpu:1"].arena)
 
 
+def test_each_replica_is_updated_on_its_own_locations_worker_to_the_same_bits(monkeypatch):
+    """Solver.update_streams: each location's parameters are stepped on that location's worker,
+    the two at once, and the weights are those of the update on the calling thread."""
+    import threading
+    serial = make_solver(replicate(net_param(), LOCATIONS))
+    Replicas(serial)
+    serial.update_streams = None
+    serial.solve()
+    two = make_solver(replicate(net_param(), LOCATIONS))
+    reps = Replicas(two)
+    assert set(two.update_streams) == set(LOCATIONS)
+    where = {}                                  # parameter data's address -> threads that stepped it
+    real = type(two.rule).step
+
+    def step(self, data, *args):
+        where.setdefault(data.ctypes.data, set()).add(threading.current_thread())
+        return real(self, data, *args)
+    monkeypatch.setattr(type(two.rule), "step", step)
+    two.solve()
+    reps.close()
+    assert two.update_streams is None
+    threads = {loc: set() for loc in LOCATIONS}
+    for name, blobs in two.net.params.items():
+        loc = name.rpartition("@")[2]
+        for b, s in zip(blobs, serial.net.params[name]):
+            threads[loc] |= where[b.data.ctypes.data]
+            assert np.array_equal(b.data, s.data), name
+    assert all(len(t) == 1 for t in threads.values())          # one worker per location
+    assert threads["cpu:0"] != threads["cpu:1"]
+    assert threading.main_thread() not in threads["cpu:0"] | threads["cpu:1"]
+
+
 def test_without_the_summing_operators_the_replicas_drift_apart():
     """The check above can fail: each replica alone follows its own half of the batch."""
     two = make_solver(replicate(net_param(), LOCATIONS))

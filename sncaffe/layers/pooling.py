@@ -132,7 +132,7 @@ class Pooling(Layer):
 
     def _onednn(self, shape, tops):
         """oneDNN's Pool for this layer, or None where NumPy runs it (see the module's doc)."""
-        (kh, kw), (sh, sw), (ph, pw), (PH, PW) = self.kernel, self.stride, self.pad, self.pooled
+        PH, PW = self.pooled
         if (not ONEDNN or is_gpu(self.target) or np.dtype(self.dtype) != np.float32 or self.method == STOCHASTIC
                 or self.is_global or tops > 1 or self.scratch_specs.get("argmax", (0, np.uint8))[1] != np.uint8):
             return None

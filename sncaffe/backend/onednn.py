@@ -608,18 +608,17 @@ class Pool:
                               for _, _, r, _ in step.args.values())
 
     def forward(self, x, y, argmax, ws):
-        _set_threads()
-        args = {SRC: x, DST: y}
-        if self.ws is not None:
-            args[WORKSPACE] = argmax.reshape(-1).view(np.uint8)
-        self.forward_step.run(args, ws[:self.forward_step.nbytes])
+        self._run(self.forward_step, {SRC: x, DST: y}, argmax, ws)
 
     def backward(self, dy, dx, argmax, ws):
+        self._run(self.backward_step, {DIFF_DST: dy, DIFF_SRC: dx}, argmax, ws)
+
+    def _run(self, step, args, argmax, ws):
+        """``step`` on ``args``, MAX's argmax as oneDNN's workspace, its scratchpad in ``ws``."""
         _set_threads()
-        args = {DIFF_DST: dy, DIFF_SRC: dx}
         if self.ws is not None:
             args[WORKSPACE] = argmax.reshape(-1).view(np.uint8)
-        self.backward_step.run(args, ws[:self.backward_step.nbytes])
+        step.run(args, ws[:step.nbytes])
 
 
 _pools: dict = {}

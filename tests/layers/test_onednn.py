@@ -465,3 +465,27 @@ def test_binary_takes_src1_and_each_post_operand_in_its_own_shape(full, posts):
     y = np.empty_like(x)
     onednn.binary(view, onednn.MUL, posts, full).run(x, src1, y, *operands)
     assert y.tobytes() == expected.astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("n", [1, 4095, 4096, 3 * 4096, 64 * 4096, 2359296, 1000003, 8192 * 63])
+def test_flat_views_cover_n_in_rows_of_at_least_4_ki(n):
+    """``flat(n)``: rows x 1 x inner = n, at most 64 rows, each of 4 Ki values or more (one row
+    where no such split divides n)."""
+    rows, one, inner = onednn.flat(n)
+    assert rows * one * inner == n and one == 1 and 1 <= rows <= 64
+    assert rows == 1 or inner >= 4096
+    if n % 64 == 0 and n >= 64 * 4096:
+        assert rows == 64
+
+
+@needs_onednn
+def test_times_one_on_a_flat_view_copies_every_bit():
+    """SGD's ``diff = history`` runs as history * 1 on a flat view (all the threads): signed
+    zeros, subnormals, infinities and NaN come through unchanged."""
+    rng = np.random.default_rng(13)
+    n = 64 * 4096
+    x = rng.standard_normal(n).astype(np.float32)
+    x[:6] = [-0.0, 1e-45, -1e-45, np.inf, -np.inf, np.nan]
+    y = np.empty_like(x)
+    onednn.binary(onednn.flat(n), onednn.MUL).run(x, np.ones(1, np.float32), y)
+    assert y.tobytes() == x.tobytes()

@@ -496,10 +496,13 @@ def test_non_finite_parameters_are_never_snapshotted(tmp_path):
 @pytest.mark.skipif(__import__("sncaffe.backend.onednn", fromlist=["x"]).choice() != "onednn",
                     reason="oneDNN is not in use on this machine")
 @pytest.mark.parametrize("weight_decay", [0.0, 5e-4])
-def test_sgd_step_on_onednn_gives_numpys_bytes(tmp_path, monkeypatch, weight_decay):
+@pytest.mark.parametrize("team", [1, 2])
+def test_sgd_step_on_onednn_gives_numpys_bytes(tmp_path, monkeypatch, weight_decay, team):
     """A large float32 parameter's SGD step (L2 decay, momentum, Net::Update) runs on oneDNN's
-    binary kernel (SGD.step); a small one on NumPy. Both give the bytes of NumPy's calls."""
-    from sncaffe.backend import onednn
+    binary kernel (SGD.step; with a team of two its copy too); a small one on NumPy. Both give
+    the bytes of NumPy's calls."""
+    from sncaffe.backend import onednn, threads
+    monkeypatch.setattr(threads, "_decision", threads.Decision(team, 2, "--threads"))
     hidden = (onednn.BINARY_MIN + 5) // 6 + 1          # ip1's weights past the threshold, ip2's under
     runs, calls = [], []
     real = onednn.Binary.run

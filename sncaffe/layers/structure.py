@@ -143,6 +143,13 @@ class Eltwise(Layer):
         data = [b.data if prod else None for b in bottom]
         diffs = [b.diff if p else None for b, p in zip(bottom, propagate_down)]
         y = top[0].data if prod and not self.stable_prod_grad else None
+        if self.op == "SUM" and xp is np:     # coefficients of 1: dx = dy, a copy on the team each
+            copies = [onednn.copy_for(top[0].diff, dx) if dx is not None and c == 1 else None
+                      for dx, c in zip(diffs, self.coeffs)]
+            for i, copy in enumerate(copies):
+                if copy is not None:
+                    copy()
+                    diffs[i] = None
         workers.elementwise(lambda dy, y, argmax, mask, *rest: self._backward(xp, dy, y, argmax, mask, rest[:n], rest[n:]),
                             top[0].diff, y, self.scratch.get("argmax"), self.workspace.get("mask"), *data, *diffs)
 

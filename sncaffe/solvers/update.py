@@ -55,10 +55,11 @@ class SGD(Rule):
         diff[...] = h
 
     def step(self, data, diff, history, local_rate, local_decay, kind) -> bool:
-        """Large float32 parameters on the CPU: four passes of oneDNN's binary kernel on all the
-        threads (``onednn.flat``), each operation rounded as NumPy's calls above round it (so the
+        """Large float32 parameters on the CPU: three passes of oneDNN's binary kernel and a copy
+        on all the threads (``onednn.flat``), each operation rounded as NumPy's calls above round it (so the
         same bytes), where NumPy takes six to eight passes on one: diff = ((data * decay) + diff)
-        * rate; history = (history * momentum) + diff; diff = history * 1; data = data - history."""
+        * rate; history = (history * momentum) + diff; diff = history (``onednn.copy_for``); data =
+        data - history."""
         if kind != "L2":
             return False
         (h,), view = history, onednn.flat(data.size)
@@ -66,8 +67,7 @@ class SGD(Rule):
         decayed = ((onednn.ADD, True), (onednn.MUL, False))
         first = onednn.binary_for(view, arrays, onednn.MUL, decayed if local_decay else ())
         then = onednn.binary_for(view, arrays, onednn.MUL, ((onednn.ADD, True),)) if first else None
-        copy = onednn.binary_for(view, arrays, onednn.MUL) if then else None   # h * 1: h's bits
-        last = onednn.binary_for(view, arrays, onednn.SUB, full=True) if copy else None
+        last = onednn.binary_for(view, arrays, onednn.SUB, full=True) if then else None
         if last is None:
             return False
         dt = self.dt
@@ -76,7 +76,11 @@ class SGD(Rule):
         else:
             first.run(diff, np.array([local_rate], dt), diff)
         then.run(h, np.array([self.momentum], dt), h, diff)
-        copy.run(h, np.array([1], dt), diff)        # on the team, where np.copyto takes one thread
+        copy = onednn.copy_for(h, diff)
+        if copy is None:
+            np.copyto(diff, h)
+        else:
+            copy()
         last.run(data, h, data)
         return True
 

@@ -397,10 +397,14 @@ def test_batchnorm_on_onednn_passes_the_gradient_checker():
     ('type: "Split"', 1, 2),                                     # backward: d0 + d1
     ('type: "Split"', 1, 3),                                     # (d0 + d1) + d2
 ])
-def test_sums_on_onednn_give_numpys_bytes(text, n_bottoms, n_tops, monkeypatch):
+@pytest.mark.parametrize("team", [1, 2])
+def test_sums_on_onednn_give_numpys_bytes(text, n_bottoms, n_tops, team, monkeypatch):
     """Eltwise's SUM (coefficients 1) and Split's backward add on oneDNN's binary kernel, left to
     right as NumPy adds: tops and bottom gradients byte for byte (signed zeros, infinities and a
-    NaN included), one oneDNN call per pass."""
+    NaN included), one oneDNN call per pass; with a team of two, Eltwise's gradient copies (dx =
+    dy) run on it too (``onednn.copy_for``), one call each."""
+    from sncaffe.backend import threads
+    monkeypatch.setattr(threads, "_decision", threads.Decision(team, 2, "--threads"))
     rng = np.random.default_rng(9)
     shape = (16, 16, 32, 32)
     assert np.prod(shape) >= onednn.BINARY_MIN
@@ -410,7 +414,8 @@ def test_sums_on_onednn_give_numpys_bytes(text, n_bottoms, n_tops, monkeypatch):
         a[0, 0, 0, :4] = [-0.0, np.inf, 1e-45, np.nan]
     fast, native, calls = _onednn_and_native(monkeypatch, text, bottoms, dys, [(onednn.Binary, "run")],
                                              n_bottoms=n_bottoms, n_tops=n_tops)
-    assert calls == 1                       # Eltwise's forward or Split's backward
+    copies = n_bottoms if team == 2 and "Eltwise" in text else 0
+    assert calls == 1 + copies              # Eltwise's forward or Split's backward, and the copies
     assert [a.tobytes() for a in fast] == [b.tobytes() for b in native]
 
 

@@ -707,6 +707,10 @@ def binary(view, op, posts=(), full=False) -> Binary | None:
 # 9.6, 64 Ki 20.7 against 11.4; x * s + b at 128 Ki 14.7 against 25.6, 256 Ki 33 against 39,
 # 512 Ki 100 against 61; BatchNorm's gradient chain at 256 Ki 61 against 49).
 RELU_MIN, BINARY_MIN = 1 << 15, 1 << 18
+# On a team of two or more from half that: the team's share of a 128-256 Ki tensor pays for its
+# wake-up (ResNet-50 at batch 2, two threads, by turns over 12 iterations: 1.032x and 1.003x the
+# step at 256 Ki; MobileNet-v2 at batch 8 1.018x; at one thread 128 Ki gave 0.998x, so it stays)
+BINARY_MIN_TEAM = 1 << 17
 
 
 def _fits(arrays, least) -> bool:
@@ -765,8 +769,9 @@ def relu_for(slope, *arrays) -> Relu | None:
 
 def binary_for(view, arrays, op, posts=(), full=False) -> Binary | None:
     """A layer's ``Binary`` of ``op`` and ``posts`` on ``view`` for ``arrays`` (every array the call
-    reads and writes), or None where NumPy runs it (as ``relu_for``, from ``BINARY_MIN`` values)."""
-    if not _fits(arrays, BINARY_MIN):
+    reads and writes), or None where NumPy runs it (as ``relu_for``, from ``BINARY_MIN`` values,
+    ``BINARY_MIN_TEAM`` on a team of two or more)."""
+    if not _fits(arrays, BINARY_MIN if _threads.current().threads < 2 else BINARY_MIN_TEAM):
         return None
     try:
         return binary(view, op, posts, full)

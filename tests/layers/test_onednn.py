@@ -494,3 +494,16 @@ def test_times_one_on_a_flat_view_copies_every_bit():
     y = np.empty_like(x)
     onednn.binary(onednn.flat(n), onednn.MUL).run(x, np.ones(1, np.float32), y)
     assert y.tobytes() == x.tobytes()
+
+
+@needs_onednn
+@pytest.mark.parametrize("team", [1, 2])
+def test_a_team_takes_mid_sized_tensors_to_onednn(team, monkeypatch):
+    """Between BINARY_MIN_TEAM and BINARY_MIN values a binary runs on oneDNN only on a team of two
+    or more; from BINARY_MIN on either; below BINARY_MIN_TEAM on neither."""
+    from sncaffe.backend import threads
+    monkeypatch.setattr(threads, "_decision", threads.Decision(team, 2, "--threads"))
+    for n, expected in [(onednn.BINARY_MIN_TEAM - 64, False), (onednn.BINARY_MIN_TEAM, team == 2),
+                        (onednn.BINARY_MIN, True)]:
+        x = np.ones(n, np.float32)
+        assert (onednn.binary_for(onednn.flat(n), (x, x), onednn.ADD, full=True) is not None) == expected

@@ -44,7 +44,7 @@ class _ExecArg(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
 
 
-_lib = _gomp = _engine = None
+_lib = _gomp = _engine = _point = None
 _tried = False
 _local = threading.local()          # a stream per thread: oneDNN's CPU stream is not shared
 
@@ -58,7 +58,7 @@ def _candidates():
 
 
 def _load():
-    global _lib, _gomp, _engine, _tried
+    global _lib, _gomp, _engine, _tried, _point
     _tried = True
     for path in _candidates():
         try:
@@ -69,6 +69,11 @@ def _load():
         engine = ctypes.c_void_p()
         _check(lib.dnnl_engine_create(ctypes.byref(engine), _CPU, 0), "engine_create")
         _lib, _engine = lib, engine
+        # pointing a memory object at an array takes nanoseconds: called with the GIL held (the
+        # same library, loaded as a PyDLL), where each ctypes call would let it go and queue for
+        # it again behind the other locations' workers
+        _point = ctypes.PyDLL(path).dnnl_memory_set_data_handle
+        _point.argtypes, _point.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
         # the libgomp libdnnl links: its thread count is per calling thread
         _gomp = ctypes.CDLL("libgomp.so.1")
         return lib
@@ -313,7 +318,7 @@ class _Call:
         self.args = (_ExecArg * self.n)(*[_ExecArg(a, m) for (a, _), m in zip(mds, self.mems)])
 
     def __call__(self, stream, ptrs, pad):
-        point = _lib.dnnl_memory_set_data_handle
+        point = _point
         failed = 0
         for m, p in zip(self.mems, ptrs):
             failed |= point(m, p)

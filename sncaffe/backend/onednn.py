@@ -747,16 +747,19 @@ def sum_for(arrays) -> Binary | None:
 _ONE = np.ones(1, np.float32)
 
 
-def copy_for(src, dst):
-    """A callable copying ``src`` into ``dst`` as ``src * 1`` on oneDNN's team (every bit kept:
-    signed zeros, subnormals, infinities, NaN; tests/layers/test_onednn.py), or None where
-    np.copyto does it: one thread (there a memcpy is as fast or faster: ResNet-50 b8's Eltwise
-    gradient copies 21.6 ms as np.copyto, 23.4 as oneDNN's; on two threads 19.8 and 17.7, the
-    CIFAR ResNet's 4.8 and 4.1), or ``binary_for``'s rule."""
+def copy_on_team(src, dst) -> bool:
+    """Copy ``src`` into ``dst`` as ``src * 1`` on oneDNN's team (every bit kept: signed zeros,
+    subnormals, infinities, NaN; tests/layers/test_onednn.py) and return True, or return False
+    and copy nothing where np.copyto is the caller's to run: one thread (there a memcpy is as fast
+    or faster: ResNet-50 b8's Eltwise gradient copies 21.6 ms as np.copyto, 23.4 as oneDNN's; on
+    two threads 19.8 and 17.7, the CIFAR ResNet's 4.8 and 4.1), or ``binary_for``'s rule."""
     if _threads.current().threads < 2:
-        return None
+        return False
     mul = binary_for(flat(src.size), (src, dst), MUL)
-    return None if mul is None else (lambda: mul.run(src, _ONE, dst))
+    if mul is None:
+        return False
+    mul.run(src, _ONE, dst)
+    return True
 
 
 def relu_for(slope, *arrays) -> Relu | None:

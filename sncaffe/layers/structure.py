@@ -144,11 +144,8 @@ class Eltwise(Layer):
         diffs = [b.diff if p else None for b, p in zip(bottom, propagate_down)]
         y = top[0].data if prod and not self.stable_prod_grad else None
         if self.op == "SUM" and xp is np:     # coefficients of 1: dx = dy, a copy on the team each
-            copies = [onednn.copy_for(top[0].diff, dx) if dx is not None and c == 1 else None
-                      for dx, c in zip(diffs, self.coeffs)]
-            for i, copy in enumerate(copies):
-                if copy is not None:
-                    copy()
+            for i, (dx, c) in enumerate(zip(diffs, self.coeffs)):
+                if dx is not None and c == 1 and onednn.copy_on_team(top[0].diff, dx):
                     diffs[i] = None
         workers.elementwise(lambda dy, y, argmax, mask, *rest: self._backward(xp, dy, y, argmax, mask, rest[:n], rest[n:]),
                             top[0].diff, y, self.scratch.get("argmax"), self.workspace.get("mask"), *data, *diffs)

@@ -57,12 +57,12 @@ class SGD(Rule):
     def step(self, data, diff, history, local_rate, local_decay, kind) -> bool:
         """Large float32 parameters on the CPU: three passes of oneDNN's binary kernel and a copy
         on all the threads (``onednn.flat``), each operation rounded as NumPy's calls above round
-        it (so the same bytes), where NumPy takes six to eight passes on one: diff = ((data * decay) + diff)
-        * rate; diff = (history * momentum) + diff; data = data - diff; history = diff
-        (``onednn.copy_for``). In this order (the new history written where diff was just written,
-        the copy last) the step of ResNet-50's large parameters took 24.5-26.7 ms where history
-        first, then the copy, took 26.7-29.3 (one thread, by turns; two threads: 19.9-22.3
-        against 20.4-22.3)."""
+        it (so the same bytes), where NumPy takes six to eight passes on one: diff = ((data *
+        decay) + diff) * rate; diff = (history * momentum) + diff; data = data - diff; history =
+        diff (``onednn.copy_on_team``). In this order (the new history written where diff was
+        just written, the copy last) the step of ResNet-50's large parameters took 24.5-26.7 ms
+        where history first, then the copy, took 26.7-29.3 (one thread, by turns; two threads:
+        19.9-22.3 against 20.4-22.3)."""
         if kind != "L2":
             return False
         (h,), view = history, onednn.flat(data.size)
@@ -80,11 +80,8 @@ class SGD(Rule):
             first.run(diff, np.array([local_rate], dt), diff)
         then.run(h, np.array([self.momentum], dt), diff, diff)     # the new history, in diff
         last.run(data, diff, data)
-        copy = onednn.copy_for(diff, h)
-        if copy is None:
+        if not onednn.copy_on_team(diff, h):
             np.copyto(h, diff)
-        else:
-            copy()
         return True
 
 

@@ -402,7 +402,7 @@ def test_sums_on_onednn_give_numpys_bytes(text, n_bottoms, n_tops, team, monkeyp
     """Eltwise's SUM (coefficients 1) and Split's backward add on oneDNN's binary kernel, left to
     right as NumPy adds: tops and bottom gradients byte for byte (signed zeros, infinities and a
     NaN included), one oneDNN call per pass; with a team of two, Eltwise's gradient copies (dx =
-    dy) run on it too (``onednn.copy_for``), one call each."""
+    dy) run on it too (``onednn.copy_on_team``), one call each."""
     from sncaffe.backend import threads
     monkeypatch.setattr(threads, "_decision", threads.Decision(team, 2, "--threads"))
     rng = np.random.default_rng(9)

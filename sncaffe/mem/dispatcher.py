@@ -41,6 +41,7 @@ import sys
 import time
 from bisect import bisect_left, bisect_right, insort
 from operator import itemgetter
+from queue import SimpleQueue
 
 from ..trace import Span
 from .executor import SerialExecutor
@@ -75,6 +76,10 @@ def _live(events):
 
 
 _start = itemgetter(0)
+
+
+def _nothing():
+    pass
 
 _DONE = Event()         # the event of an operator run on the calling thread with nothing pending
 _DONE.set()
@@ -328,16 +333,20 @@ class Dispatcher(SerialExecutor):
 
     # -- instructions -----------------------------------------------------------------
     def execute(self, instrs):
-        self._dispatching = self.threaded
+        programs = self.threaded and self._programmable(instrs)
+        self._dispatching = self.threaded and not programs
         concurrent = self.threaded or any(ins.kind == "collective" for ins in instrs)
         switch = sys.getswitchinterval()
         if concurrent:      # see SWITCH_INTERVAL
             sys.setswitchinterval(min(switch, SWITCH_INTERVAL))
         try:
-            for i, ins in enumerate(instrs):
-                if ins.kind not in self.KINDS:    # a newer planner's instruction: run it serially
-                    self._drain()
-                self._apply(instrs, i)
+            if programs:
+                self._programs(instrs)
+            else:
+                for i, ins in enumerate(instrs):
+                    if ins.kind not in self.KINDS:    # a newer planner's instruction: run it serially
+                        self._drain()
+                    self._apply(instrs, i)
         finally:
             try:
                 self._finish()
@@ -389,6 +398,211 @@ class Dispatcher(SerialExecutor):
                     for bind in self.binders.get(key, ()):
                         bind(arr)
                 self._dirty = set()
+
+    # -- programs: each location's worker issues its own operators ---------------------
+    # Where a schedule holds only allocations, frees, operators and collectives (no copies to
+    # and from the host tier), each compute worker runs the sequence of its location's
+    # instructions, a program, in the plan's order, as the serial executor runs one location's:
+    # it allocates, binds the blobs, runs and frees itself, so its pool sees the planned sequence
+    # and nothing of its own needs an event. Only a tensor touched from two streams (a Copy into
+    # another location, a gradient the comm stream sums, a replica's part of the batch, a split
+    # operator's) orders them: the instruction that waits holds the event of the one it waits
+    # for. The issuing thread walks the schedule once, feeding each worker's queue as it goes
+    # and submitting the other streams' operators (copies, exchanges, collectives): the
+    # general path's hand-offs (an event, a queue entry, a binding and the issuing thread's
+    # bookkeeping per operator) cost more than a small net's operators on two cores.
+    programs = True         # False: every schedule on the general path (benchmarks switch it)
+    PROGRAM_KINDS = frozenset(("alloc", "free", "run", "collective"))
+
+    def _programmable(self, instrs) -> bool:
+        if not self.programs or self.h2d or self.d2h or not all(_is_cpu(d) for d in self.devices.values()):
+            return False
+        kinds = self.PROGRAM_KINDS
+        for ins in instrs:
+            if ins.kind not in kinds:
+                return False
+            if ins.kind == "collective" and not all(id(t.root) in self.arrays or id(t.root) in self.home
+                                                    for t in ins.op.tensors):
+                return False        # a collective's arrays are taken when it is issued
+        return True
+
+    def _shared(self, instrs) -> set:
+        """The roots ``instrs`` touch from more than one stream (a split operator's parts counted
+        on its own stream: see _program_run); kept for the schedule."""
+        cache = self.__dict__.setdefault("_shared_cache", {})
+        cached = cache.get(id(instrs))
+        if cached is not None and cached[0] is instrs and cached[1] == len(instrs):
+            return cached[2]
+        first, shared = {}, set()
+        for ins in instrs:
+            if ins.kind == "alloc" or ins.kind == "free":
+                sid, keys = id(self.stream(ins.tensor.location, "compute")), (id(ins.tensor),)
+            elif ins.kind == "collective":
+                sid, keys = id(self.stream(ins.op.location, "comm")), [id(t.root) for t in ins.op.tensors]
+            else:
+                rw, _, (location, kind, _) = _static(ins.op)
+                sid, keys = id(self.stream(location, kind)), [k for k, _ in rw]
+            for key in keys:
+                if first.setdefault(key, sid) != sid:
+                    shared.add(key)
+        if len(cache) > 8:
+            cache.clear()
+        cache[id(instrs)] = (instrs, len(instrs), shared)
+        return shared
+
+    def _programs(self, instrs):
+        shared = self._shared(instrs)
+        every = self.record is not None or self.trace is not None      # every operator's span wanted
+        queues, made = {}, []
+        workers = {id(d.stream("compute")): d.stream("compute") for d in self.devices.values()}
+        writer, readers = {}, {}
+        compute = {location: d.stream("compute") for location, d in self.devices.items()}
+
+        def order(rw, sid, event):
+            """The events of other streams' steps a step touching ``rw`` waits for; it becomes
+            their writer or a reader."""
+            deps = []
+            for key, write in rw:
+                if key not in shared:
+                    continue
+                w = writer.get(key)
+                if w is not None and w[1] != sid:
+                    deps.append(w[0])
+                if write:
+                    deps.extend(e for e, s in readers.get(key, ()) if s != sid)
+                    writer[key], readers[key] = (event, sid), []
+                else:
+                    readers.setdefault(key, []).append((event, sid))
+            return deps
+
+        def step(stream, rw, after, fn, event, meta=None):
+            sid = id(stream)
+            if event is None and (every or not shared.isdisjoint(k for k, _ in rw)):
+                event = Event()
+            deps = list(after) + order(rw, sid, event) if event is not None else list(after)
+            if meta is not None and event is not None:
+                self._log(meta[0], meta[1], meta[2], event, meta[3])
+            if sid in workers:
+                q = queues.get(sid)
+                if q is None:
+                    q = queues[sid] = SimpleQueue()
+                    self._issued.append((stream.submit(lambda: self._run_program(q.get)), None, None))
+                q.put((fn, deps, event))
+            else:
+                stream.submit(fn, deps, event)
+                self._issued.append((event, meta[4] if meta else None, meta[5] if meta else None))
+                self._pending(event)
+            if event is not None:
+                made.append(event)
+
+        try:
+            for ins in instrs:
+                kind = ins.kind
+                if kind == "alloc" or kind == "free":
+                    t = ins.tensor
+                    fn = (lambda t=t, fill=ins.fill: self._program_alloc(t, fill)) if kind == "alloc" \
+                        else (lambda t=t: self._program_free(t))
+                    step(compute[t.location], ((id(t), True),), (), fn, None)
+                elif kind == "collective":
+                    op = ins.op
+                    arrays = [self._array(id(t.root)) for t in op.tensors]
+                    token = op.before(None)
+                    step(self.stream(op.location, "comm"), [(id(t.root), True) for t in op.tensors], (),
+                         lambda op=op, arrays=arrays, token=token: op.run(arrays, token), Event(),
+                         (op.location, "comm", op.name, op.nbytes, op.timeout, op.timed_out))
+                else:
+                    self._program_run(ins, step, compute)
+        except BaseException as exc:    # what was handed out finds its events failed
+            for event in made:
+                if not event.done:
+                    event.error = exc
+                    event.set()
+            raise
+        finally:
+            for q in queues.values():
+                q.put(None)
+
+    def _program_run(self, ins, step, compute):
+        op = ins.op
+        node = op.node
+        rw, _, (location, kind, nbytes) = _static(op)
+        names = ins.workspace if ins.workspace is not None else (
+            node.workspace if op.kind == "forward" else node.backward_workspace)
+        arrays, run_op, recompute, chunk = self.arrays, self.run_op, ins.recompute, ins.chunk
+        device = self.devices[location]
+
+        def work():
+            ws = {k: arrays[id(t)] for k, t in names.items()} if names else {}
+            with device.active():
+                run_op(op, recompute, ws, chunk)
+        name = op.name + (" (recompute)" if recompute else "")
+        split = getattr(getattr(node, "layer", None), "split_op", None)
+        parts = split(op.kind, recompute) if split is not None else None
+        own = compute[location] if kind == "compute" else self.stream(location, kind)
+        if not parts:
+            return step(own, rw, (), work, None, (location, kind, name, nbytes, None, None))
+        layer = node.layer
+        for part in parts:         # as _parts: the operator itself, its later stages, exchanges
+            fn, stream = part.fn, part.stream
+            if fn is None:
+                fn, stream = work, kind
+            elif part.touches:
+                def fn(f=part.fn):
+                    layer.workspace = {k: arrays[id(t)] for k, t in names.items()}
+                    try:
+                        f()
+                    finally:
+                        layer.workspace = {}
+            at, event = part.location or location, Event()
+            there, after = self.stream(at, stream), part.after
+            if part.touches and there is not own:   # between the steps before and after it on its own
+                reached = Event()                   # stream (their roots counted there: _shared)
+                step(own, (), (), _nothing, reached)
+                after = list(after) + [reached]
+            step(there, rw if part.touches else (), after, fn, event,
+                 (at, stream, part.name or name, nbytes if part.fn is None else None, None, None))
+            if part.touches and there is not own:
+                step(own, (), (event,), _nothing, None)
+            if part.issued is not None:
+                part.issued(event)
+
+    @staticmethod
+    def _run_program(get):
+        """A worker's program: steps (fn, events to wait for, its event or None) from ``get`` until
+        None. After an error every later step fails with it (whoever waits sees it)."""
+        clock, error = time.perf_counter, None
+        while True:
+            item = get()
+            if item is None:
+                break
+            fn, deps, event = item
+            if error is None:
+                try:
+                    for d in deps:
+                        d.wait()
+                    if event is None:
+                        fn()
+                        continue
+                    event.start = clock()
+                    fn()
+                    event.end = clock()
+                    event.set()
+                    continue
+                except BaseException as exc:
+                    error = exc
+            if event is not None and not event.done:
+                event.error, event.end = error, clock()
+                event.set()
+        if error is not None:
+            raise error
+
+    def _program_alloc(self, t, fill):
+        SerialExecutor.alloc(self, t, fill)
+        self._count_pool(t.location)
+
+    def _program_free(self, t):
+        SerialExecutor.free(self, t)
+        self._count_pool(t.location)
 
     @staticmethod
     def _rw(op):

@@ -68,10 +68,12 @@ class Stream:
             event.end = clock()
             event.set()
 
-    def submit(self, fn, after=()) -> Event:
+    def submit(self, fn, after=(), event=None) -> Event:
         """Run ``fn`` after the work before it on this stream and the events ``after``;
-        ``event.start`` is when ``fn`` began (after the waits)."""
-        event = Event()
+        ``event.start`` is when ``fn`` began (after the waits). ``event``: one made before (others
+        may already wait for it), else a new one."""
+        if event is None:
+            event = Event()
         self._queue.put((fn, event, after))
         self._last = event
         return event

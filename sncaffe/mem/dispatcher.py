@@ -496,14 +496,18 @@ class Dispatcher(SerialExecutor):
                 made.append(event)
 
         try:
-            for ins in instrs:
-                kind = ins.kind
-                if kind == "alloc" or kind == "free":
-                    t = ins.tensor
-                    fn = (lambda t=t, fill=ins.fill: self._program_alloc(t, fill)) if kind == "alloc" \
-                        else (lambda t=t: self._program_free(t))
-                    step(compute[t.location], ((id(t), True),), (), fn, None)
-                elif kind == "collective":
+            for ins, entry in zip(instrs, self._compiled(instrs, compute)):
+                if entry is not None:       # an allocation, a free, an operator not split
+                    stream, fn, rw, private, meta, layer = entry
+                    if layer is None or getattr(layer, "split_op", None) is None:
+                        if private and not every:       # nothing to wait for, nobody waits for it
+                            q = queues.get(id(stream))
+                            if q is not None:
+                                q.put((fn, (), None))
+                                continue
+                        step(stream, rw, (), fn, None, meta)
+                        continue
+                if ins.kind == "collective":
                     op = ins.op
                     arrays = [self._array(id(t.root)) for t in op.tensors]
                     token = op.before(None)
@@ -522,19 +526,58 @@ class Dispatcher(SerialExecutor):
             for q in queues.values():
                 q.put(None)
 
+    def _compiled(self, instrs, compute) -> list:
+        """Per instruction of ``instrs``, what issuing it takes that stays the same from one pass
+        to the next: (stream, fn, rw, private, record entry, layer) for an allocation, a free or
+        an operator (``private``: it touches no root another stream touches), None for a
+        collective; kept for the schedule (with _shared's)."""
+        cache = self.__dict__.setdefault("_compiled_cache", {})
+        cached = cache.get(id(instrs))
+        if cached is not None and cached[0] is instrs and cached[1] == len(instrs):
+            return cached[2]
+        shared, out = self._shared(instrs), []
+        for ins in instrs:
+            kind = ins.kind
+            if kind == "alloc" or kind == "free":
+                t = ins.tensor
+                fn = (lambda t=t, fill=ins.fill: self._program_alloc(t, fill)) if kind == "alloc" \
+                    else (lambda t=t: self._program_free(t))
+                out.append((compute[t.location], fn, ((id(t), True),), id(t) not in shared, None, None))
+            elif kind == "run":
+                op = ins.op
+                rw, _, (location, where, nbytes) = _static(op)
+                name = op.name + (" (recompute)" if ins.recompute else "")
+                out.append((compute[location] if where == "compute" else self.stream(location, where),
+                            self._program_work(ins), rw, shared.isdisjoint(k for k, _ in rw),
+                            (location, where, name, nbytes, None, None), getattr(op.node, "layer", None)))
+            else:
+                out.append(None)
+        if len(cache) > 8:
+            cache.clear()
+        cache[id(instrs)] = (instrs, len(instrs), out)
+        return out
+
+    def _program_work(self, ins):
+        """An operator's run on its worker: its workspace's arrays as they are then."""
+        op, recompute, chunk, arrays = ins.op, ins.recompute, ins.chunk, self.arrays
+        node = op.node
+        names = ins.workspace if ins.workspace is not None else (
+            node.workspace if op.kind == "forward" else node.backward_workspace)
+        device = self.devices[_static(op)[2][0]]
+
+        def work():
+            ws = {k: arrays[id(t)] for k, t in names.items()} if names else {}
+            with device.active():
+                self.run_op(op, recompute, ws, chunk)
+        return work
+
     def _program_run(self, ins, step, compute):
         op = ins.op
         node = op.node
         rw, _, (location, kind, nbytes) = _static(op)
         names = ins.workspace if ins.workspace is not None else (
             node.workspace if op.kind == "forward" else node.backward_workspace)
-        arrays, run_op, recompute, chunk = self.arrays, self.run_op, ins.recompute, ins.chunk
-        device = self.devices[location]
-
-        def work():
-            ws = {k: arrays[id(t)] for k, t in names.items()} if names else {}
-            with device.active():
-                run_op(op, recompute, ws, chunk)
+        arrays, recompute, work = self.arrays, ins.recompute, self._program_work(ins)
         name = op.name + (" (recompute)" if recompute else "")
         split = getattr(getattr(node, "layer", None), "split_op", None)
         parts = split(op.kind, recompute) if split is not None else None

@@ -177,11 +177,12 @@ def test_one_location_dispatched_to_workers_gives_the_same_bits_and_peak(mode):
             assert np.array_equal(x.data, y.data) and np.array_equal(x.diff, y.diff), name
 
 
-def test_trace_has_a_row_per_location_and_stream_copy_bytes_and_pool_counters(tmp_path):
+@pytest.mark.parametrize("mode", ["offload", "none"])     # the general path; programs (dispatcher.py)
+def test_trace_has_a_row_per_location_and_stream_copy_bytes_and_pool_counters(tmp_path, mode):
     import json
 
     from sncaffe.trace import trace_iteration
-    net = Net(place(param(), SPLIT), "TRAIN", device=CPUDevice(64 << 20), seed=3, memory="offload",
+    net = Net(place(param(), SPLIT), "TRAIN", device=CPUDevice(64 << 20), seed=3, memory=mode,
               devices={"cpu:0": CPUDevice(64 << 20), "cpu:1": CPUDevice(64 << 20)})
     rng = np.random.default_rng(0)
     net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].data.shape)

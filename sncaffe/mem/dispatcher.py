@@ -430,8 +430,8 @@ class Dispatcher(SerialExecutor):
         """The roots ``instrs`` touch from more than one stream (a split operator's parts counted
         on its own stream: see _program_run); kept for the schedule."""
         cache = self.__dict__.setdefault("_shared_cache", {})
-        cached = cache.get(id(instrs))
-        if cached is not None and cached[0] is instrs and cached[1] == len(instrs):
+        cached, now = cache.get(id(instrs)), tuple(instrs)      # (the same instructions: a list
+        if cached is not None and cached[0] is instrs and cached[1] == now:     # may change in place)
             return cached[2]
         first, shared = {}, set()
         for ins in instrs:
@@ -447,7 +447,7 @@ class Dispatcher(SerialExecutor):
                     shared.add(key)
         if len(cache) > 8:
             cache.clear()
-        cache[id(instrs)] = (instrs, len(instrs), shared)
+        cache[id(instrs)] = (instrs, now, shared)
         return shared
 
     def _programs(self, instrs):
@@ -532,8 +532,8 @@ class Dispatcher(SerialExecutor):
         an operator (``private``: it touches no root another stream touches), None for a
         collective; kept for the schedule (with _shared's)."""
         cache = self.__dict__.setdefault("_compiled_cache", {})
-        cached = cache.get(id(instrs))
-        if cached is not None and cached[0] is instrs and cached[1] == len(instrs):
+        cached, now = cache.get(id(instrs)), tuple(instrs)      # (the same instructions: a list
+        if cached is not None and cached[0] is instrs and cached[1] == now:     # may change in place)
             return cached[2]
         shared, out = self._shared(instrs), []
         for ins in instrs:
@@ -554,7 +554,7 @@ class Dispatcher(SerialExecutor):
                 out.append(None)
         if len(cache) > 8:
             cache.clear()
-        cache[id(instrs)] = (instrs, len(instrs), out)
+        cache[id(instrs)] = (instrs, now, out)
         return out
 
     def _program_work(self, ins):

@@ -11,7 +11,7 @@ may wait for an operator that is issued later (the exchange after the last repli
 """
 from __future__ import annotations
 
-import threading
+from _thread import allocate_lock
 from dataclasses import dataclass
 
 BIND_TIMEOUT = 600.0        # seconds a part waits for an operator that is never issued (an error before it)
@@ -34,11 +34,13 @@ class Later:
 
     def __init__(self, what: str):
         self.what, self.event = what, None
-        self._bound = threading.Event()
+        self._unbound = allocate_lock()         # held until bound (a threading.Event builds a
+        self._unbound.acquire()                 # Condition: the dispatcher makes several per layer)
 
     def bind(self, event) -> None:
-        self.event = event
-        self._bound.set()
+        if self.event is None:
+            self.event = event
+            self._unbound.release()
 
     @property
     def error(self):
@@ -48,6 +50,8 @@ class Later:
         return self.event is not None and self.event.query()
 
     def wait(self, timeout=None):
-        if not self._bound.wait(BIND_TIMEOUT if timeout is None else timeout):
-            raise TimeoutError(f"{self.what} was never issued (an error before it?)")
+        if self.event is None:
+            if not self._unbound.acquire(timeout=BIND_TIMEOUT if timeout is None else timeout):
+                raise TimeoutError(f"{self.what} was never issued (an error before it?)")
+            self._unbound.release()             # the next waiter passes too
         self.event.wait(timeout)

@@ -25,6 +25,12 @@ same time. With one location (or a GPU: its kernels are already asynchronous
 on the device's own streams) compute runs on the calling thread, in plan
 order, waiting on the events of copies and collectives as a CUDA stream does.
 
+Programs: where the workers' schedule holds only allocations, frees, operators
+and collectives, each worker runs its location's instructions itself, in plan
+order, and only tensors touched from two streams carry events (see
+``_programs``); the general path below serves the rest (copies to and from
+the host and disk tiers).
+
 Between operators of different locations the layers' blobs must point at the
 right blocks: each operator carries the arrays of its tensors from the issuing
 thread and binds them just before it runs; when ``execute`` returns, every

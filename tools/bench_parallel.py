@@ -14,6 +14,9 @@ For each net, each configuration runs in a process of its own (the venv's
 - ``2 locations``: one process, the net replicated on cpu:0 and cpu:1
   (``sncaffe.parallel.replicas``), B per location, summing operators on
   cpu:0's comm stream, each location on its own worker thread;
+- ``2 loc, general``: the same with the dispatcher's general path (every
+  operator issued from the calling thread, ``Dispatcher.programs`` off), where
+  ``2 locations`` runs each location's program on its worker (mem/dispatcher.py);
 - ``1 rank, 2B``: one process at the summed batch on one thread, what the
   2 locations are measured against (``vs 2B``: its time over theirs).
 
@@ -132,6 +135,7 @@ def worker(args) -> None:
     p.net_param.CopyFrom(param)
     solver = Solver(p, device="cpu")
     solver.feed = SyntheticInputs(1)
+    solver.net.executor.programs = not args.general
     parallel = None
     if comm is not None and comm.Get_size() > 1 and not args.alone:
         parallel = DataParallel(solver, comm, bucket_bytes=int(args.bucket_mb[0] * 2**20))
@@ -166,14 +170,15 @@ def worker(args) -> None:
                           **median}), flush=True)
 
 
-def run(net, ranks, args, batch, bucket_mb=1.0, alone=False, replicas=0) -> dict:
+def run(net, ranks, args, batch, bucket_mb=1.0, alone=False, replicas=0, general=False) -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, __file__, "--worker", "--net", net,
                "--batch", str(batch), "--iters", str(args.iters), "--warmup", str(args.warmup),
                "--traces", str(args.traces), "--hw", str(args.hw),
                "--bucket-mb", str(bucket_mb), "--trace", os.path.join(tmp, "trace.json")] + \
-            (["--alone"] if alone else []) + (["--replicas", str(replicas)] if replicas else [])
+            (["--alone"] if alone else []) + (["--replicas", str(replicas)] if replicas else []) + \
+            (["--general"] if general else [])
         if not replicas:
             cmd = [mpiexec(), "-n", str(ranks)] + cmd
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -198,6 +203,7 @@ def main():
     ap.add_argument("--trace", help=argparse.SUPPRESS)
     ap.add_argument("--alone", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--replicas", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--general", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -218,16 +224,17 @@ def main():
         base = run(net, 1, args, b)
         rows = [("1 rank", base), ("2 ranks alone", run(net, 2, args, b, alone=True)),
                 ("2 ranks", run(net, 2, args, b, args.bucket_mb[0])), ("2 locations", run(net, 1, args, b, replicas=2)),
+                ("2 loc, general", run(net, 1, args, b, replicas=2, general=True)),
                 ("1 rank, 2B", run(net, 1, args, 2 * b))]
         double = rows[-1][1]["ms"]
         for name, r in rows:
             n = 1 if name == "1 rank" else 2
-            exchange = name in ("2 ranks", "2 locations")
+            exchange = name in ("2 ranks", "2 locations", "2 loc, general")
             hidden_any = f"{100 * r['hidden_any']:>8.0f}%" if "hidden_any" in r else f"{'-':>9}"
             print(f"{net:<13}{name:<16}{r['buckets']:>5}{r['ms']:>10.1f}{r['cpu_ms']:>8.1f}"
                   f"{n * b / r['ms'] * 1e3:>10.1f}"
                   + (f"{base['ms'] / r['ms']:>11.2f}" if name != "1 rank, 2B" else f"{'-':>11}")
-                  + (f"{double / r['ms']:>7.2f}" if name == "2 locations" else f"{'-':>7}")
+                  + (f"{double / r['ms']:>7.2f}" if name.startswith("2 loc") else f"{'-':>7}")
                   + (f"{r['comm_s'] * 1e3:>12.1f}{100 * r['hidden_share']:>7.0f}%{hidden_any}"
                      f"{r['exposed_s'] * 1e3:>11.2f}{100 * r['in_backward_share']:>7.0f}%"
                      f"{r.get('statistics_s', 0) * 1e3:>11.1f}" if exchange

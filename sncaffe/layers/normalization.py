@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from ..backend import is_gpu, onednn, workers
+from ..backend import fused, is_gpu, onednn, workers
 from . import normalization_gpu
 from .base import TEST, Layer, array_module, count, register
 from .pooling import padded_view
@@ -260,6 +260,8 @@ class BatchNorm(Layer):
     def sums(self, bottom):
         """partials[0] = each image's sum of x per channel."""
         x, partials = bottom[0].data.reshape(self.view), self.scratch["partials"][0]
+        if fused.usable(x, partials):       # compiled, the rows on the thread budget (backend/fused.py)
+            return fused.kernels().row_sums(x, partials)
         workers.split(self.view[1], x.size, lambda cs: np.einsum("ncs->nc", x[:, cs], out=partials[:, cs]))
 
     def center(self, bottom, total):
@@ -267,6 +269,8 @@ class BatchNorm(Layer):
         x, x_norm = bottom[0].data.reshape(self.view), self.scratch["x_norm"].reshape(self.view)
         mean, partials = self.scratch["mean"], self.scratch["partials"][1]
         np.divide(total, self.count, out=mean)
+        if fused.usable(x, x_norm, mean, partials):     # x - mean and its squares' sums in one pass
+            return fused.kernels().center_squares(x, mean, x_norm, partials)
         sub = onednn.binary_for(self.view, (x, x_norm, mean), onednn.SUB)
 
         def center(cs):
@@ -356,6 +360,8 @@ class BatchNorm(Layer):
         if self.fused("backward"):      # Scale took the sums of its own dy (grad_input scales them)
             return
         x_norm = self.normalized().reshape(self.view)
+        if fused.usable(dy, x_norm, partials):         # both sums in one pass
+            return fused.kernels().two_sums(dy, x_norm, partials[0], partials[1])
 
         def grad_sums(cs):
             np.einsum("ncs->nc", dy[:, cs], out=partials[0][:, cs])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import onednn, workers
+from ..backend import fused, onednn, workers
 from . import scale_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 from .normalization import sum_over_images
@@ -189,7 +189,10 @@ class Scale(_BroadcastLayer):
         def run(cs):
             np.einsum("ncs->nc", dy3[:, cs], out=partials[0][:, cs])
             np.einsum("ncs,ncs->nc", x_norm[:, cs], dy3[:, cs], out=partials[1][:, cs])
-        workers.split(self.view[1], 3 * dy3.size, run)
+        if fused.usable(dy3, x_norm, partials):       # both sums in one pass (backend/fused.py)
+            fused.kernels().two_sums(dy3, x_norm, partials[0], partials[1])
+        else:
+            workers.split(self.view[1], 3 * dy3.size, run)
         sums = np.empty((2, self.view[1]), dy3.dtype)
         if self.bias_term:
             self.sum_into(sum_over_images([partials[0]], sums[0]), self.blobs[-1].diff, True)

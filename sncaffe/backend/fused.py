@@ -1,0 +1,134 @@
+"""Compiled row kernels for BatchNorm's and Scale's per-image sums (numba, optional).
+
+BatchNorm's statistics and Scale's gradients are sums over each (image, channel) row of a
+float32 tensor. NumPy takes a pass over memory per sum (einsum's one-operand sum, its slower
+two-operand one) and one more for x - mean; these kernels fuse what reads the same rows:
+
+- ``row_sums(x, out)``: out[r] = sum of row r;
+- ``center_squares(x, mean, xn, out)``: xn = x - mean[r % C] and out[r] = sum of xn^2, one pass;
+- ``two_sums(dy, xn, sum_dy, sum_dy_xn)``: both backward sums, one pass.
+
+Each row is summed by one thread, in an order fixed by the row's length alone (LLVM vectorizes
+the loop, ``reassoc``; no NaN or infinity assumptions, so they propagate as NumPy's do), so a
+row's sum does not depend on the number of images, the row's address or the thread count: one
+location and the replicas of cross-replica BatchNorm add the same partials (tested). They are
+not einsum's bits: another summation order, within float32 rounding of it.
+
+numba (with llvmlite, about 210 MB installed) is an extra (``pip install 'sncaffe[fast]'``,
+also in ``[test]``); without it, or with ``SNCAFFE_NUMBA=0``, the layers use einsum. The rows
+run on the thread budget from the main thread (numba's own pool); elsewhere (a replica's worker,
+which shares the process with another) on the calling thread: numba's default thread pool does
+not take launches from two threads at once.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from . import threads as _threads
+
+_kernels = None
+
+
+def kernels():
+    """The compiled kernels, or None (numba absent, disabled, or failing to compile)."""
+    global _kernels
+    if _kernels is None:
+        _kernels = _compile() or False
+    return _kernels or None
+
+
+def _compile():
+    if os.environ.get("SNCAFFE_NUMBA", "1") == "0":
+        return None
+    try:
+        import numba
+    except ImportError:
+        return None
+    from numba import njit, prange
+    flags = {"reassoc", "contract"}
+
+    def variants(parallel):
+        loop = prange if parallel else range
+
+        @njit(parallel=parallel, fastmath=flags, cache=True, nogil=True)
+        def row_sums(x, out):
+            rows, n = x.shape
+            for r in loop(rows):
+                acc = np.float32(0)
+                for s in range(n):
+                    acc += x[r, s]
+                out[r] = acc
+
+        @njit(parallel=parallel, fastmath=flags, cache=True, nogil=True)
+        def center_squares(x, mean, xn, out):
+            rows, n = x.shape
+            channels = mean.shape[0]
+            for r in loop(rows):
+                m = mean[r % channels]
+                acc = np.float32(0)
+                for s in range(n):
+                    v = x[r, s] - m
+                    xn[r, s] = v
+                    acc += v * v
+                out[r] = acc
+
+        @njit(parallel=parallel, fastmath=flags, cache=True, nogil=True)
+        def two_sums(dy, xn, sum_dy, sum_dy_xn):
+            rows, n = dy.shape
+            for r in loop(rows):
+                a = np.float32(0)
+                b = np.float32(0)
+                for s in range(n):
+                    g = dy[r, s]
+                    a += g
+                    b += g * xn[r, s]
+                sum_dy[r] = a
+                sum_dy_xn[r] = b
+        return {"row_sums": row_sums, "center_squares": center_squares, "two_sums": two_sums}
+    try:
+        kernels = _Kernels(numba, variants(False), variants(True))
+        x = np.zeros((2, 3), np.float32)
+        out = np.zeros(2, np.float32)
+        for build in (kernels.serial, kernels.parallel):    # compiled now (or loaded from numba's cache)
+            build["row_sums"](x, out)
+            build["center_squares"](x, out[:1], x.copy(), out)
+            build["two_sums"](x, x, out, out.copy())
+        return kernels
+    except Exception:           # a numba that cannot build these: einsum, as without it
+        return None
+
+
+class _Kernels:
+    def __init__(self, numba, serial, parallel):
+        self.numba, self.serial, self.parallel = numba, serial, parallel
+
+    def _pick(self, name):
+        budget = _threads.current().threads
+        if budget > 1 and threading.current_thread() is threading.main_thread():
+            if self.numba.get_num_threads() != budget:
+                self.numba.set_num_threads(min(budget, self.numba.config.NUMBA_NUM_THREADS))
+            return self.parallel[name]
+        return self.serial[name]
+
+    def row_sums(self, x, out):
+        self._pick("row_sums")(_rows(x), out.reshape(-1))
+
+    def center_squares(self, x, mean, xn, out):
+        self._pick("center_squares")(_rows(x), mean, _rows(xn), out.reshape(-1))
+
+    def two_sums(self, dy, xn, sum_dy, sum_dy_xn):
+        self._pick("two_sums")(_rows(dy), _rows(xn), sum_dy.reshape(-1), sum_dy_xn.reshape(-1))
+
+
+def _rows(a):
+    """An (images, channels, spatial) array as (rows, spatial), a view."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def usable(*arrays) -> bool:
+    """Whether the kernels take these arrays: float32, C-contiguous NumPy arrays."""
+    return kernels() is not None and all(
+        type(a) is np.ndarray and a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)

@@ -1,0 +1,133 @@
+"""The compiled row kernels of BatchNorm's and Scale's per-image sums (backend/fused.py): the sums
+of einsum to float32 rounding, x - mean to the bit, each row's sum the same bits whatever the
+rows beside it, its address and the thread count, and NaN carried through."""
+import threading
+
+import numpy as np
+import pytest
+
+from sncaffe.backend import fused
+
+pytestmark = pytest.mark.skipif(fused.kernels() is None, reason="numba is not installed (pip install 'sncaffe[fast]')")
+
+
+def data(shape, seed=3):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * 3 + 1).astype(np.float32) for _ in range(3)]
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7), (3, 4, 49), (2, 3, 3136), (1, 2, 1)])
+def test_the_kernels_give_einsums_sums_and_the_exact_difference(shape):
+    k = fused.kernels()
+    x, dy, _ = data(shape)
+    n, c, s = shape
+    mean = x.mean(axis=(0, 2)).astype(np.float32)
+    out, out2 = np.empty((n, c), np.float32), np.empty((n, c), np.float32)
+    k.row_sums(x, out)
+    np.testing.assert_allclose(out, np.einsum("ncs->nc", x.astype(np.float64)), rtol=2e-6, atol=2e-5 * s)
+    xn = np.empty_like(x)
+    k.center_squares(x, mean, xn, out)
+    assert np.array_equal(xn, x - mean[:, None])                 # the subtraction: exact, as NumPy's
+    np.testing.assert_allclose(out, np.einsum("ncs,ncs->nc", xn.astype(np.float64), xn), rtol=2e-6, atol=1e-5)
+    k.two_sums(dy, xn, out, out2)
+    np.testing.assert_allclose(out, np.einsum("ncs->nc", dy.astype(np.float64)), rtol=2e-6, atol=2e-5 * s)
+    np.testing.assert_allclose(out2, np.einsum("ncs,ncs->nc", dy.astype(np.float64), xn), rtol=2e-5,
+                               atol=1e-4 * s)
+
+
+def placed(a, offset):
+    """A copy of ``a`` starting ``offset`` bytes past a 64-byte line."""
+    buf = np.empty(a.nbytes + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + offset
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def run_all(x, dy, mean):
+    """Every kernel's per-row output for these rows."""
+    k = fused.kernels()
+    n, c, _ = x.shape
+    a, b, sq = (np.empty((n, c), np.float32) for _ in range(3))
+    xn = np.empty_like(x)
+    k.row_sums(x, a)
+    k.center_squares(x, mean, xn, sq)
+    s0, s1 = np.empty((n, c), np.float32), np.empty((n, c), np.float32)
+    k.two_sums(dy, xn, s0, s1)
+    return np.stack([a, sq, s0, s1])
+
+
+def test_each_rows_sum_is_the_same_bits_for_any_batch_address_and_thread():
+    """What lets the replicas of cross-replica BatchNorm add one location's bits: images [2, 5)
+    of a batch of 6, alone, at every float offset in memory, on a worker thread (one thread)
+    and on the main thread (the budget's), against the whole batch's rows."""
+    x, dy, _ = data((6, 5, 391))
+    mean = x.mean(axis=(0, 2)).astype(np.float32)
+    whole = run_all(x, dy, mean)
+    for offset in range(0, 64, 4):
+        part = run_all(placed(x[2:5], offset), placed(dy[2:5], offset), mean)
+        assert part.tobytes() == whole[:, 2:5].tobytes(), offset
+    got = []
+    worker = threading.Thread(target=lambda: got.append(run_all(x, dy, mean)))
+    worker.start()
+    worker.join(60)
+    assert got and got[0].tobytes() == whole.tobytes()
+
+
+def test_nan_and_infinity_are_carried_as_numpy_carries_them():
+    x = np.ones((1, 2, 16), np.float32)
+    x[0, 0, 3] = np.nan
+    x[0, 1, 5] = np.inf
+    out = np.empty((1, 2), np.float32)
+    fused.kernels().row_sums(x, out)
+    assert np.isnan(out[0, 0]) and out[0, 1] == np.inf
+
+
+def test_the_layers_give_einsums_results_to_rounding(monkeypatch):
+    """A BatchNorm + Scale pair (run as one) forward and backward with the kernels and with
+    einsum (the kernels switched off): the same tops and bottom diffs to float32 rounding."""
+    from sncaffe import Net
+    from sncaffe.proto import sncaffe_pb2 as pb
+    from sncaffe.prototxt import parse_text
+    text = """layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 4 dim: 6 dim: 9 dim: 11 } } }
+layer { name: "c" type: "Convolution" bottom: "x" top: "c" convolution_param { num_output: 6 kernel_size: 1
+  weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true filler { type: "uniform" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "c" bottom: "x" top: "l" }"""
+    results = []
+    kernels = fused.kernels()
+    for on in (True, False):
+        monkeypatch.setattr(fused, "_kernels", kernels if on else False)
+        net = Net(parse_text(text, pb.NetParameter()), "TRAIN", seed=4)
+        net.blobs["x"].data[...] = np.random.default_rng(5).standard_normal(net.blobs["x"].data.shape)
+        net.forward()
+        net.backward()
+        results.append((net.blobs["c"].data.copy(), net.params["c"][0].diff.copy(),
+                        [b.diff.copy() for b in net.params["sc"]], [b.data.copy() for b in net.params["bn"]]))
+    (y1, dx1, g1, s1), (y2, dx2, g2, s2) = results
+    np.testing.assert_allclose(y1, y2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx1, dx2, rtol=1e-4, atol=1e-6)
+    for a, b in zip(g1 + s1, g2 + s2):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_parallel_and_the_serial_kernels_give_the_same_bits():
+    """Budgets of two or more run each kernel's parallel build (rows over numba's threads), one the
+    serial build: the same bits either way, at one and at two threads."""
+    import numba
+    k = fused.kernels()
+    x, dy, _ = data((3, 7, 785))
+    mean = x.mean(axis=(0, 2)).astype(np.float32)
+    rows, dy_rows = x.reshape(-1, 785), dy.reshape(-1, 785)
+    outs = []
+    for build, threads in ((k.serial, 1), (k.parallel, 1), (k.parallel, min(2, numba.config.NUMBA_NUM_THREADS))):
+        numba.set_num_threads(threads)
+        a, b, c, d = (np.empty(21, np.float32) for _ in range(4))
+        xn = np.empty_like(rows)
+        build["row_sums"](rows, a)
+        build["center_squares"](rows, mean, xn, b)
+        build["two_sums"](dy_rows, xn, c, d)
+        outs.append(np.concatenate([a, b, c, d, xn.reshape(-1)]).tobytes())
+    numba.set_num_threads(1)
+    assert outs[0] == outs[1] == outs[2]

@@ -72,13 +72,13 @@ def feed(net, iteration):
         net.blobs["label"].data[...] = rng.integers(0, 4, data.shape[0])
 
 
-def make_solver(text, replicas, lr=0.1, mode="none", iter_size=1, iters=3):
+def make_solver(text, replicas, lr=0.1, mode="none", iter_size=1, iters=3, dtype=np.float64):
     p = pb.SolverParameter(base_lr=lr, momentum=0.9, weight_decay=5e-4, lr_policy="fixed", max_iter=iters,
                            random_seed=7, iter_size=iter_size, snapshot_after_train=False)
     p.memory_param.mode = mode
     param = parse_text(text, pb.NetParameter())
     p.net_param.CopyFrom(replicate(param, LOCATIONS) if replicas else param)
-    solver = Solver(p, device="cpu", dtype=np.float64)
+    solver = Solver(p, device="cpu", dtype=dtype)
     solver.feed = feed
     return solver
 
@@ -91,12 +91,14 @@ def joined(net, blob, what):
     return np.concatenate([getattr(net.blobs[f"{blob}@{loc}"], what) for loc in LOCATIONS])
 
 
-@pytest.mark.parametrize("mode", ["none", "all"])
-def test_replicas_batch_norm_computes_one_locations_bits(mode):
+@pytest.mark.parametrize("mode, dtype", [("none", np.float64), ("all", np.float64), ("none", np.float32)])
+def test_replicas_batch_norm_computes_one_locations_bits(mode, dtype):
     """Fixed weights, so every input of BatchNorm is the same bits at one location and at the
     replicas: the running statistics after three iterations, and then the normalized tops and
-    the bottom diffs of both BatchNorms, are one location's to the bit."""
-    one, two = make_solver(ELEMENTWISE, False, lr=0, mode=mode), make_solver(ELEMENTWISE, True, lr=0, mode=mode)
+    the bottom diffs of both BatchNorms, are one location's to the bit (float32: the compiled
+    per-image sums of backend/fused.py where numba is installed)."""
+    one = make_solver(ELEMENTWISE, False, lr=0, mode=mode, dtype=dtype)
+    two = make_solver(ELEMENTWISE, True, lr=0, mode=mode, dtype=dtype)
     reps = Replicas(two)
     assert len(reps.batch_norms) == 2
     one.solve()

@@ -52,6 +52,7 @@ from queue import SimpleQueue
 from ..trace import Span
 from .executor import SerialExecutor
 from .liveness import op_tensors
+from .parts import Later
 from .streams import Event, Stream
 
 
@@ -459,7 +460,7 @@ class Dispatcher(SerialExecutor):
     def _programs(self, instrs):
         shared = self._shared(instrs)
         every = self.record is not None or self.trace is not None      # every operator's span wanted
-        queues, made = {}, []
+        queues, made, laters = {}, [], []
         workers = {id(d.stream("compute")): d.stream("compute") for d in self.devices.values()}
         writer, readers = {}, {}
         compute = {location: d.stream("compute") for location, d in self.devices.items()}
@@ -483,6 +484,8 @@ class Dispatcher(SerialExecutor):
 
         def step(stream, rw, after, fn, event, meta=None):
             sid = id(stream)
+            if after:
+                laters.extend(d for d in after if isinstance(d, Later))
             if event is None and (every or not shared.isdisjoint(k for k, _ in rw)):
                 event = Event()
             deps = list(after) + order(rw, sid, event) if event is not None else list(after)
@@ -522,11 +525,17 @@ class Dispatcher(SerialExecutor):
                          (op.location, "comm", op.name, op.nbytes, op.timeout, op.timed_out))
                 else:
                     self._program_run(ins, step, compute)
-        except BaseException as exc:    # what was handed out finds its events failed
-            for event in made:
+        except BaseException as exc:    # what was handed out finds its events failed, and an
+            for event in made:          # exchange never issued fails at once (not after BIND_TIMEOUT)
                 if not event.done:
                     event.error = exc
                     event.set()
+            for later in laters:
+                if later.event is None:
+                    failed = Event()
+                    failed.error = exc
+                    failed.set()
+                    later.bind(failed)
             raise
         finally:
             for q in queues.values():

@@ -125,3 +125,76 @@ def test_a_part_on_another_stream_runs_between_its_operators_neighbours():
             assert np.array_equal(x.data, y.data), name
     reps.close()
     ref_reps.close()
+
+
+def test_an_error_while_the_schedule_is_walked_is_raised_and_the_next_pass_runs():
+    """A collective that fails as it is issued (its ``before``), halfway through backward's walk:
+    the steps handed out before it stop or finish, backward raises that error instead of hanging,
+    and the next iteration trains to the bits of a run that never failed."""
+    ref = make_solver(True)
+    ref_reps = Replicas(ref)
+    feed(ref.net, 0)
+    ref.net.forward()               # as below, without the failure: a forward whose backward never ran
+    ref.step(2)
+    solver = make_solver(True)
+    reps = Replicas(solver)
+    op = reps.ops[len(reps.ops) // 2]
+    real, failed = op.before, []
+
+    def before(ready=None):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("the comm stream is gone")
+        return real(ready)
+    op.before = before
+    net = solver.net
+    feed(net, 0)
+    net.forward()
+    with pytest.raises(RuntimeError, match="the comm stream is gone"):
+        net.backward()
+    solver.step(2)                  # starts afresh: the failed pass left nothing behind
+    for name, blobs in ref.net.params.items():
+        for x, y in zip(blobs, net.params[name]):
+            assert np.array_equal(x.data, y.data), name
+    reps.close()
+    ref_reps.close()
+
+
+def test_a_failure_between_two_replicas_splits_does_not_leave_an_exchange_waited_for():
+    """The second replica's BatchNorm backward fails as it is split, after the first's stages are
+    handed out waiting for the exchange only the second would issue: backward raises promptly
+    (run in a thread, so a wait for that exchange, BIND_TIMEOUT long, fails the test; the walk
+    fails every exchange it leaves unissued) and the next iteration runs."""
+    solver = make_solver(True)
+    reps = Replicas(solver)
+    group = reps.batch_norms[0]
+    reals, calls = [layer.split_op for layer in group.layers], []
+
+    def splitter(real):
+        def split(kind, recompute):
+            if kind == "backward":
+                calls.append(kind)
+                if len(calls) == 2:
+                    raise RuntimeError("replica 1 cannot split")
+            return real(kind, recompute)
+        return split
+    for layer, real in zip(group.layers, reals):
+        layer.split_op = splitter(real)
+    net, errors = solver.net, []
+    feed(net, 0)
+    net.forward()
+
+    def backward():
+        try:
+            net.backward()
+        except RuntimeError as e:
+            errors.append(e)
+    thread = threading.Thread(target=backward, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "backward waited for an exchange that was never issued"
+    assert errors and "replica 1 cannot split" in str(errors[0])
+    for layer, real in zip(group.layers, reals):
+        layer.split_op = real
+    solver.step(1)                  # and the next iteration runs
+    reps.close()

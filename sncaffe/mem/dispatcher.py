@@ -50,7 +50,7 @@ from operator import itemgetter
 from queue import SimpleQueue
 
 from ..trace import Span
-from .executor import SerialExecutor
+from .executor import SerialExecutor, workspace_names
 from .liveness import op_tensors
 from .parts import Later
 from .streams import Event, Stream
@@ -87,6 +87,7 @@ _start = itemgetter(0)
 
 def _nothing():
     pass
+
 
 _DONE = Event()         # the event of an operator run on the calling thread with nothing pending
 _DONE.set()
@@ -435,11 +436,7 @@ class Dispatcher(SerialExecutor):
 
     def _shared(self, instrs) -> set:
         """The roots ``instrs`` touch from more than one stream (a split operator's parts counted
-        on its own stream: see _program_run); kept for the schedule."""
-        cache = self.__dict__.setdefault("_shared_cache", {})
-        cached, now = cache.get(id(instrs)), tuple(instrs)      # (the same instructions: a list
-        if cached is not None and cached[0] is instrs and cached[1] == now:     # may change in place)
-            return cached[2]
+        on its own stream: see _program_run)."""
         first, shared = {}, set()
         for ins in instrs:
             if ins.kind == "alloc" or ins.kind == "free":
@@ -452,18 +449,15 @@ class Dispatcher(SerialExecutor):
             for key in keys:
                 if first.setdefault(key, sid) != sid:
                     shared.add(key)
-        if len(cache) > 8:
-            cache.clear()
-        cache[id(instrs)] = (instrs, now, shared)
         return shared
 
     def _programs(self, instrs):
-        shared = self._shared(instrs)
+        compute = {location: d.stream("compute") for location, d in self.devices.items()}
+        shared, entries = self._compiled(instrs, compute)
         every = self.record is not None or self.trace is not None      # every operator's span wanted
         queues, made, laters = {}, [], []
-        workers = {id(d.stream("compute")): d.stream("compute") for d in self.devices.values()}
+        workers = {id(s) for s in compute.values()}
         writer, readers = {}, {}
-        compute = {location: d.stream("compute") for location, d in self.devices.items()}
 
         def order(rw, sid, event):
             """The events of other streams' steps a step touching ``rw`` waits for; it becomes
@@ -505,7 +499,7 @@ class Dispatcher(SerialExecutor):
                 made.append(event)
 
         try:
-            for ins, entry in zip(instrs, self._compiled(instrs, compute)):
+            for ins, entry in zip(instrs, entries):
                 if entry is not None:       # an allocation, a free, an operator not split
                     stream, fn, rw, private, meta, layer = entry
                     if layer is None or getattr(layer, "split_op", None) is None:
@@ -541,11 +535,11 @@ class Dispatcher(SerialExecutor):
             for q in queues.values():
                 q.put(None)
 
-    def _compiled(self, instrs, compute) -> list:
-        """Per instruction of ``instrs``, what issuing it takes that stays the same from one pass
-        to the next: (stream, fn, rw, private, record entry, layer) for an allocation, a free or
-        an operator (``private``: it touches no root another stream touches), None for a
-        collective; kept for the schedule (with _shared's)."""
+    def _compiled(self, instrs, compute) -> tuple:
+        """What issuing ``instrs`` takes that stays the same from one pass to the next, kept for
+        the schedule: the shared roots (``_shared``) and per instruction (stream, fn, rw, private,
+        record entry, layer) for an allocation, a free or an operator (``private``: it touches no
+        shared root), None for a collective."""
         cache = self.__dict__.setdefault("_compiled_cache", {})
         cached, now = cache.get(id(instrs)), tuple(instrs)      # (the same instructions: a list
         if cached is not None and cached[0] is instrs and cached[1] == now:     # may change in place)
@@ -569,15 +563,13 @@ class Dispatcher(SerialExecutor):
                 out.append(None)
         if len(cache) > 8:
             cache.clear()
-        cache[id(instrs)] = (instrs, now, out)
-        return out
+        cache[id(instrs)] = (instrs, now, (shared, out))
+        return shared, out
 
     def _program_work(self, ins):
         """An operator's run on its worker: its workspace's arrays as they are then."""
         op, recompute, chunk, arrays = ins.op, ins.recompute, ins.chunk, self.arrays
-        node = op.node
-        names = ins.workspace if ins.workspace is not None else (
-            node.workspace if op.kind == "forward" else node.backward_workspace)
+        names = workspace_names(ins)
         device = self.devices[_static(op)[2][0]]
 
         def work():
@@ -590,8 +582,7 @@ class Dispatcher(SerialExecutor):
         op = ins.op
         node = op.node
         rw, _, (location, kind, nbytes) = _static(op)
-        names = ins.workspace if ins.workspace is not None else (
-            node.workspace if op.kind == "forward" else node.backward_workspace)
+        names = workspace_names(ins)
         arrays, recompute, work = self.arrays, ins.recompute, self._program_work(ins)
         name = op.name + (" (recompute)" if recompute else "")
         split = getattr(getattr(node, "layer", None), "split_op", None)
@@ -670,11 +661,7 @@ class Dispatcher(SerialExecutor):
     def _run(self, ins):
         op = ins.op
         node = op.node
-        if ins.workspace is not None:
-            names = ins.workspace
-        else:
-            names = node.workspace if op.kind == "forward" else node.backward_workspace
-        ws = {k: self.arrays[id(t)] for k, t in names.items()}
+        ws = {k: self.arrays[id(t)] for k, t in workspace_names(ins).items()}
         recompute, chunk, run_op = ins.recompute, ins.chunk, self.run_op
         rw, keys, (location, kind, nbytes) = _static(op)
         waited = set()

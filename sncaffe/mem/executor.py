@@ -24,6 +24,15 @@ from .liveness import op_tensors
 from .spill import spill_of
 
 
+def workspace_names(ins) -> dict:
+    """A run instruction's workspace tensors by the layer's names: the chunked ones the planner
+    chose, else the operator's pass's own."""
+    if ins.workspace is not None:
+        return ins.workspace
+    node = ins.op.node
+    return node.workspace if ins.op.kind == "forward" else node.backward_workspace
+
+
 class SerialExecutor:
     def __init__(self, device, binders, run_op, devices=None):
         self.device = device
@@ -145,11 +154,7 @@ class SerialExecutor:
             self._stream_wait(location, self.h2d.pop(id(r), None))
             if write:
                 self._stream_wait(location, self.d2h.pop(id(r), None))   # an offload still reading it
-        if ins.workspace is not None:
-            names = ins.workspace
-        else:
-            names = node.workspace if op.kind == "forward" else node.backward_workspace
-        ws = {k: self.arrays[id(t)] for k, t in names.items()}
+        ws = {k: self.arrays[id(t)] for k, t in workspace_names(ins).items()}
         device = self.devices[location]
         with device.active():           # the layer's own GPU, its stream and cuDNN handle
             if self.trace is None:

@@ -163,8 +163,9 @@ def test_an_error_while_the_schedule_is_walked_is_raised_and_the_next_pass_runs(
 def test_a_failure_between_two_replicas_splits_does_not_leave_an_exchange_waited_for():
     """The second replica's BatchNorm backward fails as it is split, after the first's stages are
     handed out waiting for the exchange only the second would issue: backward raises promptly
-    (run in a thread, so a wait for that exchange, BIND_TIMEOUT long, fails the test; the walk
-    fails every exchange it leaves unissued) and the next iteration runs."""
+    (run in a thread, so a wait for that exchange, BIND_TIMEOUT long, fails the test) and the
+    next iteration runs. (Here the waiting worker meets another failed event first, so the
+    test passes also without the walk binding the unissued exchange to the failure.)"""
     solver = make_solver(True)
     reps = Replicas(solver)
     group = reps.batch_norms[0]

@@ -88,26 +88,40 @@ def _compile():
                 sum_dy[r] = a
                 sum_dy_xn[r] = b
         return {"row_sums": row_sums, "center_squares": center_squares, "two_sums": two_sums}
+    serial = _warm(variants(False))
+    # the parallel build only where a kernel is first given more than one thread: its first call
+    # starts numba's OpenMP pool
+    return serial and _Kernels(numba, serial, lambda: _warm(variants(True)))
+
+
+def _warm(build):
+    """``build`` compiled now (or loaded from numba's cache), or None where this numba cannot."""
     try:
-        kernels = _Kernels(numba, variants(False), variants(True))
         x = np.zeros((2, 3), np.float32)
         out = np.zeros(2, np.float32)
-        for build in (kernels.serial, kernels.parallel):    # compiled now (or loaded from numba's cache)
-            build["row_sums"](x, out)
-            build["center_squares"](x, out[:1], x.copy(), out)
-            build["two_sums"](x, x, out, out.copy())
-        return kernels
+        build["row_sums"](x, out)
+        build["center_squares"](x, out[:1], x.copy(), out)
+        build["two_sums"](x, x, out, out.copy())
+        return build
     except Exception:           # a numba that cannot build these: einsum, as without it
         return None
 
 
 class _Kernels:
     def __init__(self, numba, serial, parallel):
-        self.numba, self.serial, self.parallel = numba, serial, parallel
+        self.numba, self.serial, self._parallel, self.parallel = numba, serial, parallel, None
+
+    def parallel_build(self):
+        """The parallel kernels, built on first use (False where numba cannot build them)."""
+        if self.parallel is None:
+            self.parallel = self._parallel() or False
+        return self.parallel
 
     def _pick(self, name):
         budget = _threads.current().threads
         if budget > 1 and threading.current_thread() is threading.main_thread():
+            if not self.parallel_build():
+                return self.serial[name]
             if self.numba.get_num_threads() != budget:
                 self.numba.set_num_threads(min(budget, self.numba.config.NUMBA_NUM_THREADS))
             return self.parallel[name]

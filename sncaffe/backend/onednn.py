@@ -44,7 +44,7 @@ class _ExecArg(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
 
 
-_lib = _gomp = _engine = _point = None
+_lib = _gomp = _omp_max = _engine = _point = None
 _tried = False
 _local = threading.local()          # a stream per thread: oneDNN's CPU stream is not shared
 
@@ -58,7 +58,7 @@ def _candidates():
 
 
 def _load():
-    global _lib, _gomp, _engine, _tried, _point
+    global _lib, _gomp, _omp_max, _engine, _tried, _point
     _tried = True
     for path in _candidates():
         try:
@@ -76,6 +76,8 @@ def _load():
         _point.argtypes, _point.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
         # the libgomp libdnnl links: its thread count is per calling thread
         _gomp = ctypes.CDLL("libgomp.so.1")
+        _omp_max = ctypes.PyDLL("libgomp.so.1").omp_get_max_threads
+        _omp_max.argtypes, _omp_max.restype = [], ctypes.c_int
         return lib
     return None
 
@@ -175,11 +177,12 @@ def _dims(values):
 
 
 def _set_threads():
-    """oneDNN's OpenMP team on this thread: sncaffe's budget."""
+    """oneDNN's OpenMP team on this thread: sncaffe's budget. Read back each time, not
+    remembered: another user of the same libgomp (numba's OpenMP pool, once it starts) sets this
+    thread's count to its own, and oneDNN then ran a budget of one on two threads."""
     n = _threads.current().threads
-    if getattr(_local, "threads", None) != n:
+    if _omp_max() != n:
         _gomp.omp_set_num_threads(n)
-        _local.threads = n
     return n
 
 

@@ -121,7 +121,8 @@ def test_the_parallel_and_the_serial_kernels_give_the_same_bits():
     mean = x.mean(axis=(0, 2)).astype(np.float32)
     rows, dy_rows = x.reshape(-1, 785), dy.reshape(-1, 785)
     outs = []
-    for build, threads in ((k.serial, 1), (k.parallel, 1), (k.parallel, min(2, numba.config.NUMBA_NUM_THREADS))):
+    parallel = k.parallel_build()
+    for build, threads in ((k.serial, 1), (parallel, 1), (parallel, min(2, numba.config.NUMBA_NUM_THREADS))):
         numba.set_num_threads(threads)
         a, b, c, d = (np.empty(21, np.float32) for _ in range(4))
         xn = np.empty_like(rows)
@@ -131,3 +132,24 @@ def test_the_parallel_and_the_serial_kernels_give_the_same_bits():
         outs.append(np.concatenate([a, b, c, d, xn.reshape(-1)]).tobytes())
     numba.set_num_threads(1)
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_numbas_thread_pool_leaves_onednns_team_at_the_budget():
+    """numba's OpenMP pool and oneDNN share libgomp: starting the pool set the calling thread's
+    OpenMP count to numba's thread count, and oneDNN then ran a budget of one on two threads
+    (a one-thread run took 1.8 CPU-seconds a second). oneDNN reads the count back each time."""
+    import numba
+    from sncaffe.backend import onednn
+    from sncaffe.backend import threads as policy
+    if onednn.version() is None:
+        pytest.skip("oneDNN is not installed")
+    budget = policy.current().threads
+    onednn._set_threads()
+    k = fused.kernels()
+    parallel = k.parallel_build()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    x = np.ones((4, 9), np.float32)
+    parallel["row_sums"](x, np.empty(4, np.float32))        # the pool started (or reused)
+    onednn._gomp.omp_set_num_threads(budget + 1)             # what the pool's start did to this thread
+    assert onednn._set_threads() == budget
+    assert onednn._omp_max() == budget

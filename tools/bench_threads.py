@@ -2,6 +2,7 @@
 
     python tools/bench_threads.py [--nets resnet50,cifar] [--threads 1,2] [--iterations 3] [--rounds 2]
     python tools/bench_threads.py --alternate [--nets ...] [--iterations 6]
+    python tools/bench_threads.py --turns [--nets ...] [--iterations 10]
 
 Each configuration runs in a child process of its own (a process decides its threads once):
 a net at its batch (ResNet-50 at 8, CIFAR ResNet-20 at 128), ``--threads N`` for the GEMMs
@@ -44,7 +45,10 @@ def child(net, threads, kernels, iterations):
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import read_text, set_batch
     decision = policy.configure(threads)
-    modes = [True, False] if kernels == "alt" else [kernels]
+    if kernels == "turns":          # one thread and the whole budget by turns, the kernel threads at the default
+        modes = [1, threads]
+    else:
+        modes = [True, False] if kernels == "alt" else [kernels]
     path, batch = NETS[net]
     n = Net(set_batch(read_text(ROOT / path, pb.NetParameter()), batch), "TRAIN", seed=0)
     rng = np.random.default_rng(0)
@@ -57,12 +61,14 @@ def child(net, threads, kernels, iterations):
     runs = []
     for i in range(iterations * len(modes)):
         mode = modes[i % len(modes)]        # "alt": kernel threads on and off, iteration by iteration
-        workers.KERNEL_THREADS = decision.threads if mode else 1
+        if kernels != "turns":
+            workers.KERNEL_THREADS = decision.threads if mode else 1
         ops = {}
-        t0, c0 = time.perf_counter(), time.process_time()
-        n.forward(timings=ops)
-        n.backward(timings=ops)
-        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        with policy.held(mode if kernels == "turns" else decision.threads):
+            t0, c0 = time.perf_counter(), time.process_time()
+            n.forward(timings=ops)
+            n.backward(timings=ops)
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
         by_type = defaultdict(float)
         for k, v in ops.items():
             by_type[types[k.rsplit(":", 1)[0]]] += v
@@ -104,6 +110,35 @@ def alternate(args):
         table(rows, ["least disturbed (s)", "kernels on 1 thread", f"kernels on {t}", "speed-up"])
 
 
+def turns(args):
+    """Per net, one child at the largest thread count that runs its iterations on one thread and on
+    all of them by turns (``threads.held``: the GEMMs, oneDNN's team and the compiled kernels held
+    to one thread; MKL then runs its threaded library on one thread, not its sequential one): the
+    speed-up as the ratio of the medians and of the best, both measured within seconds of each
+    other, which separate processes minutes apart are not on a shared machine."""
+    from tables import table
+    t = max(int(x) for x in args.threads.split(","))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_BLOCKTIME")}
+    print(f"python tools/bench_threads.py --turns --nets {args.nets} --threads {args.threads} --iterations "
+          f"{args.iterations}; {os.cpu_count()} cores; 1 and {t} threads by turns in one process per net")
+    for net in args.nets.split(","):
+        load = os.getloadavg()[0]
+        out = subprocess.run([sys.executable, __file__, "--child", net, str(t), "turns", str(args.iterations)],
+                             capture_output=True, text=True, env=env)
+        if out.returncode:
+            raise SystemExit(out.stderr[-2000:])
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        one = sorted(r["seconds"] for r in res["runs"][0::2])
+        many = sorted(r["seconds"] for r in res["runs"][1::2])
+        med = [x[len(x) // 2] for x in (one, many)]
+        print(f"\n## {net} (batch {res['batch']}): {len(one)} iterations each (load {load:.2f} before, "
+              f"{res['runs'][-1]['load']:.2f} after)\n")
+        table([["median", f"{med[0]:.3f}", f"{med[1]:.3f}", f"{med[0] / med[1]:.2f}x"],
+               ["best", f"{one[0]:.3f}", f"{many[0]:.3f}", f"{one[0] / many[0]:.2f}x"]],
+              ["s per forward+backward", "1 thread", f"{t} threads", "speed-up"])
+
+
 def configs(nets, thread_counts, blocktime):
     for net in nets:
         for t in thread_counts:
@@ -129,13 +164,17 @@ def main():
                                         "backend/threads.KMP_BLOCKTIME_MS ms)")
     ap.add_argument("--alternate", action="store_true",
                     help="one process per net at the largest --threads, kernel threads on and off by turns")
+    ap.add_argument("--turns", action="store_true",
+                    help="one process per net: one thread and --threads' largest by turns, iteration by iteration")
     ap.add_argument("--child", nargs=4, metavar=("NET", "THREADS", "KERNELS", "ITERATIONS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         net, t, k, it = args.child
-        return child(net, int(t), k if k == "alt" else k == "1", int(it))
+        return child(net, int(t), k if k in ("alt", "turns") else k == "1", int(it))
     if args.alternate:
         return alternate(args)
+    if args.turns:
+        return turns(args)
     from tables import table        # tools/tables.py
     todo = list(configs(args.nets.split(","), [int(t) for t in args.threads.split(",")], args.blocktime))
     print(f"python tools/bench_threads.py --nets {args.nets} --threads {args.threads} --iterations "

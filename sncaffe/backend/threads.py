@@ -24,6 +24,7 @@ each other more than they work: on the shared 2-core machine LeNet's 300 iterati
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -178,6 +179,20 @@ def configure(threads=None, share=1) -> Decision:
 def current() -> Decision:
     """This process's decision (made from the environment on first use)."""
     return _decision or configure(_flag)
+
+
+@contextlib.contextmanager
+def held(threads: int):
+    """Run the enclosed code on a budget of ``threads`` (at most the process's): the GEMMs, oneDNN's
+    team and the compiled kernels read the budget at each call. For benchmarks that time one and
+    two threads by turns in one process, where a shared machine's load moves within seconds."""
+    global _decision
+    before = current()
+    _decision = Decision(max(1, min(threads, before.threads)), before.cores, f"held at {threads}")
+    try:
+        yield _decision
+    finally:
+        _decision = before
 
 
 def gemm_threads(flops: float) -> int:

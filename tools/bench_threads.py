@@ -137,6 +137,14 @@ def turns(args):
         table([["median", f"{med[0]:.3f}", f"{med[1]:.3f}", f"{med[0] / med[1]:.2f}x"],
                ["best", f"{one[0]:.3f}", f"{many[0]:.3f}", f"{one[0] / many[0]:.2f}x"]],
               ["s per forward+backward", "1 thread", f"{t} threads", "speed-up"])
+        rows = []
+        for kind in sorted(res["runs"][0]["by_type"], key=lambda k: -res["runs"][0]["by_type"][k]):
+            a, b = (sorted(r["by_type"].get(kind, 0) for r in rs) for rs in (res["runs"][0::2], res["runs"][1::2]))
+            a, b = a[len(a) // 2], b[len(b) // 2]
+            if max(a, b) >= 0.0005:
+                rows.append([kind, f"{a:.3f}", f"{b:.3f}", f"{a / b:.2f}x" if b else ""])
+        print(f"\n### {net}: seconds per layer type (medians)\n")
+        table(rows, ["type", "1 thread", f"{t} threads", "speed-up"])
 
 
 def configs(nets, thread_counts, blocktime):

@@ -2,6 +2,13 @@
 and how much gradient exchange hides behind backward.
 
     python tools/bench_parallel.py [--nets lenet cifar_resnet resnet50] [--batch B] [--iters 5]
+    python tools/bench_parallel.py --turns [--nets ...] [--iters 8]
+
+``--turns``: only the two locations against one location at the summed batch, both in one
+process, an iteration of each by turns (the order alternating), so both meet the same load: the
+median of each, their ratio (``vs 2B``), the ratio of the best iterations and the range of the
+per-turn ratios. On a shared machine whose speed moves within a minute this ratio is steadier
+than the one of separate processes below.
 
 For each net, each configuration runs in a process of its own (the venv's
 ``mpiexec`` for ranks), one BLAS thread per rank or location, synthetic inputs:
@@ -170,6 +177,63 @@ def worker(args) -> None:
                           **median}), flush=True)
 
 
+def turns_worker(args) -> None:
+    """Two locations at B and one location at 2B, both in this process, one training iteration of
+    each by turns: print one JSON line of the per-iteration times."""
+    import logging
+
+    from sncaffe.cli import SyntheticInputs
+    from sncaffe.parallel.replicas import Replicas, replicate
+    from sncaffe.proto import sncaffe_pb2 as pb
+    from sncaffe.prototxt import set_batch
+    from sncaffe.solvers import Solver
+    logging.getLogger("sncaffe").setLevel(logging.WARNING)
+
+    def solver(param):
+        p = pb.SolverParameter(base_lr=0.01, momentum=0.9, lr_policy="fixed", max_iter=10**6, random_seed=1,
+                               snapshot_after_train=False)
+        p.net_param.CopyFrom(param)
+        s = Solver(p, device="cpu")
+        s.feed = SyntheticInputs(1)
+        return s
+    two = solver(replicate(set_batch(net_param(args.net, args.batch, args.hw), 2 * args.batch), ["cpu:0", "cpu:1"]))
+    replicas = Replicas(two)
+    one = solver(net_param(args.net, 2 * args.batch, args.hw))
+    times = {"two": [], "one": []}
+    for k in range(args.warmup + args.iters):
+        for name, s in (("two", two), ("one", one)) if k % 2 else (("one", one), ("two", two)):
+            t0 = time.perf_counter()
+            s.step(1)
+            if k >= args.warmup:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    replicas.close()
+    print(json.dumps(times), flush=True)
+
+
+def turns(args) -> None:
+    """``--turns``: for each net, two locations against one at 2B by turns in one process."""
+    import numpy as np
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    print(f"two locations at B against one location at 2B, one iteration of each by turns in one process "
+          f"({os.cpu_count()} cores, 1 BLAS thread per location, {args.iters} iterations each after "
+          f"{args.warmup}; ResNet-50 at {args.hw}x{args.hw})")
+    print(f"{'net':<13}{'B':>4}{'1 loc 2B ms':>13}{'2 loc ms':>10}{'vs 2B':>7}{'best':>7}{'per turn':>14}{'load':>11}")
+    for net in args.nets:
+        b = args.batch or BATCH[net]
+        load = os.getloadavg()[0]
+        cmd = [sys.executable, __file__, "--turns-worker", "--net", net, "--batch", str(b), "--iters",
+               str(args.iters), "--warmup", str(args.warmup), "--hw", str(args.hw)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        if out.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout}{out.stderr}")
+        t = json.loads(out.stdout.strip().splitlines()[-1])
+        one, two = np.array(t["one"]), np.array(t["two"])
+        ratios = one / two
+        print(f"{net:<13}{b:>4}{np.median(one):>13.1f}{np.median(two):>10.1f}{np.median(one) / np.median(two):>7.2f}"
+              f"{one.min() / two.min():>7.2f}{f'{ratios.min():.2f}-{ratios.max():.2f}':>14}"
+              f"{f'{load:.1f}-{os.getloadavg()[0]:.1f}':>11}", flush=True)
+
+
 def run(net, ranks, args, batch, bucket_mb=1.0, alone=False, replicas=0, general=False) -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,9 +268,16 @@ def main():
     ap.add_argument("--alone", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--replicas", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--general", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--turns", action="store_true",
+                    help="only two locations against one at 2B, an iteration of each by turns in one process")
+    ap.add_argument("--turns-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.turns_worker:
+        return turns_worker(args)
+    if args.turns:
+        return turns(args)
     load = os.getloadavg()
     sys.path.insert(0, str(ROOT))
     from sncaffe.backend import onednn

@@ -498,10 +498,11 @@ def test_non_finite_parameters_are_never_snapshotted(tmp_path):
 @pytest.mark.parametrize("weight_decay", [0.0, 5e-4])
 @pytest.mark.parametrize("team", [1, 2])
 def test_sgd_step_on_onednn_gives_numpys_bytes(tmp_path, monkeypatch, weight_decay, team):
-    """A large float32 parameter's SGD step (L2 decay, momentum, Net::Update) runs on oneDNN's
-    binary kernel (SGD.step; with a team of two its copy too); a small one on NumPy. Both give
-    the bytes of NumPy's calls."""
-    from sncaffe.backend import onednn, threads
+    """Without the compiled step (numba absent): a large float32 parameter's SGD step (L2 decay,
+    momentum, Net::Update) runs on oneDNN's binary kernel (SGD.step; with a team of two its copy
+    too); a small one on NumPy. Both give the bytes of NumPy's calls."""
+    from sncaffe.backend import fused, onednn, threads
+    monkeypatch.setattr(fused, "_kernels", False)
     monkeypatch.setattr(threads, "_decision", threads.Decision(team, 2, "--threads"))
     hidden = (onednn.BINARY_MIN + 5) // 6 + 1          # ip1's weights past the threshold, ip2's under
     runs, calls = [], []
@@ -514,5 +515,32 @@ def test_sgd_step_on_onednn_gives_numpys_bytes(tmp_path, monkeypatch, weight_dec
         s = make(tmp_path, hidden=hidden, momentum=0.9, weight_decay=weight_decay, max_iter=3)
         s.solve()
         assert (len(calls) > 0) != native
+        runs.append([a.copy() for a in s.state_arrays()] + [q.blob.diff.copy() for q in s._learnable])
+    assert [a.tobytes() for a in runs[0]] == [b.tobytes() for b in runs[1]]
+
+
+@pytest.mark.skipif(__import__("sncaffe.backend.fused", fromlist=["x"]).kernels() is None,
+                    reason="numba is not installed (pip install 'sncaffe[fast]')")
+@pytest.mark.parametrize("weight_decay", [0.0, 5e-4])
+@pytest.mark.parametrize("team", [1, 2])
+def test_sgd_step_compiled_gives_numpys_bytes(tmp_path, monkeypatch, weight_decay, team):
+    """With numba, every float32 parameter's SGD step is one compiled pass (fused.sgd_step, its
+    parallel build from 64 Ki values on a team of two): three iterations give the weights,
+    history and diffs of NumPy's calls (no oneDNN, no kernels) to the byte."""
+    from sncaffe.backend import fused, threads
+    monkeypatch.setattr(threads, "_decision", threads.Decision(team, 2, "--threads"))
+    kernels, calls = fused.kernels(), []
+    real = type(kernels).sgd_step
+    monkeypatch.setattr(type(kernels), "sgd_step", lambda self, *a: calls.append(1) or real(self, *a))
+    hidden = (fused.PARALLEL_MIN + 5) // 6 + 1          # ip1's weights past the parallel threshold
+    runs = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setenv("SNCAFFE_CONV", "native")
+            monkeypatch.setattr(fused, "_kernels", False)
+        calls.clear()
+        s = make(tmp_path, hidden=hidden, momentum=0.9, weight_decay=weight_decay, max_iter=3)
+        s.solve()
+        assert (len(calls) > 0) == compiled
         runs.append([a.copy() for a in s.state_arrays()] + [q.blob.diff.copy() for q in s._learnable])
     assert [a.tobytes() for a in runs[0]] == [b.tobytes() for b in runs[1]]

@@ -1,4 +1,4 @@
-"""Compiled row kernels for BatchNorm's and Scale's per-image sums (numba, optional).
+"""Compiled kernels (numba, optional): BatchNorm's and Scale's per-image sums, and SGD's step.
 
 BatchNorm's statistics and Scale's gradients are sums over each (image, channel) row of a
 float32 tensor. NumPy takes a pass over memory per sum (einsum's one-operand sum, its slower
@@ -6,7 +6,10 @@ two-operand one) and one more for x - mean; these kernels fuse what reads the sa
 
 - ``row_sums(x, out)``: out[r] = sum of row r;
 - ``center_squares(x, mean, xn, out)``: xn = x - mean[r % C] and out[r] = sum of xn^2, one pass;
-- ``two_sums(dy, xn, sum_dy, sum_dy_xn)``: both backward sums, one pass.
+- ``two_sums(dy, xn, sum_dy, sum_dy_xn)``: both backward sums, one pass;
+- ``sgd_step(data, diff, history, decay, rate, momentum)``: SGD's update of one parameter in one
+  pass (three arrays read and written, where NumPy's calls take eight passes and oneDNN's chain
+  eleven array passes), each operation rounded as NumPy rounds it: the same bytes.
 
 Each row is summed by one thread, in an order fixed by the row's length alone (LLVM vectorizes
 the loop, ``reassoc``; no NaN or infinity assumptions, so they propagate as NumPy's do), so a
@@ -30,6 +33,9 @@ import numpy as np
 from . import threads as _threads
 
 _kernels = None
+# Element-wise kernels (SGD's step) run on one thread below this many values: waking numba's
+# pool costs about what 64 Ki values of a memory-bound pass take.
+PARALLEL_MIN = 1 << 16
 
 
 def kernels():
@@ -87,7 +93,25 @@ def _compile():
                     b += g * xn[r, s]
                 sum_dy[r] = a
                 sum_dy_xn[r] = b
-        return {"row_sums": row_sums, "center_squares": center_squares, "two_sums": two_sums}
+        # no fastmath: each operation rounded to float32 in NumPy's order, no fused multiply-add
+        @njit(parallel=parallel, cache=True, nogil=True)
+        def sgd_step(data, diff, history, decay, rate, momentum):
+            for i in loop(data.shape[0]):
+                g = (data[i] * decay + diff[i]) * rate
+                h = history[i] * momentum + g
+                data[i] = data[i] - h
+                history[i] = h
+                diff[i] = h
+
+        @njit(parallel=parallel, cache=True, nogil=True)
+        def sgd_step_no_decay(data, diff, history, rate, momentum):
+            for i in loop(data.shape[0]):
+                h = history[i] * momentum + diff[i] * rate
+                data[i] = data[i] - h
+                history[i] = h
+                diff[i] = h
+        return {"row_sums": row_sums, "center_squares": center_squares, "two_sums": two_sums,
+                "sgd_step": sgd_step, "sgd_step_no_decay": sgd_step_no_decay}
     serial = _warm(variants(False))
     # the parallel build only where a kernel is first given more than one thread: its first call
     # starts numba's OpenMP pool
@@ -102,6 +126,9 @@ def _warm(build):
         build["row_sums"](x, out)
         build["center_squares"](x, out[:1], x.copy(), out)
         build["two_sums"](x, x, out, out.copy())
+        one = np.float32(1)
+        build["sgd_step"](out, out.copy(), out.copy(), one, one, one)
+        build["sgd_step_no_decay"](out, out.copy(), out.copy(), one, one)
         return build
     except Exception:           # a numba that cannot build these: einsum, as without it
         return None
@@ -117,9 +144,10 @@ class _Kernels:
             self.parallel = self._parallel() or False
         return self.parallel
 
-    def _pick(self, name):
+    def _pick(self, name, size=None):
         budget = _threads.current().threads
-        if budget > 1 and threading.current_thread() is threading.main_thread():
+        if budget > 1 and (size is None or size >= PARALLEL_MIN) and \
+                threading.current_thread() is threading.main_thread():
             if not self.parallel_build():
                 return self.serial[name]
             if self.numba.get_num_threads() != budget:
@@ -135,6 +163,18 @@ class _Kernels:
 
     def two_sums(self, dy, xn, sum_dy, sum_dy_xn):
         self._pick("two_sums")(_rows(dy), _rows(xn), sum_dy.reshape(-1), sum_dy_xn.reshape(-1))
+
+
+    def sgd_step(self, data, diff, history, decay, rate, momentum):
+        """SGD's whole step on one parameter in one pass, the bytes of NumPy's separate calls:
+        diff = ((data * decay) + diff) * rate (no decay: diff * rate); history = (history *
+        momentum) + diff; data -= history; diff = history (what Caffe's diff holds after
+        ApplyUpdate)."""
+        d, g, h = data.reshape(-1), diff.reshape(-1), history.reshape(-1)
+        if decay:
+            self._pick("sgd_step", d.size)(d, g, h, decay, rate, momentum)
+        else:
+            self._pick("sgd_step_no_decay", d.size)(d, g, h, rate, momentum)
 
 
 def _rows(a):

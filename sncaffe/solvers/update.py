@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ..backend import onednn
+from ..backend import fused, onednn
 from ..layers.base import array_module
 from .lr_policy import SolverParamError
 
@@ -55,7 +55,9 @@ class SGD(Rule):
         diff[...] = h
 
     def step(self, data, diff, history, local_rate, local_decay, kind) -> bool:
-        """Large float32 parameters on the CPU: three passes of oneDNN's binary kernel and a copy
+        """Float32 parameters on the CPU where numba is installed: one compiled pass
+        (``fused.sgd_step``: data, diff and history each read and written once), the bytes of
+        NumPy's calls. Else large ones: three passes of oneDNN's binary kernel and a copy
         on all the threads (``onednn.flat``), each operation rounded as NumPy's calls above round
         it (so the same bytes), where NumPy takes six to eight passes on one: diff = ((data *
         decay) + diff) * rate; diff = (history * momentum) + diff; data = data - diff; history =
@@ -63,9 +65,13 @@ class SGD(Rule):
         just written, the copy last) the step of ResNet-50's large parameters took 24.5-26.7 ms
         where history first, then the copy, took 26.7-29.3 (one thread, by turns; two threads:
         19.9-22.3 against 20.4-22.3)."""
-        if kind != "L2":
+        if kind != "L2" and local_decay:
             return False
-        (h,), view = history, onednn.flat(data.size)
+        (h,) = history
+        if fused.usable(data, diff, h):         # one pass, compiled (backend/fused.py)
+            fused.kernels().sgd_step(data, diff, h, local_decay, local_rate, self.momentum)
+            return True
+        view = onednn.flat(data.size)
         arrays = (data, diff, h)
         decayed = ((onednn.ADD, True), (onednn.MUL, False))
         first = onednn.binary_for(view, arrays, onednn.MUL, decayed if local_decay else ())

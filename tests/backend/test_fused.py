@@ -153,3 +153,43 @@ def test_numbas_thread_pool_leaves_onednns_team_at_the_budget():
     onednn._gomp.omp_set_num_threads(budget + 1)             # what the pool's start did to this thread
     assert onednn._set_threads() == budget
     assert onednn._omp_max() == budget
+
+
+def _sgd_numpy(data, diff, h, decay, rate, momentum):
+    """Caffe's order as the solver's NumPy path computes it (solvers/update.py)."""
+    if decay:
+        diff += np.multiply(data, decay)
+    h *= momentum
+    diff *= rate
+    h += diff
+    diff[...] = h
+    data -= diff
+
+
+@pytest.mark.parametrize("size", [1, 37, (1 << 16) + 5, 300_001])
+@pytest.mark.parametrize("decay", [0.0, 5e-4])
+def test_sgds_one_pass_gives_numpys_bytes(size, decay):
+    """The compiled SGD step (serial and parallel builds, one and two threads) writes the data,
+    history and diff bytes NumPy's separate calls write, NaN and infinity included."""
+    import numba
+    k = fused.kernels()
+    rng = np.random.default_rng(size)
+    data, diff, h = ((rng.standard_normal(size) * 10 ** rng.uniform(-6, 3, size)).astype(np.float32)
+                     for _ in range(3))
+    if size > 1:
+        data[0], diff[-1] = np.nan, np.inf
+    scalars = np.float32(decay), np.float32(0.01), np.float32(0.9)
+    want = [a.copy() for a in (data, diff, h)]
+    _sgd_numpy(*want, *scalars)
+    parallel = k.parallel_build()
+    name = "sgd_step" if decay else "sgd_step_no_decay"
+    for build, threads in ((k.serial, 1), (parallel, min(2, numba.config.NUMBA_NUM_THREADS))):
+        numba.set_num_threads(threads)
+        got = [a.copy() for a in (data, diff, h)]
+        build[name](*got, *(scalars if decay else scalars[1:]))
+        for g, w in zip(got, want):
+            assert g.tobytes() == w.tobytes()
+    numba.set_num_threads(1)
+    got = [a.copy() for a in (data, diff, h)]
+    k.sgd_step(*got, *scalars)          # the method: the decay chooses the kernel
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))

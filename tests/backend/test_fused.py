@@ -193,3 +193,28 @@ def test_sgds_one_pass_gives_numpys_bytes(size, decay):
     got = [a.copy() for a in (data, diff, h)]
     k.sgd_step(*got, *scalars)          # the method: the decay chooses the kernel
     assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("shapes", [[(1, 3)], [(128, 16)], [(8, 64), (8, 64)], [(0, 5), (3, 5), (2, 5)]])
+def test_the_compiled_image_sum_adds_in_numpys_order(shapes):
+    """normalization.sum_over_images through the kernel gives the bits of its Python loop (out =
+    row 0, then out += each row, part after part), which one location and the replicas share."""
+    from sncaffe.layers.normalization import sum_over_images
+    rng = np.random.default_rng(len(shapes))
+    parts = [(rng.standard_normal(s) * 10 ** rng.uniform(-3, 3, s)).astype(np.float32) for s in shapes]
+    if parts[-1].size:
+        parts[-1][-1, 0] = np.nan
+    want = None
+    for part in parts:
+        for row in part:
+            want = row.copy() if want is None else want + row
+    calls = []
+    k = fused.kernels()
+    real = k.image_sum
+    k.image_sum = lambda *a: calls.append(1) or real(*a)
+    try:
+        got = sum_over_images(parts, np.empty(shapes[0][1], np.float32))
+    finally:
+        del k.image_sum
+    assert len(calls) == sum(1 for p in parts if len(p))
+    assert got.tobytes() == want.tobytes()

@@ -112,6 +112,7 @@ def _compile():
                 data[i] = data[i] - h
                 history[i] = h
                 diff[i] = h
+
         @njit(cache=True, nogil=True)
         def image_sum(part, out, first):
             images, channels = part.shape
@@ -178,18 +179,17 @@ class _Kernels:
     def two_sums(self, dy, xn, sum_dy, sum_dy_xn):
         self._pick("two_sums")(_rows(dy), _rows(xn), sum_dy.reshape(-1), sum_dy_xn.reshape(-1))
 
-
     def sgd_step(self, data, diff, history, decay, rate, momentum):
         """SGD's whole step on one parameter in one pass, the bytes of NumPy's separate calls:
         diff = ((data * decay) + diff) * rate (no decay: diff * rate); history = (history *
         momentum) + diff; data -= history; diff = history (what Caffe's diff holds after
         ApplyUpdate)."""
         d, g, h = data.reshape(-1), diff.reshape(-1), history.reshape(-1)
+        t = d.dtype.type            # the scalars in the arrays' type: a Python float would be float64
         if decay:
-            self._pick("sgd_step", d.size)(d, g, h, decay, rate, momentum)
+            self._pick("sgd_step", d.size)(d, g, h, t(decay), t(rate), t(momentum))
         else:
-            self._pick("sgd_step_no_decay", d.size)(d, g, h, rate, momentum)
-
+            self._pick("sgd_step_no_decay", d.size)(d, g, h, t(rate), t(momentum))
 
     def image_sum(self, part, out, first):
         """out (C,) = part's rows (N, C) added one image after another, starting from part[0]

@@ -153,6 +153,27 @@ def test_gemm_threads_are_sized_to_the_work(monkeypatch):
     assert [threads.gemm_threads(f) for f in (0, step - 1, 2 * step, 3.5 * step, 100 * step)] == [1, 1, 2, 3, 4]
 
 
+def test_a_held_budget_reaches_the_gemms_and_onednn_and_is_given_back(monkeypatch):
+    """threads.held (the benchmarks' one thread and two by turns): inside, the GEMMs are sized to
+    the held budget and oneDNN's OpenMP count on this thread follows it; never above the
+    process's budget; the decision is restored after, an exception included."""
+    from sncaffe.backend import onednn
+    monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
+    big = 100 * threads.FLOPS_PER_THREAD
+    with threads.held(1) as d:
+        assert d.threads == 1 and threads.gemm_threads(big) == 1
+        if onednn.version() is not None:
+            assert onednn._set_threads() == 1 and onednn._omp_max() == 1
+    assert threads.current().threads == 2 and threads.gemm_threads(big) == 2
+    if onednn.version() is not None:
+        assert onednn._set_threads() == 2 and onednn._omp_max() == 2
+    with threads.held(8):
+        assert threads.current().threads == 2
+    with pytest.raises(RuntimeError), threads.held(1):
+        raise RuntimeError("a failing iteration")
+    assert threads.current().threads == 2
+
+
 def test_cli_reports_a_bad_setting_without_a_traceback(tmp_path):
     net = tmp_path / "net.prototxt"
     net.write_text('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }')

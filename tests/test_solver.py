@@ -525,8 +525,8 @@ def test_sgd_step_on_onednn_gives_numpys_bytes(tmp_path, monkeypatch, weight_dec
 @pytest.mark.parametrize("team", [1, 2])
 def test_sgd_step_compiled_gives_numpys_bytes(tmp_path, monkeypatch, weight_decay, team):
     """With numba, every float32 parameter's SGD step is one compiled pass (fused.sgd_step, its
-    parallel build from 64 Ki values on a team of two): three iterations give the weights,
-    history and diffs of NumPy's calls (no oneDNN, no kernels) to the byte."""
+    parallel build from fused.PARALLEL_MIN values on a team of two): three iterations give the
+    weights, history and diffs of NumPy's calls (no oneDNN, no kernels) to the byte."""
     from sncaffe.backend import fused, threads
     monkeypatch.setattr(threads, "_decision", threads.Decision(team, 2, "--threads"))
     kernels, calls = fused.kernels(), []

@@ -79,6 +79,18 @@ def child(net, threads, kernels, iterations):
                       "runs": runs, "rss_gib": rss}))
 
 
+def run_child(net, threads, kind, iterations) -> dict:
+    """One child process of ``alternate`` or ``turns`` (``kind``: "alt" or "turns"), free of the
+    thread variables: its JSON line."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_BLOCKTIME")}
+    out = subprocess.run([sys.executable, __file__, "--child", net, str(threads), kind, str(iterations)],
+                         capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise SystemExit(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def alternate(args):
     """Per net, one child at the largest thread count, the kernel threads on and off every other
     iteration (the GEMMs on all threads both ways): the least disturbed iteration of each, and
@@ -86,15 +98,9 @@ def alternate(args):
     compares best."""
     from tables import table
     t = max(int(x) for x in args.threads.split(","))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_BLOCKTIME")}
     for net in args.nets.split(","):
         load = os.getloadavg()[0]
-        out = subprocess.run([sys.executable, __file__, "--child", net, str(t), "alt", str(args.iterations)],
-                             capture_output=True, text=True, env=env)
-        if out.returncode:
-            raise SystemExit(out.stderr[-2000:])
-        res = json.loads(out.stdout.strip().splitlines()[-1])
+        res = run_child(net, t, "alt", args.iterations)
         on = [r for r in res["runs"] if r["kernels"]]
         off = [r for r in res["runs"] if not r["kernels"]]
         print(f"\n## {net} (batch {res['batch']}), {t} threads for the GEMMs; kernel threads on and off by turns, "
@@ -118,17 +124,11 @@ def turns(args):
     other, which separate processes minutes apart are not on a shared machine."""
     from tables import table
     t = max(int(x) for x in args.threads.split(","))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_BLOCKTIME")}
     print(f"python tools/bench_threads.py --turns --nets {args.nets} --threads {args.threads} --iterations "
           f"{args.iterations}; {os.cpu_count()} cores; 1 and {t} threads by turns in one process per net")
     for net in args.nets.split(","):
         load = os.getloadavg()[0]
-        out = subprocess.run([sys.executable, __file__, "--child", net, str(t), "turns", str(args.iterations)],
-                             capture_output=True, text=True, env=env)
-        if out.returncode:
-            raise SystemExit(out.stderr[-2000:])
-        res = json.loads(out.stdout.strip().splitlines()[-1])
+        res = run_child(net, t, "turns", args.iterations)
         one = sorted(r["seconds"] for r in res["runs"][0::2])
         many = sorted(r["seconds"] for r in res["runs"][1::2])
         med = [x[len(x) // 2] for x in (one, many)]

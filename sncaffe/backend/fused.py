@@ -8,10 +8,10 @@ two-operand one) and one more for x - mean; these kernels fuse what reads the sa
 - ``center_squares(x, mean, xn, out)``: xn = x - mean[r % C] and out[r] = sum of xn^2, one pass;
 - ``two_sums(dy, xn, sum_dy, sum_dy_xn)``: both backward sums, one pass;
 - ``image_sum(part, out, first)``: the per-image sums added image after image (no reassociation:
-  the order is the result), where a Python loop took 60-90 us a call at 128 images;
+  the order is the result), where a Python loop took 70 us a call at 128 images of 32 channels;
 - ``sgd_step(data, diff, history, decay, rate, momentum)``: SGD's update of one parameter in one
-  pass (three arrays read and written, where NumPy's calls take eight passes and oneDNN's chain
-  eleven array passes), each operation rounded as NumPy rounds it: the same bytes.
+  pass (three arrays read and written once, where NumPy's seven calls make eighteen array passes
+  and oneDNN's chain eleven), each operation rounded as NumPy rounds it: the same bytes.
 
 Each row is summed by one thread, in an order fixed by the row's length alone (LLVM vectorizes
 the loop, ``reassoc``; no NaN or infinity assumptions, so they propagate as NumPy's do), so a
@@ -35,9 +35,10 @@ import numpy as np
 from . import threads as _threads
 
 _kernels = None
-# Element-wise kernels (SGD's step) run on one thread below this many values: waking numba's
-# pool costs about what 64 Ki values of a memory-bound pass take.
-PARALLEL_MIN = 1 << 16
+# Element-wise kernels (SGD's step) run on one thread below this many values: SGD's step on
+# 64 Ki values took 8.4 us on one thread and 10.0 on two, on 128 Ki 22.8 and 14.1 (warm, medians
+# of 400 calls).
+PARALLEL_MIN = 1 << 17
 
 
 def kernels():
@@ -112,21 +113,21 @@ def _compile():
                 data[i] = data[i] - h
                 history[i] = h
                 diff[i] = h
-
-        @njit(cache=True, nogil=True)
-        def image_sum(part, out, first):
-            images, channels = part.shape
-            start = 0
-            if first:
-                for c in range(channels):
-                    out[c] = part[0, c]
-                start = 1
-            for i in range(start, images):          # image after image: the order is the result
-                for c in range(channels):
-                    out[c] += part[i, c]
         return {"row_sums": row_sums, "center_squares": center_squares, "two_sums": two_sums,
-                "sgd_step": sgd_step, "sgd_step_no_decay": sgd_step_no_decay, "image_sum": image_sum}
-    serial = _warm(variants(False))
+                "sgd_step": sgd_step, "sgd_step_no_decay": sgd_step_no_decay}
+
+    @njit(cache=True, nogil=True)       # serial only: a few hundred values
+    def image_sum(part, out, first):
+        images, channels = part.shape
+        start = 0
+        if first:
+            for c in range(channels):
+                out[c] = part[0, c]
+            start = 1
+        for i in range(start, images):          # image after image: the order is the result
+            for c in range(channels):
+                out[c] += part[i, c]
+    serial = _warm(dict(variants(False), image_sum=image_sum))
     # the parallel build only where a kernel is first given more than one thread: its first call
     # starts numba's OpenMP pool
     return serial and _Kernels(numba, serial, lambda: _warm(variants(True)))
@@ -143,7 +144,8 @@ def _warm(build):
         one = np.float32(1)
         build["sgd_step"](out, out.copy(), out.copy(), one, one, one)
         build["sgd_step_no_decay"](out, out.copy(), out.copy(), one, one)
-        build["image_sum"](x, out[:3].copy(), True)
+        if "image_sum" in build:
+            build["image_sum"](x, out[:3].copy(), True)
         return build
     except Exception:           # a numba that cannot build these: einsum, as without it
         return None

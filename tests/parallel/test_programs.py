@@ -30,6 +30,12 @@ def make_solver(programs, mode="none"):
     return solver
 
 
+def assert_same_weights(ref, net):
+    for name, blobs in ref.params.items():
+        for x, y in zip(blobs, net.params[name]):
+            assert np.array_equal(x.data, y.data), name
+
+
 @pytest.mark.parametrize("mode", ["none", "recompute"])
 def test_programs_give_the_general_paths_bits_and_each_planned_peak(mode):
     """Two replicas with cross-replica BatchNorm and summing operators: trained with programs
@@ -120,9 +126,7 @@ def test_a_part_on_another_stream_runs_between_its_operators_neighbours():
     part = next(r for r in records if r["name"] == "relu1 extra")
     assert order[i]["event"].end <= part["event"].start
     assert part["event"].end <= order[i + 1]["event"].start
-    for name, blobs in ref.net.params.items():
-        for x, y in zip(blobs, net.params[name]):
-            assert np.array_equal(x.data, y.data), name
+    assert_same_weights(ref.net, net)
     reps.close()
     ref_reps.close()
 
@@ -153,9 +157,7 @@ def test_an_error_while_the_schedule_is_walked_is_raised_and_the_next_pass_runs(
     with pytest.raises(RuntimeError, match="the comm stream is gone"):
         net.backward()
     solver.step(2)                  # starts afresh: the failed pass left nothing behind
-    for name, blobs in ref.net.params.items():
-        for x, y in zip(blobs, net.params[name]):
-            assert np.array_equal(x.data, y.data), name
+    assert_same_weights(ref.net, net)
     reps.close()
     ref_reps.close()
 

@@ -192,8 +192,13 @@ class Builder:
             for r, _ in self.param_ops.get(k, ()):
                 if id(r) in self.live and not any(id(r) == id(q) for q, _ in self.param_ops.get(self.pos, ())):
                     self.emit("free", r)
-        if ops is not None:             # memory-centric: freed after this step, checkpoints kept
-            self.mc_free += [t for key, t in self.live.items() if key not in fresh and key in self.dropped]
+        if ops is not None:             # memory-centric: freed after this step, checkpoints kept,
+            # but not what this step writes for a later one: that is backward's value now, which a
+            # replay does not give back (a fused Scale's sums in BatchNorm's partials)
+            step = self.pos
+            written = {id(q) for q, w in op_tensors(self.ops[step]) if w and self.need_times(q, step)}
+            self.mc_free += [t for key, t in self.live.items()
+                             if key not in fresh and key in self.dropped and key not in written]
             if seg not in self.mc_open:
                 self.mc_open.append(seg)
             return

@@ -17,6 +17,7 @@ import numpy as np
 
 from .validate import check_fields, check_shape, located
 from .layers import create_layer
+from .backend import is_gpu
 from .layers.base import Layer, LayerError
 from .sharing import append_params, frozen_shared
 
@@ -55,6 +56,44 @@ class Fusion:
 
     def on(self, kind) -> bool:
         return kind == "forward" or self.in_place
+
+    @property
+    def first(self):
+        return self.bn
+
+    @property
+    def last(self):
+        return self.scale
+
+
+@dataclass(eq=False)
+class EltwiseReLU:
+    """An Eltwise SUM of two bottoms with coefficients 1 and the in-place ReLU (no negative slope)
+    right after it, run as one on the CPU (ResNet's shortcut sum). Forward, Eltwise writes
+    max(a + b, 0) in one pass, the bits of the sum and then the ReLU, and the ReLU does nothing
+    (the two read and wrote the top twice). Backward, the ReLU does nothing and Eltwise writes
+    dy * (y > 0) into the top's diff (the ReLU's in-place dx, which pycaffe shows) and into each
+    bottom's diff in the same pass (the ReLU's pass and then Eltwise's copies). Backward only
+    where both layers run it (``can_backward``); ``forward``/``backward`` as ``Fusion``'s."""
+    eltwise: "LayerNode"
+    relu: "LayerNode"
+    can_backward: bool = True
+    forward: bool = True
+    backward: bool = True
+
+    def __post_init__(self):
+        self.backward = self.can_backward
+
+    def on(self, kind) -> bool:
+        return kind == "forward" or self.can_backward
+
+    @property
+    def first(self):
+        return self.eltwise
+
+    @property
+    def last(self):
+        return self.relu
 
 
 class GraphError(ValueError):
@@ -267,7 +306,7 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
         node.backward_workspace = node.workspace if bspecs is None else _workspace(lp.name, bspecs, dtype, lp.location)
         nodes.append(node)
     _decide_backward(nodes, param.force_backward)
-    fusions = _fuse_batch_norm_scale(nodes)
+    fusions = _fuse_batch_norm_scale(nodes) + _fuse_eltwise_relu(nodes)
     _make_diffs(nodes, blobs, dtype)
     _frozen_diff_workspaces(nodes, dtype)
     graph = Graph(param, phase, nodes, blobs, learnable=learnable, fusions=fusions)
@@ -403,11 +442,33 @@ def _fuse_batch_norm_scale(nodes) -> list:
     return fusions
 
 
+def _fuse_eltwise_relu(nodes) -> list:
+    """The EltwiseReLU of each CPU Eltwise SUM of two bottoms with coefficients 1, not in place,
+    whose top is next touched by an in-place ReLU with no negative slope on the same location,
+    neither with a loss weight."""
+    fusions = []
+    for k, el in enumerate(nodes):
+        layer = el.layer
+        if el.type != "Eltwise" or layer.op != "SUM" or len(el.bottoms) != 2 or any(c != 1 for c in layer.coeffs) \
+                or is_gpu(layer.target) or el.tops[0] in el.bottoms:
+            continue
+        y = el.tops[0]
+        relu = next((n for n in nodes[k + 1:] if y in n.bottoms or y in n.tops), None)
+        if relu is None or relu.type != "ReLU" or relu.bottoms != [y] or relu.tops != [y] or relu.layer.slope != 0 \
+                or relu.layer.param.location != layer.param.location or any(el.loss_weights + relu.loss_weights):
+            continue
+        backward = relu.need_backward and relu.propagate_down[0] and el.need_backward
+        fusion = EltwiseReLU(el, relu, can_backward=backward)
+        layer.fusion = relu.layer.fusion = fusion
+        fusions.append(fusion)
+    return fusions
+
+
 def _operators(nodes) -> list:
     ops = []
     for node in nodes:
         reads = [b.data for b in node.bottoms] + [p for p, _ in node.params]
-        fusion = node.layer.fusion
+        fusion = node.layer.fusion if isinstance(node.layer.fusion, Fusion) else None
         if fusion is not None and fusion.scale is node:         # reads BatchNorm's x_norm and std
             reads += [node.scratch["bottom"], fusion.bn.scratch["std"]]
         writes = [t.data for t in node.tops] + [t for k, t in node.scratch.items() if k not in node.shared_scratch]
@@ -426,6 +487,11 @@ def _operators(nodes) -> list:
         writes = [b.diff for j, b in enumerate(node.bottoms) if node.propagate_down[j]]
         writes += [d for (_, d), need in zip(node.params, node.param_need_backward) if need]
         fusion = node.layer.fusion
+        if isinstance(fusion, EltwiseReLU):
+            if fusion.eltwise is node and fusion.can_backward:  # the ReLU's mask and in-place dx
+                reads += [t.data for t in node.tops if t.data not in reads]
+                writes += [t.diff for t in node.tops]
+            fusion = None
         if fusion is not None and fusion.scale is node:     # BatchNorm's std, and its x_norm: divided
             reads.append(fusion.bn.scratch["std"])          # there if a fused forward left it centered
             writes.append(node.scratch["bottom"])

@@ -14,6 +14,8 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
 - ``relu``: ReLU on oneDNN's eltwise kernel (``onednn.relu_for``); off: NumPy;
 - ``bn-scale``: a training BatchNorm and the in-place Scale after it run as one (``graph.Fusion``);
   off: each layer on its own;
+- ``eltwise-relu``: an Eltwise sum and the in-place ReLU after it run as one
+  (``graph.EltwiseReLU``); off: each layer on its own;
 - ``sgd-step``: SGD's update of a large parameter in three oneDNN passes (``update.SGD.step``);
   off: NumPy's calls. This one times the solver's update, the others forward + backward;
 - ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
@@ -23,7 +25,7 @@ The machine this was written on is shared and noisy (one process's speed moves b
 run to run), so the two forms alternate every iteration in one process, after one warm-up
 iteration each: printed are the median forward + backward milliseconds of each and their ratio
 (off / on: above 1, the path pays). Every form gives the same bytes (tests/layers/test_onednn.py,
-tests/test_solver.py) but ``bn-scale``'s gradients, which agree to rounding
+tests/test_solver.py, tests/layers/test_eltwise_relu.py) but ``bn-scale``'s gradients, which agree to rounding
 (tests/layers/test_batchnorm_scale.py).
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling"]
 
 
 def _switch(path, net):
@@ -47,10 +49,14 @@ def _switch(path, net):
     from sncaffe.solvers.update import SGD
     if path == "pooling":          # two nets (main): nothing to switch
         return (lambda: None), (lambda: None)
-    if path == "bn-scale":
+    if path in ("bn-scale", "eltwise-relu"):
+        from sncaffe.graph import EltwiseReLU, Fusion
+        kind = Fusion if path == "bn-scale" else EltwiseReLU
+
         def turn(state):
             for f in net.graph.fusions:
-                f.forward, f.backward = state, state and f.on("backward")
+                if isinstance(f, kind):
+                    f.forward, f.backward = state, state and f.on("backward")
         return (lambda: turn(True)), (lambda: turn(False))
     owner, name, never = {
         "sgd-step": (SGD, "step", lambda self, *a: False),

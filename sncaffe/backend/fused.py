@@ -9,6 +9,9 @@ two-operand one) and one more for x - mean; these kernels fuse what reads the sa
 - ``two_sums(dy, xn, sum_dy, sum_dy_xn)``: both backward sums, one pass;
 - ``image_sum(part, out, first)``: the per-image sums added image after image (no reassociation:
   the order is the result), where a Python loop took 70 us a call at 128 images of 32 channels;
+- ``add_relu(a, b, y)`` and ``relu_grad_copy(y, dy, *dx)``: an Eltwise sum with the in-place
+  ReLU after it, forward in one pass (where the two layers read and wrote the top twice) and
+  backward the ReLU's mask applied and copied to Eltwise's bottoms in one pass (graph.EltwiseReLU);
 - ``sgd_step(data, diff, history, decay, rate, momentum)``: SGD's update of one parameter in one
   pass (three arrays read and written once, where NumPy's seven calls make eighteen array passes
   and oneDNN's chain eleven), each operation rounded as NumPy rounds it: the same bytes.
@@ -113,8 +116,36 @@ def _compile():
                 data[i] = data[i] - h
                 history[i] = h
                 diff[i] = h
+
+        # Eltwise SUM and the in-place ReLU after it (graph.EltwiseReLU), no fastmath: NumPy's
+        # np.add then np.maximum(s, 0) (NaN kept, -0 and negatives to +0), and backward its
+        # np.multiply(dy, y > 0): dy * 1 or dy * 0 (so NaN * 0 stays NaN, -1 * 0 is -0)
+        @njit(parallel=parallel, cache=True, nogil=True)
+        def add_relu(a, b, y):
+            zero = np.float32(0)
+            for i in loop(y.shape[0]):
+                s = a[i] + b[i]
+                y[i] = s if (s > zero or s != s) else zero
+
+        @njit(parallel=parallel, cache=True, nogil=True)
+        def relu_grad_copy(y, dy, dx):
+            one, zero = np.float32(1), np.float32(0)
+            for i in loop(y.shape[0]):
+                g = dy[i] * (one if y[i] > zero else zero)
+                dy[i] = g
+                dx[i] = g
+
+        @njit(parallel=parallel, cache=True, nogil=True)
+        def relu_grad_copy2(y, dy, dx0, dx1):
+            one, zero = np.float32(1), np.float32(0)
+            for i in loop(y.shape[0]):
+                g = dy[i] * (one if y[i] > zero else zero)
+                dy[i] = g
+                dx0[i] = g
+                dx1[i] = g
         return {"row_sums": row_sums, "center_squares": center_squares, "two_sums": two_sums,
-                "sgd_step": sgd_step, "sgd_step_no_decay": sgd_step_no_decay}
+                "sgd_step": sgd_step, "sgd_step_no_decay": sgd_step_no_decay, "add_relu": add_relu,
+                "relu_grad_copy": relu_grad_copy, "relu_grad_copy2": relu_grad_copy2}
 
     @njit(cache=True, nogil=True)       # serial only: a few hundred values
     def image_sum(part, out, first):
@@ -144,6 +175,9 @@ def _warm(build):
         one = np.float32(1)
         build["sgd_step"](out, out.copy(), out.copy(), one, one, one)
         build["sgd_step_no_decay"](out, out.copy(), out.copy(), one, one)
+        build["add_relu"](out, out.copy(), out.copy())
+        build["relu_grad_copy"](out, out.copy(), out.copy())
+        build["relu_grad_copy2"](out, out.copy(), out.copy(), out.copy())
         if "image_sum" in build:
             build["image_sum"](x, out[:3].copy(), True)
         return build
@@ -192,6 +226,18 @@ class _Kernels:
             self._pick("sgd_step", d.size)(d, g, h, t(decay), t(rate), t(momentum))
         else:
             self._pick("sgd_step_no_decay", d.size)(d, g, h, t(rate), t(momentum))
+
+    def add_relu(self, a, b, y):
+        """y = max(a + b, 0) in one pass, the bytes of np.add then np.maximum(y, 0, out=y)."""
+        y = y.reshape(-1)
+        self._pick("add_relu", y.size)(a.reshape(-1), b.reshape(-1), y)
+
+    def relu_grad_copy(self, y, dy, *dx):
+        """dy = dy * (y > 0) in place (a ReLU's in-place backward), copied into each of one or
+        two ``dx`` in the same pass."""
+        y, dy, dx = y.reshape(-1), dy.reshape(-1), [d.reshape(-1) for d in dx]
+        name = "relu_grad_copy" if len(dx) == 1 else "relu_grad_copy2"
+        self._pick(name, y.size)(y, dy, *dx)
 
     def image_sum(self, part, out, first):
         """out (C,) = part's rows (N, C) added one image after another, starting from part[0]

@@ -94,7 +94,7 @@ class Layer:
         self.scratch: dict = {}
         self.shared_scratch: frozenset = frozenset()    # scratch another layer writes (graph.SHARED_SCRATCH)
         self.optional_scratch: frozenset = frozenset()  # scratch kept only where shared (dropped otherwise)
-        self.fusion = None      # graph.Fusion: run as one with a neighbour (BatchNorm + Scale)
+        self.fusion = None      # run as one with a neighbour: graph.Fusion (BatchNorm + Scale), graph.EltwiseReLU
         self.workspace: dict = {}
         self.rng = np.random.default_rng(0)
 

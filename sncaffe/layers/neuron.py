@@ -93,12 +93,16 @@ class ReLU(NeuronLayer):
     # On the CPU, large float32 tensors run on oneDNN's ReLU (onednn.relu_for: the same bytes,
     # faster, on all the budget's threads).
     def forward(self, bottom, top):
+        if self.fused("forward"):       # the Eltwise before it took the max (graph.EltwiseReLU)
+            return
         r = onednn.relu_for(self.slope, bottom[0].data, top[0].data)
         if r is None:
             return super().forward(bottom, top)
         r.forward(bottom[0].data, top[0].data)
 
     def backward(self, top, propagate_down, bottom):
+        if self.fused("backward"):      # the Eltwise before it applies the mask
+            return
         r = onednn.relu_for(self.slope, top[0].data, top[0].diff, bottom[0].diff) if propagate_down[0] else None
         if r is None:
             return super().backward(top, propagate_down, bottom)

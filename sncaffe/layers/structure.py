@@ -12,7 +12,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..backend import is_gpu, onednn, workers
+from ..backend import fused, is_gpu, onednn, workers
 from . import structure_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
@@ -102,6 +102,8 @@ class Eltwise(Layer):
     def forward(self, bottom, top):
         xp = array_module(bottom[0].data)
         y, x = top[0].data, [b.data for b in bottom]
+        if self.fused("forward"):           # with the in-place ReLU after it (graph.EltwiseReLU)
+            return self._forward_relu(xp, x, y)
         if xp is not np and self.op == "MAX":
             return structure_gpu.eltwise_max_forward(x, y, self.scratch["argmax"])
         if self.op == "SUM" and all(c == 1 for c in self.coeffs):
@@ -136,8 +138,28 @@ class Eltwise(Layer):
                 xp.copyto(y, xi, where=mask)
                 xp.copyto(argmax, i, where=mask)
 
+    def _forward_relu(self, xp, x, y):
+        """y = max(x0 + x1, 0): the sum's and then the ReLU's bits, in one pass where compiled."""
+        if fused.usable(*x, y):
+            return fused.kernels().add_relu(x[0], x[1], y)
+        xp.add(x[0], x[1], out=y)
+        xp.maximum(y, 0, out=y)
+
+    def _backward_relu(self, xp, top, propagate_down, bottom):
+        """The ReLU's in-place backward, dy * (y > 0) into the top's diff, and this layer's:
+        that into each bottom's diff (coefficients of 1)."""
+        y, dy = top[0].data, top[0].diff
+        dx = [b.diff for b, p in zip(bottom, propagate_down) if p]
+        if dx and fused.usable(y, dy, *dx):
+            return fused.kernels().relu_grad_copy(y, dy, *dx)
+        xp.multiply(dy, y > 0, out=dy)
+        for d in dx:
+            xp.copyto(d, dy)
+
     def backward(self, top, propagate_down, bottom):
         xp = array_module(top[0].diff)
+        if self.fused("backward"):
+            return self._backward_relu(xp, top, propagate_down, bottom)
         n = len(bottom)
         prod = self.op == "PROD"
         data = [b.data if prod else None for b in bottom]

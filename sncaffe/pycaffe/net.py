@@ -363,10 +363,10 @@ class Net:
 
     @contextlib.contextmanager
     def _fusions(self, kind, lo, hi):
-        """A BatchNorm + Scale pair runs as one (graph.Fusion) only where both are in the pass."""
+        """Fused layers (graph.Fusion, graph.EltwiseReLU) run as one only where both are in the pass."""
         fusions = self._net.graph.fusions
         for f in fusions:
-            setattr(f, kind, f.on(kind) and lo <= self._index[f.bn.name] and self._index[f.scale.name] <= hi)
+            setattr(f, kind, f.on(kind) and lo <= self._index[f.first.name] and self._index[f.last.name] <= hi)
         try:
             yield
         finally:

@@ -218,3 +218,34 @@ def test_the_compiled_image_sum_adds_in_numpys_order(shapes):
         del k.image_sum
     assert len(calls) == sum(1 for p in parts if len(p))
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("size", [1, 37, 300_001])
+def test_eltwise_relus_one_pass_gives_numpys_bytes(size):
+    """Eltwise's sum with the ReLU after it (add_relu) and its backward (relu_grad_copy, one or two
+    bottoms), serial and parallel builds: the bytes of np.add, np.maximum(y, 0) and
+    np.multiply(dy, y > 0) and copies, with NaN, infinities and signed zeros in them."""
+    import numba
+    k = fused.kernels()
+    rng = np.random.default_rng(size)
+    a, b, dy = (rng.standard_normal(size).astype(np.float32) for _ in range(3))
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -1.0], np.float32)
+    for arr, shift in ((a, 0), (b, 1), (dy, 2)):
+        arr[:min(size, 6)] = np.roll(special, shift)[:min(size, 6)]
+    with np.errstate(invalid="ignore"):        # inf + -inf, inf * 0: NaN, as wanted
+        y_want = np.add(a, b)
+        np.maximum(y_want, 0, out=y_want)
+        dy_want = np.multiply(dy, y_want > 0)
+    parallel = k.parallel_build()
+    for build, threads in ((k.serial, 1), (parallel, min(2, numba.config.NUMBA_NUM_THREADS))):
+        numba.set_num_threads(threads)
+        y = np.empty_like(a)
+        build["add_relu"](a, b, y)
+        assert y.tobytes() == y_want.tobytes()
+        g, d0, d1 = dy.copy(), np.empty_like(dy), np.empty_like(dy)
+        build["relu_grad_copy2"](y, g, d0, d1)
+        assert g.tobytes() == d0.tobytes() == d1.tobytes() == dy_want.tobytes()
+        g, d0 = dy.copy(), np.empty_like(dy)
+        build["relu_grad_copy"](y, g, d0)
+        assert g.tobytes() == d0.tobytes() == dy_want.tobytes()
+    numba.set_num_threads(1)

@@ -64,32 +64,11 @@ def blocked(plan) -> bool:
     out) rather than on NCHW. Measured (tools/bench_conv.py --backends, one thread): a 1x1
     convolution is one GEMM on NCHW, faster than reordering its bottom and top (ResNet-50's 1x1s
     0.7-0.9x the blocked time); output channels per group that are not a multiple of the
-    vector block (8 floats) pad every block (on an AMD EPYC, LeNet's 20 and 50: NCHW 0.35x and
-    0.75x the blocked time); every other kernel, depthwise included, runs 1.5-3x faster blocked,
-    reorders included. On an Intel Xeon (AVX-512) a single input channel per group is the
-    exception: LeNet's conv1 (1 -> 20) forward + backward blocked 2.0 ms at batch 64 where NCHW
-    takes 2.45 (one thread; two threads 1.1 and 2.2 ms), and its conv2 (20 -> 50) the same either
-    way (``_single_channel_blocked``)."""
+    vector block (8 floats) pad every block (LeNet's 20 and 50: NCHW 0.35x and 0.75x the blocked
+    time); every other kernel, depthwise included, runs 1.5-3x faster blocked, reorders included."""
     if plan.kernel == (1, 1):
         return False
-    return plan.Cg == 1 and (plan.Mg == 1 or _single_channel_blocked()) or plan.Mg % 8 == 0
-
-
-_VENDOR = []
-
-
-def _single_channel_blocked() -> bool:
-    """Whether one input channel per group runs blocked: on Intel CPUs (the vendor in
-    /proc/cpuinfo; elsewhere, or unknown, NCHW as measured on AMD)."""
-    if not _VENDOR:
-        vendor = ""
-        try:
-            with open("/proc/cpuinfo") as f:
-                vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
-        except OSError:
-            pass
-        _VENDOR.append(vendor)
-    return _VENDOR[0] == "GenuineIntel"
+    return plan.Cg == 1 and plan.Mg == 1 or plan.Mg % 8 == 0
 
 
 # A block is large enough that oneDNN's kernels run at full speed on it (the GPU path's rule:

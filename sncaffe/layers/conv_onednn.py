@@ -64,11 +64,32 @@ def blocked(plan) -> bool:
     out) rather than on NCHW. Measured (tools/bench_conv.py --backends, one thread): a 1x1
     convolution is one GEMM on NCHW, faster than reordering its bottom and top (ResNet-50's 1x1s
     0.7-0.9x the blocked time); output channels per group that are not a multiple of the
-    vector block (8 floats) pad every block (LeNet's 20 and 50: NCHW 0.35x and 0.75x the blocked
-    time); every other kernel, depthwise included, runs 1.5-3x faster blocked, reorders included."""
+    vector block (8 floats) pad every block (on an AMD EPYC, LeNet's 20 and 50: NCHW 0.35x and
+    0.75x the blocked time); every other kernel, depthwise included, runs 1.5-3x faster blocked,
+    reorders included. On an Intel Xeon (AVX-512) one input channel per group is the exception:
+    LeNet's conv1 (1 -> 20) blocked, forward + backward at batch 64, 2.0 ms where NCHW takes 2.45
+    on one thread and 1.1 where it takes 2.2 on two (its conv2, 20 -> 50, the same either way);
+    its blocks are kept small (``reduce_block``), since one channel is padded to a block of 16."""
     if plan.kernel == (1, 1):
         return False
-    return plan.Cg == 1 and plan.Mg == 1 or plan.Mg % 8 == 0
+    return plan.Cg == 1 and (plan.Mg == 1 or _single_channel_blocked()) or plan.Mg % 8 == 0
+
+
+_VENDOR = []
+
+
+def _single_channel_blocked() -> bool:
+    """Whether one input channel per group runs blocked: on Intel CPUs (the vendor in
+    /proc/cpuinfo); elsewhere, or unknown, NCHW, as measured on AMD."""
+    if not _VENDOR:
+        vendor = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+        except OSError:
+            pass
+        _VENDOR.append(vendor)
+    return _VENDOR[0] == "GenuineIntel"
 
 
 # A block is large enough that oneDNN's kernels run at full speed on it (the GPU path's rule:
@@ -77,11 +98,25 @@ def blocked(plan) -> bool:
 BLOCK_POSITIONS = 65536
 
 
+# A blocked layer with one input channel per group (not depthwise) pads that channel to a block
+# of 16 in its blocked copies: its blocks hold at most this many bytes of copies. LeNet's conv1
+# at batch 64 (one thread / two, forward + backward): 64-image blocks 2.80 / 1.56 ms with 7.61 MiB
+# of workspace, 16-image blocks 2.74 / 1.77 ms with 1.94 MiB, 8-image 2.79 / 2.52 ms; NCHW 3.20 /
+# 2.2 ms with 0.11 MiB.
+SINGLE_CHANNEL_BLOCK_BYTES = 2 << 20
+
+
 def reduce_block(plan) -> int:
     """Images per block: enough for BLOCK_POSITIONS positions of the image or the grid side,
-    whichever is larger (the plan's conv view; geometry only)."""
+    whichever is larger (the plan's conv view; geometry only); for a blocked layer with one input
+    channel per group, no more than SINGLE_CHANNEL_BLOCK_BYTES of blocked copies."""
     positions = max(plan.out_size, plan.h.size * plan.w.size)
-    return max(1, -(-BLOCK_POSITIONS // positions))
+    images = max(1, -(-BLOCK_POSITIONS // positions))
+    if plan.Cg == 1 and plan.Mg > 1 and blocked(plan):
+        pad = lambda c: -(-c // 16) * 16           # noqa: E731 - channels in blocks of 16
+        copies = 4 * (plan.h.size * plan.w.size * pad(plan.C) + plan.out_size * pad(plan.M))
+        images = max(1, min(images, SINGLE_CHANNEL_BLOCK_BYTES // copies))
+    return images
 
 
 def _blocks(layer, n):

@@ -73,6 +73,24 @@ def test_float32_on_onednn_matches_convplan_in_float64(kind, shape, M, kw):
 
 
 @needs_onednn
+@pytest.mark.parametrize("vendor, want", [("GenuineIntel", True), ("AuthenticAMD", False), ("", False)])
+def test_one_input_channel_runs_blocked_on_intel_only_and_right_either_way(vendor, want, monkeypatch):
+    """LeNet's conv1 (one input channel, 20 outputs): blocked on an Intel CPU, in blocks whose
+    copies stay under SINGLE_CHANNEL_BLOCK_BYTES, NCHW elsewhere (conv_onednn.blocked's
+    measurements); both layouts give ConvPlan's float64 results, in one block or several."""
+    import sncaffe.layers.conv_onednn as conv_onednn
+    monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
+    monkeypatch.setattr(conv_onednn, "SINGLE_CHANNEL_BLOCK_BYTES", 2 * 4 * (16 * 9 * 8 + 16 * 9 * 8))
+    case = ("Convolution", (5, 1, 9, 8), 5, dict(kernel_size=3, pad=1))
+    ref, *want_out = _run(*case, np.float64)
+    layer, *got = _run(*case, np.float32, params=[b.data for b in ref.blobs])
+    assert layer.dnn.blocked is want
+    assert layer.reduce_block == (2 if want else -(-conv_onednn.BLOCK_POSITIONS // 72))   # 9x8 positions
+    for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+@needs_onednn
 @pytest.mark.parametrize("kind,shape,M,kw", [CASES[i] for i in (1, 3, 6, 10, 14)], ids=[IDS[i] for i in (1, 3, 6, 10, 14)])
 def test_gradient_through_onednn(kind, shape, M, kw):
     """The gradient checker in float32: a convolution is linear, so a large step is exact up to

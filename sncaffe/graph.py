@@ -31,8 +31,21 @@ SHARED_SCRATCH = {("Scale", "bottom"): ("BatchNorm", "x_norm"),
                   ("Scale", "partials"): ("BatchNorm", "partials")}
 
 
+class _Pair:
+    """Two neighbouring layers run as one (``first``, then ``last``). ``forward``/``backward``:
+    whether they run as one in this pass, which needs both layers in it (pycaffe's partial passes
+    turn it off where one of the two is left out); ``on(kind)``: the setting of a whole pass,
+    backward only where ``can_backward``."""
+
+    def __post_init__(self):
+        self.backward = self.can_backward
+
+    def on(self, kind) -> bool:
+        return kind == "forward" or self.can_backward
+
+
 @dataclass(eq=False)
-class Fusion:
+class Fusion(_Pair):
     """A training BatchNorm and the in-place Scale right after it, run as one on the CPU. Forward,
     BatchNorm writes x_norm only, centered and not yet divided by std, and Scale computes
     ((x_norm / std) * scale) + bias in one pass (BatchNorm's top is not written, then copied to
@@ -42,20 +55,16 @@ class Fusion:
     x_norm and dy with per-channel factors (the same two sums are not taken twice, nor dy * scale
     or x_norm * mean(dy * x_norm) written and read again). Backward only where BatchNorm runs in
     place (``in_place``): otherwise its top's diff, which pycaffe shows, would be Scale's dy
-    where Caffe leaves dy * scale. ``forward``/``backward``: whether the pair runs as one in
-    this pass, which needs both layers in it (pycaffe's partial passes turn it off where one of
-    the two is left out; ``on(kind)`` is the setting of a whole pass)."""
+    where Caffe leaves dy * scale."""
     bn: "LayerNode"
     scale: "LayerNode"
     in_place: bool = True
     forward: bool = True
     backward: bool = True
 
-    def __post_init__(self):
-        self.backward = self.in_place
-
-    def on(self, kind) -> bool:
-        return kind == "forward" or self.in_place
+    @property
+    def can_backward(self):
+        return self.in_place
 
     @property
     def first(self):
@@ -67,25 +76,19 @@ class Fusion:
 
 
 @dataclass(eq=False)
-class EltwiseReLU:
+class EltwiseReLU(_Pair):
     """An Eltwise SUM of two bottoms with coefficients 1 and the in-place ReLU (no negative slope)
     right after it, run as one on the CPU (ResNet's shortcut sum). Forward, Eltwise writes
     max(a + b, 0) in one pass, the bits of the sum and then the ReLU, and the ReLU does nothing
     (the two read and wrote the top twice). Backward, the ReLU does nothing and Eltwise writes
     dy * (y > 0) into the top's diff (the ReLU's in-place dx, which pycaffe shows) and into each
     bottom's diff in the same pass (the ReLU's pass and then Eltwise's copies). Backward only
-    where both layers run it (``can_backward``); ``forward``/``backward`` as ``Fusion``'s."""
+    where both layers run it (``can_backward``)."""
     eltwise: "LayerNode"
     relu: "LayerNode"
     can_backward: bool = True
     forward: bool = True
     backward: bool = True
-
-    def __post_init__(self):
-        self.backward = self.can_backward
-
-    def on(self, kind) -> bool:
-        return kind == "forward" or self.can_backward
 
     @property
     def first(self):

@@ -128,15 +128,7 @@ def _compile():
                 y[i] = s if (s > zero or s != s) else zero
 
         @njit(parallel=parallel, cache=True, nogil=True)
-        def relu_grad_copy(y, dy, dx):
-            one, zero = np.float32(1), np.float32(0)
-            for i in loop(y.shape[0]):
-                g = dy[i] * (one if y[i] > zero else zero)
-                dy[i] = g
-                dx[i] = g
-
-        @njit(parallel=parallel, cache=True, nogil=True)
-        def relu_grad_copy2(y, dy, dx0, dx1):
+        def relu_grad_copy(y, dy, dx0, dx1):       # one bottom: the same array twice
             one, zero = np.float32(1), np.float32(0)
             for i in loop(y.shape[0]):
                 g = dy[i] * (one if y[i] > zero else zero)
@@ -145,7 +137,7 @@ def _compile():
                 dx1[i] = g
         return {"row_sums": row_sums, "center_squares": center_squares, "two_sums": two_sums,
                 "sgd_step": sgd_step, "sgd_step_no_decay": sgd_step_no_decay, "add_relu": add_relu,
-                "relu_grad_copy": relu_grad_copy, "relu_grad_copy2": relu_grad_copy2}
+                "relu_grad_copy": relu_grad_copy}
 
     @njit(cache=True, nogil=True)       # serial only: a few hundred values
     def image_sum(part, out, first):
@@ -176,8 +168,7 @@ def _warm(build):
         build["sgd_step"](out, out.copy(), out.copy(), one, one, one)
         build["sgd_step_no_decay"](out, out.copy(), out.copy(), one, one)
         build["add_relu"](out, out.copy(), out.copy())
-        build["relu_grad_copy"](out, out.copy(), out.copy())
-        build["relu_grad_copy2"](out, out.copy(), out.copy(), out.copy())
+        build["relu_grad_copy"](out, out.copy(), out.copy(), out.copy())
         if "image_sum" in build:
             build["image_sum"](x, out[:3].copy(), True)
         return build
@@ -236,8 +227,7 @@ class _Kernels:
         """dy = dy * (y > 0) in place (a ReLU's in-place backward), copied into each of one or
         two ``dx`` in the same pass."""
         y, dy, dx = y.reshape(-1), dy.reshape(-1), [d.reshape(-1) for d in dx]
-        name = "relu_grad_copy" if len(dx) == 1 else "relu_grad_copy2"
-        self._pick(name, y.size)(y, dy, *dx)
+        self._pick("relu_grad_copy", y.size)(y, dy, dx[0], dx[-1])
 
     def image_sum(self, part, out, first):
         """out (C,) = part's rows (N, C) added one image after another, starting from part[0]

@@ -67,7 +67,7 @@ def blocked(plan) -> bool:
     vector block (8 floats) pad every block (on an AMD EPYC, LeNet's 20 and 50: NCHW 0.35x and
     0.75x the blocked time); every other kernel, depthwise included, runs 1.5-3x faster blocked,
     reorders included. On an Intel Xeon (AVX-512) one input channel per group is the exception:
-    LeNet's conv1 (1 -> 20) blocked, forward + backward at batch 64, 2.0 ms where NCHW takes 2.45
+    LeNet's conv1 (1 -> 20) blocked, forward + backward at batch 64, 1.9 ms where NCHW takes 2.45
     on one thread and 1.1 where it takes 2.2 on two (its conv2, 20 -> 50, the same either way);
     its blocks are kept small (``reduce_block``), since one channel is padded to a block of 16."""
     if plan.kernel == (1, 1):

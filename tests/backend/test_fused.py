@@ -243,9 +243,13 @@ def test_eltwise_relus_one_pass_gives_numpys_bytes(size):
         build["add_relu"](a, b, y)
         assert y.tobytes() == y_want.tobytes()
         g, d0, d1 = dy.copy(), np.empty_like(dy), np.empty_like(dy)
-        build["relu_grad_copy2"](y, g, d0, d1)
+        build["relu_grad_copy"](y, g, d0, d1)
         assert g.tobytes() == d0.tobytes() == d1.tobytes() == dy_want.tobytes()
         g, d0 = dy.copy(), np.empty_like(dy)
-        build["relu_grad_copy"](y, g, d0)
+        build["relu_grad_copy"](y, g, d0, d0)               # one bottom
         assert g.tobytes() == d0.tobytes() == dy_want.tobytes()
+    numba.set_num_threads(1)
+    g, d0 = dy.copy(), np.empty_like(dy)
+    k.relu_grad_copy(y, g, d0)                              # the method, one bottom
+    assert g.tobytes() == d0.tobytes() == dy_want.tobytes()
     numba.set_num_threads(1)

@@ -129,7 +129,7 @@ def onednn_plain(np, shape, N):
     """forward + both backward passes on oneDNN with NCHW arguments (no reorders), one function."""
     from sncaffe.backend import onednn
     _, C, M, H, k, s, p, bias, _ = shape
-    conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), blocked=False)
+    conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), layout="nchw")
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((N, C, H, H), dtype=np.float32), rng.standard_normal((M, C, k, k), dtype=np.float32)
     Ho = (H + 2 * p - k) // s + 1

@@ -1,7 +1,7 @@
 """Time one of sncaffe's CPU fast paths on and off, iteration by iteration in one process (not a test).
 
     python tools/bench_toggle.py --path share-dy [--net prototxt/cifar10_resnet.prototxt] [--batch 128]
-                                 [--threads 1] [--iterations 8]
+                                 [--threads 1] [--iterations 8] [--input 1,28,28]
 
 The paths (each is on by default; "off" is what sncaffe ran before it):
 
@@ -19,7 +19,10 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
 - ``sgd-step``: SGD's update of a large parameter in three oneDNN passes (``update.SGD.step``);
   off: NumPy's calls. This one times the solver's update, the others forward + backward;
 - ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
-  two forms plan different workspaces, so they are two nets with the same weights and inputs.
+  two forms plan different workspaces, so they are two nets with the same weights and inputs;
+- ``nhwc``: convolutions whose channels do not fill oneDNN's blocks in NHWC on Intel CPUs
+  (``conv_onednn.layout``); off: blocked or NCHW (``conv_onednn.blocked``). Two nets, as pooling
+  (LeNet: ``--net prototxt/lenet_train_test.prototxt --batch 64``).
 
 The machine this was written on is shared and noisy (one process's speed moves by 10-30 % from
 run to run), so the two forms alternate every iteration in one process, after one warm-up
@@ -40,14 +43,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc"]
 
 
 def _switch(path, net):
     """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
     from sncaffe.backend import onednn
     from sncaffe.solvers.update import SGD
-    if path == "pooling":          # two nets (main): nothing to switch
+    if path in ("pooling", "nhwc"):     # two nets (main): nothing to switch
         return (lambda: None), (lambda: None)
     if path in ("bn-scale", "eltwise-relu"):
         from sncaffe.graph import EltwiseReLU, Fusion
@@ -75,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--net", default="prototxt/cifar10_resnet.prototxt")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--input", default="1,28,28", help="C,H,W of the data of a net with data layers (LeNet's)")
     ap.add_argument("--iterations", type=int, default=8, help="timed iterations of each form")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -83,14 +87,20 @@ def main(argv=None) -> int:
     from sncaffe.backend import onednn
     from sncaffe.backend import threads as policy
     from sncaffe.proto import sncaffe_pb2 as pb
-    from sncaffe.prototxt import read_text, set_batch
+    from sncaffe.prototxt import DATA_LAYERS, filter_net, read_text, replace_data_layers, set_batch
     from sncaffe.solver import Solver
     policy.configure(args.threads)
     if onednn.choice() != "onednn":
         raise SystemExit("oneDNN is not in use (SNCAFFE_CONV=native, or the library is not installed)")
     sp = pb.SolverParameter(base_lr=1e-3, momentum=0.9, weight_decay=5e-4, lr_policy="fixed", type="SGD",
                             max_iter=1 << 30, display=0, random_seed=0, snapshot_after_train=False)
-    sp.net_param.CopyFrom(set_batch(read_text(ROOT / args.net, pb.NetParameter()), args.batch))
+    net = read_text(ROOT / args.net, pb.NetParameter())
+    if any(layer.type in DATA_LAYERS for layer in net.layer):     # a train net: Input layers of --input's shape
+        net = filter_net(net, "TRAIN")
+        data = next(layer for layer in net.layer if layer.type in DATA_LAYERS)
+        shape = tuple(int(d) for d in args.input.split(","))
+        net = replace_data_layers(net, {data.top[0]: (args.batch,) + shape, data.top[1]: (args.batch,)})
+    sp.net_param.CopyFrom(set_batch(net, args.batch))
     sp.memory_param.mode = "none"
 
     def build():
@@ -113,6 +123,14 @@ def main(argv=None) -> int:
             runs["off"] = build()[1]
         finally:
             pooling.ONEDNN = True
+    if args.path == "nhwc":
+        from sncaffe.layers import conv_onednn
+        rule = conv_onednn.layout
+        conv_onednn.layout = lambda plan: conv_onednn.BLOCKED if conv_onednn.blocked(plan) else conv_onednn.NCHW
+        try:
+            runs["off"] = build()[1]
+        finally:
+            conv_onednn.layout = rule
     on, off = _switch(args.path, solver.net)
     forms = {"on": on, "off": off}
     times = {"on": [], "off": []}

@@ -31,7 +31,7 @@ LIBRARY = "libdnnl.so.3"
 INSTALL = "pip install onednn-cpu-gomp==2023.2.0 (a dependency of sncaffe on Linux x86_64)"
 # dnnl_types.h / dnnl_common_types.h (oneDNN v3.2)
 _CPU, _F32, _ANY, _A = 1, 3, 1, 2
-_NCHW, _OIHW, _GOIHW = 5, 5, 6
+_NCHW, _OIHW, _GOIHW, _NHWC = 5, 5, 6, 22
 _FWD_TRAINING, _DIRECT, _SCRATCHPAD_USER = 64, 1, 1
 _Q_IMPL_INFO, _Q_EXEC_ARG_MD = 8, 255
 SRC, DST, WEIGHTS, BIAS, WORKSPACE, SCRATCHPAD = 1, 17, 33, 41, 64, 80
@@ -378,10 +378,11 @@ def _memory(md, ptr):
 class Conv:
     """One 2-D convolution (Caffe's conv view: image x (n, C, H, W) -> grid y (n, M, Ho, Wo),
     weight (M, C/group, kh, kw)) at one batch size: its forward, backward-data and
-    backward-weights primitives on NCHW arrays. ``blocked``: the kernels choose their layouts
-    (reordered in and out through the workspace), else NCHW arguments as given."""
+    backward-weights primitives on NCHW arrays. ``layout`` of x and y in the kernels: "blocked"
+    (the kernels choose), "nhwc", both reordered in and out through the workspace, or "nchw" (as
+    given); the weights always in the kernels' own layout."""
 
-    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, blocked=True):
+    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="blocked"):
         self.threads = _set_threads()
         out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, k, st, p, d in zip(size, kernel, stride, pad, dilation)]
         self.geometry = dict(strides=_dims(stride), dilates=_dims([d - 1 for d in dilation]), padding_l=_dims(pad),
@@ -395,7 +396,9 @@ class Conv:
                      "b": _Desc((num_output,), _A)}
         any_ = {"x": _Desc((n, channels) + tuple(size), _ANY), "y": _Desc((n, num_output) + tuple(out), _ANY),
                 "w": _Desc(wdims, _ANY)}
-        kern = any_ if blocked else dict(self.user, w=any_["w"])
+        kern = {"blocked": any_, "nchw": dict(self.user, w=any_["w"]),
+                "nhwc": dict(any_, x=_Desc((n, channels) + tuple(size), _NHWC),
+                             y=_Desc((n, num_output) + tuple(out), _NHWC))}[layout]
         self._kern = kern
         self.attr = _attr()
         self.fwd_pd = self._pd_forward(kern, with_bias=False)
@@ -503,10 +506,10 @@ class Conv:
 _cache: dict = {}
 
 
-def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, blocked=True) -> Conv:
+def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="blocked") -> Conv:
     """The Conv of this geometry and batch size (primitive creation is slow: kept per process)."""
     key = (n, channels, num_output, group, tuple(size), tuple(kernel), tuple(stride), tuple(pad), tuple(dilation),
-           blocked, _threads.current().threads)
+           layout, _threads.current().threads)
     return _kept(_cache, key, lambda: Conv(*key[:-1]))
 
 

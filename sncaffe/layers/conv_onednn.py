@@ -34,11 +34,12 @@ class Geometry:
     stride: tuple
     pad: tuple
     dilation: tuple
-    blocked: bool           # the kernels' own layouts (reorders through the workspace), else NCHW
+    layout: str             # of x and y in the kernels: NCHW (as given), BLOCKED (the kernels' own), NHWC
+                            # (reorders through the workspace where not NCHW)
 
     def conv(self, n) -> onednn.Conv:
         return onednn.conv(n, self.channels, self.num_output, self.group, self.size, self.kernel, self.stride,
-                           self.pad, self.dilation, self.blocked)
+                           self.pad, self.dilation, self.layout)
 
     @property
     def weight_size(self):
@@ -56,12 +57,38 @@ def geometry(layer, plan, size):
     except (ValueError, RuntimeError) as e:
         raise layer.error(str(e)) from None
     return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
-                    (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), blocked=blocked(plan))
+                    (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), layout=layout(plan))
+
+
+NCHW, BLOCKED, NHWC = "nchw", "blocked", "nhwc"
+
+
+def layout(plan) -> str:
+    """The layout x and y take in the layer's oneDNN kernels: NCHW as given, else reordered in and
+    out through the workspace into the kernels' own (BLOCKED: channels in blocks of the vector
+    width) or NHWC. ``blocked`` gives the choice between NCHW and BLOCKED; on an Intel Xeon
+    (AVX-512) a layer whose channels do not fill the vector blocks runs NHWC instead (oneDNN's
+    brgemm kernels, which pad nothing): several input channels with output channels per group
+    not a multiple of 8 (``blocked`` chose NCHW there: im2col and a GEMM), or more than 16 input
+    channels per group not a multiple of 16 (the blocked kernels pad them). Measured on this
+    Xeon (forward + both backward passes, float32, one thread; docs/benchmarks.md): LeNet's conv2
+    (20 -> 50, 5x5 on 12x12, 64 images) NCHW 9.9-10.1 ms, blocked 8.97-9.43, NHWC 6.4-6.7 (two
+    threads 4.9 / 4.7 / 3.3); 24 -> 32 (3x3 on 28x28) blocked 5.1, NHWC 4.3; channels in
+    multiples of 16 (the CIFAR and ResNet 3x3s) the same either way (0.93-1.07), depthwise 1.4-2x
+    slower in NHWC, and first layers (3 input channels) 1.1-1.3x. Not measured on AMD: there the
+    rule stays ``blocked``'s."""
+    chosen = BLOCKED if blocked(plan) else NCHW
+    if plan.kernel == (1, 1) or plan.Cg < 4 or not _intel():
+        return chosen
+    if plan.Mg % 8 or (plan.Cg > 16 and plan.Cg % 16):
+        return NHWC
+    return chosen
 
 
 def blocked(plan) -> bool:
     """Whether the layer runs on oneDNN's blocked direct kernels (its arguments reordered in and
-    out) rather than on NCHW. Measured (tools/bench_conv.py --backends, one thread): a 1x1
+    out) rather than on NCHW (``layout`` may choose NHWC over either). Measured
+    (tools/bench_conv.py --backends, one thread): a 1x1
     convolution is one GEMM on NCHW, faster than reordering its bottom and top (ResNet-50's 1x1s
     0.7-0.9x the blocked time); output channels per group that are not a multiple of the
     vector block (8 floats) pad every block (on an AMD EPYC, LeNet's 20 and 50: NCHW 0.35x and
@@ -72,15 +99,16 @@ def blocked(plan) -> bool:
     its blocks are kept small (``reduce_block``), since one channel is padded to a block of 16."""
     if plan.kernel == (1, 1):
         return False
-    return plan.Cg == 1 and (plan.Mg == 1 or _single_channel_blocked()) or plan.Mg % 8 == 0
+    return plan.Cg == 1 and (plan.Mg == 1 or _intel()) or plan.Mg % 8 == 0
 
 
 _VENDOR = []
 
 
-def _single_channel_blocked() -> bool:
-    """Whether one input channel per group runs blocked: on Intel CPUs (the vendor in
-    /proc/cpuinfo); elsewhere, or unknown, NCHW, as measured on AMD."""
+def _intel() -> bool:
+    """Whether the CPU is Intel's (the vendor in /proc/cpuinfo): one input channel per group then
+    runs blocked and unfilled channel blocks NHWC; elsewhere, or unknown, the rules measured on
+    AMD."""
     if not _VENDOR:
         vendor = ""
         try:
@@ -112,7 +140,7 @@ def reduce_block(plan) -> int:
     channel per group, no more than SINGLE_CHANNEL_BLOCK_BYTES of blocked copies."""
     positions = max(plan.out_size, plan.h.size * plan.w.size)
     images = max(1, -(-BLOCK_POSITIONS // positions))
-    if plan.Cg == 1 and plan.Mg > 1 and blocked(plan):
+    if plan.Cg == 1 and plan.Mg > 1 and layout(plan) == BLOCKED:
         pad = lambda c: -(-c // 16) * 16           # noqa: E731 - channels in blocks of 16
         copies = 4 * (plan.h.size * plan.w.size * pad(plan.C) + plan.out_size * pad(plan.M))
         images = max(1, min(images, SINGLE_CHANNEL_BLOCK_BYTES // copies))

@@ -11,7 +11,7 @@ from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers.base import LayerError
 from sncaffe.mem.planner import MemoryExhausted
 from sncaffe.layers import conv_onednn
-from sncaffe.layers.conv_onednn import blocked
+from sncaffe.layers.conv_onednn import layout
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
 from test_conv import _text
@@ -64,7 +64,7 @@ def test_float32_on_onednn_matches_convplan_in_float64(kind, shape, M, kw):
     ref, *want = _run(kind, shape, M, kw, np.float64)
     assert ref.dnn is None, "float64 runs on ConvPlan"
     layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
-    assert layer.dnn is not None and layer.dnn.blocked == blocked(layer.plan)
+    assert layer.dnn is not None and layer.dnn.layout == layout(layer.plan)
     top, dx, dparams = got
     for what, g, w in [("top", top, want[0]), ("bottom diff", dx, want[1])] + [
             (f"param diff {i}", g, w) for i, (g, w) in enumerate(zip(dparams, want[2]))]:
@@ -84,7 +84,7 @@ def test_one_input_channel_runs_blocked_on_intel_only_and_right_either_way(vendo
     case = ("Convolution", (5, 1, 9, 8), 5, dict(kernel_size=3, pad=1))
     ref, *want_out = _run(*case, np.float64)
     layer, *got = _run(*case, np.float32, params=[b.data for b in ref.blobs])
-    assert layer.dnn.blocked is want
+    assert layer.dnn.layout == ("blocked" if want else "nchw")
     assert layer.reduce_block == (2 if want else -(-conv_onednn.BLOCK_POSITIONS // 72))   # 9x8 positions
     for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
@@ -209,14 +209,37 @@ def test_forced_and_absent_names_the_extra(monkeypatch, tmp_path):
 
 
 @needs_onednn
-def test_cases_run_both_layouts():
-    """The cases above cover the blocked kernels (reorders through the workspace) and NCHW."""
+@pytest.mark.parametrize("vendor, want", [("GenuineIntel", {"nchw", "blocked", "nhwc"}),
+                                          ("AuthenticAMD", {"nchw", "blocked"})])
+def test_cases_run_every_layout(vendor, want, monkeypatch):
+    """The cases above cover the blocked kernels and NHWC (reorders through the workspace) and
+    NCHW; NHWC on Intel CPUs only (conv_onednn.layout)."""
+    monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
     layouts = set()
     for kind, shape, M, kw in CASES:
         layer = make_layer(_text(kind, M, kw))
         Harness(layer, [np.zeros(shape)], np.float32)
-        layouts.add(layer.dnn.blocked)
-    assert layouts == {True, False}
+        layouts.add(layer.dnn.layout)
+    assert layouts == want
+
+
+@needs_onednn
+@pytest.mark.parametrize("vendor, want", [("GenuineIntel", "nhwc"), ("AuthenticAMD", "nchw"), ("", "nchw")])
+@pytest.mark.parametrize("kind, shape, M, kw", [
+    ("Convolution", (3, 20, 12, 12), 50, dict(kernel_size=5)),              # LeNet's conv2
+    ("Convolution", (2, 24, 7, 6), 32, dict(kernel_size=3, pad=1, stride=2)),   # 24 channels: blocks of 16 padded
+    ("Deconvolution", (2, 6, 5, 5), 10, dict(kernel_size=3, stride=2, pad=1))])
+def test_unfilled_channel_blocks_run_nhwc_on_intel_and_right_either_way(vendor, want, kind, shape, M, kw, monkeypatch):
+    """Channels that do not fill oneDNN's blocks of 16: NHWC on an Intel CPU (brgemm kernels, no
+    padding), elsewhere the AMD rule (NCHW where the outputs are not a multiple of 8, else
+    blocked); every layout gives ConvPlan's float64 results."""
+    monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
+    ref, *want_out = _run(kind, shape, M, kw, np.float64)
+    layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
+    amd = "blocked" if layer.plan.Mg % 8 == 0 else "nchw"
+    assert layer.dnn.layout == (want if want == "nhwc" else amd)
+    for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
 
 
 @needs_onednn

@@ -53,18 +53,16 @@ class Fusion(_Pair):
     as it is and takes each image's sums of dy and dy * x_norm into BatchNorm's per-image sums
     (its own gradients are their sums over the images), and BatchNorm's dx is one pass over
     x_norm and dy with per-channel factors (the same two sums are not taken twice, nor dy * scale
-    or x_norm * mean(dy * x_norm) written and read again). Backward only where BatchNorm runs in
-    place (``in_place``): otherwise its top's diff, which pycaffe shows, would be Scale's dy
-    where Caffe leaves dy * scale."""
+    or x_norm * mean(dy * x_norm) written and read again). Where BatchNorm does not run in place
+    (``in_place`` false: DenseNet's, whose bottom is a Concat's top), its top's diff, which
+    pycaffe shows, is then multiplied by the scale in place, after dx, to be dy * scale as Caffe
+    leaves it (the bits of Scale's own backward)."""
     bn: "LayerNode"
     scale: "LayerNode"
     in_place: bool = True
     forward: bool = True
     backward: bool = True
-
-    @property
-    def can_backward(self):
-        return self.in_place
+    can_backward = True
 
     @property
     def first(self):
@@ -498,10 +496,12 @@ def _operators(nodes) -> list:
         if fusion is not None and fusion.scale is node:     # BatchNorm's std, and its x_norm: divided
             reads.append(fusion.bn.scratch["std"])          # there if a fused forward left it centered
             writes.append(node.scratch["bottom"])
-        if fusion is not None and fusion.in_place and fusion.scale is node:     # BatchNorm's per-image sums
+        if fusion is not None and fusion.scale is node:     # BatchNorm's per-image sums
             writes.append(node.scratch["partials"])
-        elif fusion is not None and fusion.in_place:                            # the scale
+        elif fusion is not None:                            # the scale; not in place, its top's diff * scale
             reads.append(fusion.scale.params[0][0])
+            if not fusion.in_place:
+                writes += [t.diff for t in node.tops if t.diff not in writes]
         ops.append(Operator(node.name + ":backward", "backward", node, reads,
                             writes + list(node.backward_workspace.values())))
     return ops

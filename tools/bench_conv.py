@@ -23,6 +23,7 @@ import time
 CIFAR = [("cifar 3x3 3>16 32", 3, 16, 32, 3, 1, 1, False, 1), ("cifar 3x3 16 32", 16, 16, 32, 3, 1, 1, False, 6),
          ("cifar 3x3/2 16>32", 16, 32, 32, 3, 2, 1, False, 1), ("cifar 3x3 32 16", 32, 32, 16, 3, 1, 1, False, 5),
          ("cifar 3x3/2 32>64", 32, 64, 16, 3, 2, 1, False, 1), ("cifar 3x3 64 8", 64, 64, 8, 3, 1, 1, False, 5)]
+LENET = [("lenet 5x5 1>20 28", 1, 20, 28, 5, 1, 0, True, 1), ("lenet 5x5 20>50 12", 20, 50, 12, 5, 1, 0, True, 1)]
 # (name, channels, num_output, input size, kernel, stride, pad, bias, count in ResNet-50)
 SHAPES = [
     ("conv1 7x7/2", 3, 64, 224, 7, 2, 3, True, 1),
@@ -58,6 +59,7 @@ def parse_args():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--backends", action="store_true", help="oneDNN, oneDNN on NCHW, ConvPlan and torch")
     ap.add_argument("--cifar-batch", type=int, default=128)
+    ap.add_argument("--lenet-batch", type=int, default=64)
     return ap.parse_args()
 
 
@@ -111,6 +113,16 @@ def sncaffe_passes(np, shape, N, options=None):
             lambda: h.layer.backward(h.top, [False], h.bottom))
 
 
+def sncaffe_layer(np, shape, N):
+    """sncaffe's Convolution of ``shape`` set up at N images (its ``dnn``: where oneDNN runs it)."""
+    from sncaffe.gradcheck import Harness, make_layer
+    _, C, M, H, k, s, p, bias, _ = shape
+    layer = make_layer(f'type: "Convolution" convolution_param {{ num_output: {M} kernel_size: {k} '
+                       f'stride: {s} pad: {p} bias_term: {str(bias).lower()} }}')
+    Harness(layer, [np.zeros((N, C, H, H), np.float32)], np.float32)
+    return layer
+
+
 def torch_passes(torch, shape, N):
     _, C, M, H, k, s, p, bias, _ = shape
     x = torch.randn(N, C, H, H)
@@ -125,11 +137,12 @@ def torch_passes(torch, shape, N):
             run([False, True, bias]))
 
 
-def onednn_plain(np, shape, N):
-    """forward + both backward passes on oneDNN with NCHW arguments (no reorders), one function."""
+def onednn_plain(np, shape, N, layout="nchw"):
+    """forward + both backward passes on oneDNN with x and y in ``layout`` in the kernels (NCHW: no
+    reorders; "blocked", "nhwc": reordered through the workspace), one function."""
     from sncaffe.backend import onednn
     _, C, M, H, k, s, p, bias, _ = shape
-    conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), layout="nchw")
+    conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), layout=layout)
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((N, C, H, H), dtype=np.float32), rng.standard_normal((M, C, k, k), dtype=np.float32)
     Ho = (H + 2 * p - k) // s + 1
@@ -144,12 +157,14 @@ def backends(np, torch, args):
     """The --backends table: fwd+bwd ms per shape on each path, and the weighted totals."""
     from sncaffe.backend import onednn
     have = onednn.choice() == "onednn"
-    head = f"{'shape':22s} {'n':>3s} {'x':>2s} | {'oneDNN':>7s} {'NCHW':>7s} {'native':>7s} {'torch':>7s} | " \
-           f"{'dnn/torch':>9s} {'nat/torch':>9s}  oneDNN kernels (fwd, bwd-data, bwd-weights)"
+    paths = ("oneDNN", "NCHW", "blocked", "NHWC", "native", "torch")
+    head = f"{'shape':22s} {'n':>3s} {'x':>2s} | " + " ".join(f"{p:>7s}" for p in paths) + " | " \
+           f"{'dnn/torch':>9s} {'nat/torch':>9s}  sncaffe's layout: oneDNN kernels (fwd, bwd-data, bwd-weights)"
     print(head + "\n" + "-" * len(head))
     totals = {}
-    for net, shapes, N in (("CIFAR ResNet-20", CIFAR, args.cifar_batch), ("ResNet-50", SHAPES, args.batch)):
-        sums = [0.0] * 4
+    for net, shapes, N in (("LeNet", LENET, args.lenet_batch), ("CIFAR ResNet-20", CIFAR, args.cifar_batch),
+                           ("ResNet-50", SHAPES, args.batch)):
+        sums = [0.0] * len(paths)
         for shape in shapes:
             name, C, M, H, k, s, p, bias, count = shape
             if args.only not in name:
@@ -157,29 +172,31 @@ def backends(np, torch, args):
             fns = []
             if have:
                 f = sncaffe_passes(np, shape, N)
-                fns += [lambda f=f: (f[0](), f[1](), f[2]()), onednn_plain(np, shape, N)]
+                fns += [lambda f=f: (f[0](), f[1](), f[2]())] + [onednn_plain(np, shape, N, lay)
+                                                                 for lay in ("nchw", "blocked", "nhwc")]
             f = sncaffe_passes(np, shape, N, {"grouped": None})
             fns.append(lambda f=f: (f[0](), f[1](), f[2]()))
             if torch:
                 t = torch_passes(torch, shape, N)
                 fns.append(lambda t=t: (t[0](), t[1](), t[2]()))
             times = best_times(fns, 1 if args.quick else args.repeat)
-            times = ([None, None] if not have else []) + times + ([None] if not torch else [])
+            times = ([None] * 4 if not have else []) + times + ([None] if not torch else [])
             for i, t in enumerate(times):
                 sums[i] += count * (t or 0)
             ms = " ".join(f"{t * 1e3:7.2f}" if t else f"{'-':>7s}" for t in times)
-            ratio = " ".join(f"{t / times[3]:9.2f}" if t and times[3] else f"{'-':>9s}" for t in (times[0], times[2]))
+            ratio = " ".join(f"{t / times[5]:9.2f}" if t and times[5] else f"{'-':>9s}" for t in (times[0], times[4]))
             kinds = ""
             if have:
-                c = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1))
-                kinds = ", ".join(c.impl(kind) for kind in ("forward", "data", "weights"))
+                layer = sncaffe_layer(np, shape, N)
+                kinds = f"{layer.dnn.layout}: " + ", ".join(layer.dnn.conv(N).impl(kind)
+                                                            for kind in ("forward", "data", "weights"))
             print(f"{name:22s} {N:3d} {count:2d} | {ms} | {ratio}  {kinds}", flush=True)
         totals[net] = sums
     for net, sums in totals.items():
-        line = ", ".join(f"{what} {t:.3f} s" for what, t in zip(("oneDNN", "NCHW", "native", "torch"), sums) if t)
+        line = ", ".join(f"{what} {t:.3f} s" for what, t in zip(paths, sums) if t)
         print(f"{net} convolutions, fwd+bwd, weighted by count: {line}"
-              + (f"; oneDNN/torch {sums[0] / sums[3]:.2f}, native/torch {sums[2] / sums[3]:.2f}"
-                 if sums[0] and sums[3] else ""))
+              + (f"; oneDNN/torch {sums[0] / sums[5]:.2f}, native/torch {sums[4] / sums[5]:.2f}"
+                 if sums[0] and sums[5] else ""))
 
 
 def main():

@@ -408,17 +408,24 @@ class BatchNorm(Layer):
             k /= d
             k /= d
         neg_k, mean_dy = -k, sum_dy / self.count
-        factor = self.fusion.scale.layer.blobs[0].data.reshape(-1) / std
+        scale = self.fusion.scale.layer.blobs[0].data.reshape(-1)
+        factor = scale / std
         chain = onednn.binary_for(self.view, (xs, dy, dx, neg_k), onednn.MUL, _FUSED_GRAD)
         if chain is not None:
             chain.run(xs, neg_k, dx, dy, mean_dy, factor)
-            return
-        temp = self.workspace["temp"].reshape(self.view)
+        else:
+            temp = self.workspace["temp"].reshape(self.view)
 
-        def grad(cs):
-            t, d_ = temp[:, cs], dx[:, cs]
-            np.multiply(xs[:, cs], neg_k[cs, None], out=t)
-            t += dy[:, cs]
-            np.subtract(t, mean_dy[cs, None], out=d_)      # dx may be dy itself (in place): read first
-            d_ *= factor[cs, None]
-        workers.split(self.view[1], 4 * dy.size, grad)
+            def grad(cs):
+                t, d_ = temp[:, cs], dx[:, cs]
+                np.multiply(xs[:, cs], neg_k[cs, None], out=t)
+                t += dy[:, cs]
+                np.subtract(t, mean_dy[cs, None], out=d_)      # dx may be dy itself (in place): read first
+                d_ *= factor[cs, None]
+            workers.split(self.view[1], 4 * dy.size, grad)
+        if not self.fusion.in_place:        # the top's diff as Caffe leaves it: Scale's dx, dy * scale
+            mul = onednn.binary_for(self.view, (dy, scale), onednn.MUL)
+            if mul is not None:
+                mul.run(dy, scale, dy)
+            else:
+                workers.split(self.view[1], 2 * dy.size, lambda cs: np.multiply(dy[:, cs], scale[cs, None], out=dy[:, cs]))

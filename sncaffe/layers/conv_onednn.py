@@ -74,8 +74,8 @@ def layout(plan) -> str:
     Xeon (forward + both backward passes, float32, one thread; docs/benchmarks.md): LeNet's conv2
     (20 -> 50, 5x5 on 12x12, 64 images) NCHW 9.9-10.1 ms, blocked 8.97-9.43, NHWC 6.4-6.7 (two
     threads 4.9 / 4.7 / 3.3); 24 -> 32 (3x3 on 28x28) blocked 5.1, NHWC 4.3; channels in
-    multiples of 16 (the CIFAR and ResNet 3x3s) the same either way (0.93-1.07), depthwise 1.4-2x
-    slower in NHWC, and first layers (3 input channels) 1.1-1.3x. Not measured on AMD: there the
+    multiples of 16 (the CIFAR and ResNet 3x3s) the same either way (0.93-1.07), depthwise 1.1-2.1x
+    slower in NHWC, and first layers (3 input channels) 1.07-1.26x. Not measured on AMD: there the
     rule stays ``blocked``'s."""
     chosen = BLOCKED if blocked(plan) else NCHW
     if plan.kernel == (1, 1) or plan.Cg < 4 or not _intel():

@@ -473,10 +473,11 @@ def test_eltwise_sum_on_onednn_passes_the_gradient_checker():
 
 
 @needs_onednn
-@pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling"])
+@pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling", "nhwc"])
 def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
     """tools/bench_toggle.py switches one fast path off on every other iteration: it prints both
-    forms' times and leaves the entry point it replaced as it found it."""
+    forms' times and leaves the entry point it replaced as it found it (nhwc: on LeNet, whose data
+    layers it replaces by inputs)."""
     import sys
     from conftest import ROOT
     sys.path.insert(0, str(ROOT / "tools"))
@@ -485,9 +486,11 @@ def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
     owner, name = {"share-dy": (onednn.Conv, "_pair"), "sum": (onednn, "sum_for"),
                    "binary": (onednn, "binary_for"), "relu": (onednn, "relu_for"), "sgd-step": (SGD, "step"),
                    "bn-scale": (onednn, "binary_for"),     # (bn-scale flips the net's own flags,
-                   "pooling": (onednn, "pool")}[path]       # pooling builds a second net)
+                   "pooling": (onednn, "pool"),             # pooling and nhwc build a second net)
+                   "nhwc": (conv_onednn, "layout")}[path]
     before = getattr(owner, name)
-    assert bench_toggle.main(["--path", path, "--batch", "2", "--iterations", "1"]) == 0
+    net = ["--net", "prototxt/lenet_train_test.prototxt"] if path == "nhwc" else []
+    assert bench_toggle.main(["--path", path, "--batch", "2", "--iterations", "1"] + net) == 0
     assert getattr(owner, name) is before
     from sncaffe.layers import pooling
     assert pooling.ONEDNN                   # the pooling path's second net leaves the switch as it was

@@ -83,6 +83,27 @@ def test_time_prints_per_layer_times_and_pool_peak(tmp_path, capsys):
     assert out.count("CPU threads: 1 thread (--threads;") == 1      # the thread decision, once
 
 
+@pytest.mark.parametrize("loss", [True, False], ids=["train-net", "deploy-net"])
+def test_time_runs_the_backward_training_runs(tmp_path, capsys, monkeypatch, loss):
+    """As caffe time: each layer's backward with the net's own bottom_need_backward, so the first
+    layer takes no gradient of the data (training does not); a net without a loss, where nothing
+    would run backward, times every layer's backward as if forced."""
+    from sncaffe.layers.inner_product import InnerProduct
+    calls = []
+    real = InnerProduct.backward
+    monkeypatch.setattr(InnerProduct, "backward",
+                        lambda self, top, propagate_down, bottom: calls.append(list(propagate_down))
+                        or real(self, top, propagate_down, bottom))
+    text = NET if loss else NET.split('layer { name: "loss"')[0]
+    path = tmp_path / "tiny.prototxt"
+    path.write_text(text)
+    assert main(["time", str(path), "--iterations", "2", "--batch", "2", "--threads", "1"]) == 0
+    assert calls and all(c == [not loss] for c in calls)
+    out = capsys.readouterr().out
+    ip = next(line.split() for line in out.splitlines() if line.split()[:1] == ["ip"])
+    assert float(ip[-1]) > 0                 # its backward timed either way
+
+
 def test_errors_are_one_line_and_exit_nonzero(tmp_path):
     path = tmp_path / "bad.prototxt"
     path.write_text(NET.replace("num_output", "num_outputs"))

@@ -228,6 +228,7 @@ def test_cases_run_every_layout(vendor, want, monkeypatch):
 @pytest.mark.parametrize("kind, shape, M, kw", [
     ("Convolution", (3, 20, 12, 12), 50, dict(kernel_size=5)),              # LeNet's conv2
     ("Convolution", (2, 24, 7, 6), 32, dict(kernel_size=3, pad=1, stride=2)),   # 24 channels: blocks of 16 padded
+    ("Convolution", (2, 12, 6, 6), 20, dict(kernel_size=3, pad=1, group=2)),     # grouped
     ("Deconvolution", (2, 6, 5, 5), 10, dict(kernel_size=3, stride=2, pad=1))])
 def test_unfilled_channel_blocks_run_nhwc_on_intel_and_right_either_way(vendor, want, kind, shape, M, kw, monkeypatch):
     """Channels that do not fill oneDNN's blocks of 16: NHWC on an Intel CPU (brgemm kernels, no

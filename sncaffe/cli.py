@@ -529,13 +529,16 @@ def cmd_time(args) -> int:
     param = _net_param(args)
     # caffe time runs each layer's backward with the net's own bottom_need_backward: what training
     # computes (LeNet's conv1 takes no gradient of the data: 1.1 ms of backward there, 7.0 with it)
-    net = Net(param, args.phase, device=_device(args, param), weights=args.weights, memory=args.memory)
+    device = _device(args, param)
+    net = Net(param, args.phase, device=device, memory=args.memory, defer=True)    # the graph alone
     if not any(node.need_backward for node in net.graph.layers):
         # no loss (a deploy net): nothing would run backward; time every layer's, as if forced
         _close_data_layers([net])
-        net.release()
         param.force_backward = True
-        net = Net(param, args.phase, device=_device(args, param), weights=args.weights, memory=args.memory)
+        net = Net(param, args.phase, device=device, memory=args.memory, defer=True)
+    net.place(net.make_plan())
+    if args.weights is not None:
+        net.copy_from(args.weights)
     SyntheticInputs(0)(net)
     rng = np.random.default_rng(0)
     for name in net.outputs:

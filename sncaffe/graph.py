@@ -31,17 +31,29 @@ SHARED_SCRATCH = {("Scale", "bottom"): ("BatchNorm", "x_norm"),
                   ("Scale", "partials"): ("BatchNorm", "partials")}
 
 
+@dataclass(eq=False)
 class _Pair:
-    """Two neighbouring layers run as one (``first``, then ``last``). ``forward``/``backward``:
-    whether they run as one in this pass, which needs both layers in it (pycaffe's partial passes
-    turn it off where one of the two is left out); ``on(kind)``: the setting of a whole pass,
-    backward only where ``can_backward``."""
+    """Two neighbouring layers run as one (``first``, then ``last``: the fields ``ends`` names).
+    ``forward``/``backward``: whether they run as one in this pass, which needs both layers in it
+    (pycaffe's partial passes turn it off where one of the two is left out); ``on(kind)``: the
+    setting of a whole pass, backward only where ``can_backward``."""
+    forward: bool = field(default=True, kw_only=True)
+    backward: bool = field(default=True, kw_only=True)
+    ends = ()
 
     def __post_init__(self):
         self.backward = self.can_backward
 
     def on(self, kind) -> bool:
         return kind == "forward" or self.can_backward
+
+    @property
+    def first(self):
+        return getattr(self, self.ends[0])
+
+    @property
+    def last(self):
+        return getattr(self, self.ends[1])
 
 
 @dataclass(eq=False)
@@ -60,17 +72,8 @@ class Fusion(_Pair):
     bn: "LayerNode"
     scale: "LayerNode"
     in_place: bool = True
-    forward: bool = True
-    backward: bool = True
     can_backward = True
-
-    @property
-    def first(self):
-        return self.bn
-
-    @property
-    def last(self):
-        return self.scale
+    ends = ("bn", "scale")
 
 
 @dataclass(eq=False)
@@ -85,16 +88,7 @@ class EltwiseReLU(_Pair):
     eltwise: "LayerNode"
     relu: "LayerNode"
     can_backward: bool = True
-    forward: bool = True
-    backward: bool = True
-
-    @property
-    def first(self):
-        return self.eltwise
-
-    @property
-    def last(self):
-        return self.relu
+    ends = ("eltwise", "relu")
 
 
 class GraphError(ValueError):

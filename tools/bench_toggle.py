@@ -20,7 +20,7 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   off: NumPy's calls. This one times the solver's update, the others forward + backward;
 - ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
   two forms plan different workspaces, so they are two nets with the same weights and inputs;
-- ``nhwc``: convolutions whose channels do not fill oneDNN's blocks in NHWC on Intel CPUs
+- ``nhwc``: convolutions whose channels do not fill oneDNN's blocks in NHWC
   (``conv_onednn.layout``); off: blocked or NCHW (``conv_onednn.blocked``). Two nets, as pooling
   (LeNet: ``--net prototxt/lenet_train_test.prototxt --batch 64``).
 

@@ -66,21 +66,23 @@ NCHW, BLOCKED, NHWC = "nchw", "blocked", "nhwc"
 def layout(plan) -> str:
     """The layout x and y take in the layer's oneDNN kernels: NCHW as given, else reordered in and
     out through the workspace into the kernels' own (BLOCKED: channels in blocks of the vector
-    width) or NHWC. ``blocked`` gives the choice between NCHW and BLOCKED; on an Intel Xeon
-    (AVX-512) a layer whose channels do not fill the vector blocks runs NHWC instead (oneDNN's
-    brgemm kernels, which pad nothing): several input channels with output channels per group
-    not a multiple of 8 (``blocked`` chose NCHW there: im2col and a GEMM), or more than 16 input
-    channels per group not a multiple of 16 (the blocked kernels pad them). Measured on this
-    Xeon (forward + both backward passes, float32, one thread; docs/benchmarks.md): LeNet's conv2
-    (20 -> 50, 5x5 on 12x12, 64 images) NCHW 9.9-10.1 ms, blocked 8.97-9.43, NHWC 6.4-6.7 (two
-    threads 4.9 / 4.7 / 3.3); 24 -> 32 (3x3 on 28x28) blocked 5.1, NHWC 4.3; channels in
+    width) or NHWC. ``blocked`` gives the choice between NCHW and BLOCKED; a layer whose channels
+    do not fill the vector blocks runs NHWC instead (oneDNN's brgemm kernels, which pad nothing):
+    several input channels with output channels per group not a multiple of 8 (``blocked`` chose
+    NCHW there: im2col and a GEMM), and on an Intel Xeon (AVX-512, blocks of 16) also more than 16
+    input channels per group not a multiple of 16 (the blocked kernels pad them). Measured
+    (forward + both backward passes, float32, 64 images, one thread; docs/benchmarks.md): on the
+    Xeon LeNet's conv2 (20 -> 50, 5x5 on 12x12) NCHW 9.9-10.1 ms, blocked 8.97-9.43, NHWC 6.4-6.7
+    (two threads 4.9 / 4.7 / 3.3); 24 -> 32 (3x3 on 28x28) blocked 5.1, NHWC 4.3; channels in
     multiples of 16 (the CIFAR and ResNet 3x3s) the same either way (0.93-1.07), depthwise 1.1-2.1x
-    slower in NHWC, and first layers (3 input channels) 1.07-1.26x. Not measured on AMD: there the
-    rule stays ``blocked``'s."""
+    slower in NHWC, and first layers (3 input channels) 1.07-1.26x. On an AMD EPYC (AVX2, blocks of
+    8) NCHW / NHWC: LeNet's conv2 13.8 / 12.6 ms (two threads 6.8 / 6.4), 12 -> 20 (3x3 on 28x28)
+    23.3 / 16.2, 48 -> 100 (3x3 on 14x14) 55.1 / 52.5; but 24 -> 32 blocked 34.8, NHWC 40.9, so
+    there input channels never choose NHWC."""
     chosen = BLOCKED if blocked(plan) else NCHW
-    if plan.kernel == (1, 1) or plan.Cg < 4 or not _intel():
+    if plan.kernel == (1, 1) or plan.Cg < 4:
         return chosen
-    if plan.Mg % 8 or (plan.Cg > 16 and plan.Cg % 16):
+    if plan.Mg % 8 or (_intel() and plan.Cg > 16 and plan.Cg % 16):
         return NHWC
     return chosen
 
@@ -107,8 +109,8 @@ _VENDOR = []
 
 def _intel() -> bool:
     """Whether the CPU is Intel's (the vendor in /proc/cpuinfo): one input channel per group then
-    runs blocked and unfilled channel blocks NHWC; elsewhere, or unknown, the rules measured on
-    AMD."""
+    runs blocked and unfilled input channel blocks NHWC; elsewhere, or unknown, the rules measured
+    on AMD."""
     if not _VENDOR:
         vendor = ""
         try:

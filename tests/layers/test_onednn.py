@@ -209,36 +209,37 @@ def test_forced_and_absent_names_the_extra(monkeypatch, tmp_path):
 
 
 @needs_onednn
-@pytest.mark.parametrize("vendor, want", [("GenuineIntel", {"nchw", "blocked", "nhwc"}),
-                                          ("AuthenticAMD", {"nchw", "blocked"})])
-def test_cases_run_every_layout(vendor, want, monkeypatch):
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_cases_run_every_layout(vendor, monkeypatch):
     """The cases above cover the blocked kernels and NHWC (reorders through the workspace) and
-    NCHW; NHWC on Intel CPUs only (conv_onednn.layout)."""
+    NCHW on either vendor's rule (conv_onednn.layout)."""
     monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
     layouts = set()
     for kind, shape, M, kw in CASES:
         layer = make_layer(_text(kind, M, kw))
         Harness(layer, [np.zeros(shape)], np.float32)
         layouts.add(layer.dnn.layout)
-    assert layouts == want
+    assert layouts == {"nchw", "blocked", "nhwc"}
 
 
 @needs_onednn
-@pytest.mark.parametrize("vendor, want", [("GenuineIntel", "nhwc"), ("AuthenticAMD", "nchw"), ("", "nchw")])
-@pytest.mark.parametrize("kind, shape, M, kw", [
-    ("Convolution", (3, 20, 12, 12), 50, dict(kernel_size=5)),              # LeNet's conv2
-    ("Convolution", (2, 24, 7, 6), 32, dict(kernel_size=3, pad=1, stride=2)),   # 24 channels: blocks of 16 padded
-    ("Convolution", (2, 12, 6, 6), 20, dict(kernel_size=3, pad=1, group=2)),     # grouped
-    ("Deconvolution", (2, 6, 5, 5), 10, dict(kernel_size=3, stride=2, pad=1))])
-def test_unfilled_channel_blocks_run_nhwc_on_intel_and_right_either_way(vendor, want, kind, shape, M, kw, monkeypatch):
-    """Channels that do not fill oneDNN's blocks of 16: NHWC on an Intel CPU (brgemm kernels, no
-    padding), elsewhere the AMD rule (NCHW where the outputs are not a multiple of 8, else
-    blocked); every layout gives ConvPlan's float64 results."""
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD", ""])
+@pytest.mark.parametrize("kind, shape, M, kw, intel, other", [
+    ("Convolution", (3, 20, 12, 12), 50, dict(kernel_size=5), "nhwc", "nhwc"),                 # LeNet's conv2
+    ("Convolution", (2, 24, 7, 6), 32, dict(kernel_size=3, pad=1, stride=2), "nhwc", "blocked"),  # blocks of 16 padded
+    ("Convolution", (2, 12, 6, 6), 20, dict(kernel_size=3, pad=1, group=2), "nhwc", "nhwc"),      # grouped
+    ("Convolution", (2, 3, 6, 6), 20, dict(kernel_size=3, pad=1), "nchw", "nchw"),                # 3 input channels
+    ("Convolution", (2, 20, 6, 6), 50, dict(kernel_size=1), "nchw", "nchw"),                      # 1x1
+    ("Deconvolution", (2, 6, 5, 5), 10, dict(kernel_size=3, stride=2, pad=1), "nhwc", "nhwc")])
+def test_unfilled_channel_blocks_run_nhwc_and_right_either_way(vendor, kind, shape, M, kw, intel, other, monkeypatch):
+    """Channels that do not fill oneDNN's vector blocks: NHWC (brgemm kernels, no padding) where
+    the outputs per group are not a multiple of 8, and on an Intel CPU (blocks of 16) also where
+    more than 16 input channels are not a multiple of 16; not for 1x1s or fewer than 4 input
+    channels. Every layout gives ConvPlan's float64 results."""
     monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
     ref, *want_out = _run(kind, shape, M, kw, np.float64)
     layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
-    amd = "blocked" if layer.plan.Mg % 8 == 0 else "nchw"
-    assert layer.dnn.layout == (want if want == "nhwc" else amd)
+    assert layer.dnn.layout == (intel if vendor == "GenuineIntel" else other)
     for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
 

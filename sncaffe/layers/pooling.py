@@ -9,8 +9,9 @@ unit-stride rows (strided NumPy loops are several times slower). Global
 pooling (a kernel covering the whole input) reduces over H*W directly.
 
 On the CPU, float32 MAX and AVE pooling with one top run on oneDNN's JIT kernel where it loads
-(``onednn.Pool``: one pass each way on the OpenMP team, where the taps take kh*kw passes or more;
-``SNCAFFE_CONV=native`` keeps NumPy's): MAX's argmax is then oneDNN's own encoding, which only its
+and has one (``onednn.Pool``: one pass each way on the OpenMP team, on NCHW or on blocked copies,
+where the taps take kh*kw passes or more; ``SNCAFFE_CONV=native`` keeps NumPy's): MAX's argmax
+is then oneDNN's own encoding (its workspace, in scratch ``argmax``), which only its
 backward reads (a mask top needs Caffe's, so a layer with one runs on NumPy), and AVE runs there
 only where no window reaches past the padding (oneDNN divides by the whole kernel, Caffe by the
 cells up to the padding's end).
@@ -112,6 +113,8 @@ class Pooling(Layer):
             self.scratch_specs["argmax"] = (top_shape, np.uint8 if kh * kw <= 256 else np.int32)
         self.dnn = self._onednn(shape, len(self.param.top))
         if self.dnn is not None:
+            if self.dnn.ws is not None:     # oneDNN's workspace: a byte per output value, channels padded if blocked
+                self.scratch_specs["argmax"] = ((self.dnn.ws_bytes,), np.uint8)
             if self.dnn.nbytes:
                 self.workspace_specs["onednn"] = ((self.dnn.nbytes,), np.uint8)
             return [top_shape]
@@ -132,7 +135,6 @@ class Pooling(Layer):
 
     def _onednn(self, shape, tops):
         """oneDNN's Pool for this layer, or None where NumPy runs it (see the module's doc)."""
-        PH, PW = self.pooled
         if (not ONEDNN or is_gpu(self.target) or np.dtype(self.dtype) != np.float32 or self.method == STOCHASTIC
                 or self.is_global or tops > 1 or self.scratch_specs.get("argmax", (0, np.uint8))[1] != np.uint8):
             return None
@@ -141,13 +143,10 @@ class Pooling(Layer):
         if self.method == AVE and past:
             return None
         try:
-            dnn = onednn.pool(shape, self.pooled, self.kernel, self.stride, self.pad,
-                              onednn.POOL_MAX if self.method == MAX else onednn.POOL_AVG)
+            return onednn.pool(shape, self.pooled, self.kernel, self.stride, self.pad,
+                               onednn.POOL_MAX if self.method == MAX else onednn.POOL_AVG)
         except (ValueError, RuntimeError):      # a misspelt SNCAFFE_CONV: the convolutions report it
             return None
-        if dnn is not None and dnn.ws is not None and dnn.ws_bytes != shape[0] * shape[1] * PH * PW:
-            return None
-        return dnn
 
     # -- helpers ------------------------------------------------------------
     def _taps(self):

@@ -70,3 +70,61 @@ def test_a_mask_top_stays_on_numpy():
 layer { name: "pool" type: "Pooling" bottom: "x" top: "y" top: "mask" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }'''
     net = Net(parse_text(text, pb.NetParameter()), "TRAIN", seed=0)
     assert next(n.layer for n in net.graph.layers if n.name == "pool").dnn is None
+
+
+def test_the_blocked_tag_is_nchw8c():
+    """_NCHW8C names channels in blocks of 8 in the loaded library (oneDNN numbers its tags per
+    version): an identity pooling's reordered copy of x holds, per block of 8 channels, each
+    position's 8 channels together, the channels past C zero."""
+    shape = (1, 12, 1, 2)
+    p = onednn.Pool(shape, (1, 2), (1, 1), (1, 1), (0, 0), onednn.POOL_AVG, blocked=True)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 1
+    y, ws = np.empty_like(x), np.zeros(p.nbytes, np.uint8)
+    p.forward(x, y, None, ws)
+    assert y.tobytes() == x.tobytes()
+    _, offset = p.kernels[1].forward_step.slot(onednn.SRC)
+    copy = ws[offset:offset + 16 * 2 * 4].view(np.float32).reshape(2, 2, 8)      # (block, w, channel)
+    padded = np.zeros((16, 2), np.float32)
+    padded[:12] = x[0, :, 0]
+    np.testing.assert_array_equal(copy, padded.reshape(2, 8, 2).transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["one block", "blocks"])
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_blocked_pooling_gives_nchws_bits(name, method, blocks, monkeypatch):
+    """Blocked (channels reordered into blocks of 8) and NCHW kernels give the same results,
+    whichever of them a machine has JIT kernels for, in one block of images or several: MAX the
+    same bytes forward and the same cells backward (overlapping windows' sums may add in another
+    order); pool() keeps a JIT one."""
+    shape, pooling = GEOMETRIES[name]
+    shape = (5, 11) + shape[2:]         # channels past a block, the last one partly filled; 5 images
+    net = make(shape, pooling, method)
+    layer = next(n.layer for n in net.graph.layers if n.name == "pool")
+    if blocks:      # two images' copies (channels padded to 16): blocks of 2 images, then 1
+        copies = 16 * (shape[2] * shape[3] + layer.pooled[0] * layer.pooled[1]) * 4
+        monkeypatch.setattr(onednn, "POOL_BLOCK_BYTES", 2 * copies)
+    alg = onednn.POOL_MAX if method == "MAX" else onednn.POOL_AVG
+    args = (shape, layer.pooled, layer.kernel, layer.stride, layer.pad, alg)
+    rng = np.random.default_rng(3)
+    x = np.maximum(np.round(rng.standard_normal(shape) * 2), 0).astype(np.float32)      # ties
+    dy = rng.standard_normal((shape[0], shape[1]) + layer.pooled).astype(np.float32)
+    out = []
+    for blocked in (False, True):
+        p = onednn.Pool(*args, blocked=blocked)
+        assert p.blocked == blocked
+        assert sorted(p.kernels) == ([1, 2] if blocked and blocks else [5])
+        argmax = np.zeros(p.ws_bytes, np.uint8) if p.ws is not None else None
+        ws = np.zeros(p.nbytes, np.uint8)
+        y, dx = np.empty(dy.shape, np.float32), np.empty(shape, np.float32)
+        p.forward(x, y, argmax, ws)
+        p.backward(dy, dx, argmax, ws)
+        out.append((y, dx))
+    (y0, dx0), (y1, dx1) = out
+    if method == "MAX":
+        assert y0.tobytes() == y1.tobytes()
+        assert ((dx0 != 0) == (dx1 != 0)).all()
+    np.testing.assert_allclose(y1, y0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dx1, dx0, rtol=1e-6, atol=1e-6)
+    chosen = onednn.pool(*args)
+    assert chosen is None or chosen.jit

@@ -10,6 +10,7 @@ import sncaffe.backend.cpu as cpu
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.graph import Operator, Tensor
+from sncaffe.layers import pooling
 from sncaffe.mem.executor import Executor
 from sncaffe.mem.liveness import op_tensors
 from sncaffe.mem.planner import MemoryExhausted, make_plan
@@ -22,7 +23,10 @@ from test_recompute import param_of
 @pytest.fixture
 def slow_copies(monkeypatch):
     """Every host<->device copy sleeps first, so the compute thread races ahead of it
-    unless it waits; records the thread each copy runs on."""
+    unless it waits; records the thread each copy runs on. Pooling runs NumPy's taps: where
+    oneDNN pools blocked copies (AVX2), their workspace is the tiny net's peak and mode ``all``
+    then keeps every offloaded tensor resident, prefetching nothing."""
+    monkeypatch.setattr(pooling, "ONEDNN", False)
     threads, copy = [], cpu._copy
 
     def slow(dst, src, after):

@@ -22,7 +22,10 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   two forms plan different workspaces, so they are two nets with the same weights and inputs;
 - ``nhwc``: convolutions whose channels do not fill oneDNN's blocks in NHWC
   (``conv_onednn.layout``); off: blocked or NCHW (``conv_onednn.blocked``). Two nets, as pooling
-  (LeNet: ``--net prototxt/lenet_train_test.prototxt --batch 64``).
+  (LeNet: ``--net prototxt/lenet_train_test.prototxt --batch 64``);
+- ``avx2-1x1``: on a CPU without AVX-512, 1x1 convolutions with many input channels and few
+  positions on oneDNN's blocked kernels (``conv_onednn.blocked``); off: the AVX-512 machines'
+  rule (1x1s on NCHW). Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``).
 
 The machine this was written on is shared and noisy (one process's speed moves by 10-30 % from
 run to run), so the two forms alternate every iteration in one process, after one warm-up
@@ -43,14 +46,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1"]
 
 
 def _switch(path, net):
     """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
     from sncaffe.backend import onednn
     from sncaffe.solvers.update import SGD
-    if path in ("pooling", "nhwc"):     # two nets (main): nothing to switch
+    if path in ("pooling", "nhwc", "avx2-1x1"):     # two nets (main): nothing to switch
         return (lambda: None), (lambda: None)
     if path in ("bn-scale", "eltwise-relu"):
         from sncaffe.graph import EltwiseReLU, Fusion
@@ -131,6 +134,16 @@ def main(argv=None) -> int:
             runs["off"] = build()[1]
         finally:
             conv_onednn.layout = rule
+    if args.path == "avx2-1x1":
+        from sncaffe.layers import conv_onednn
+        vendor, avx512 = conv_onednn._cpu()
+        if avx512:
+            print("note: this CPU has AVX-512: both nets take its rules", file=sys.stderr)
+        conv_onednn._CPU[:] = [(vendor, True)]
+        try:
+            runs["off"] = build()[1]
+        finally:
+            conv_onednn._CPU[:] = [(vendor, avx512)]
     on, off = _switch(args.path, solver.net)
     forms = {"on": on, "off": off}
     times = {"on": [], "off": []}

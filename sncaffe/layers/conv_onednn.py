@@ -90,7 +90,7 @@ def layout(plan) -> str:
 def blocked(plan) -> bool:
     """Whether the layer runs on oneDNN's blocked direct kernels (its arguments reordered in and
     out) rather than on NCHW (``layout`` may choose NHWC over either). Measured
-    (tools/bench_conv.py --backends, one thread): a 1x1
+    (tools/bench_conv.py --backends, one thread): on AVX-512 a 1x1
     convolution is one GEMM on NCHW, faster than reordering its bottom and top (ResNet-50's 1x1s
     0.7-0.9x the blocked time); output channels per group that are not a multiple of the
     vector block (8 floats) pad every block (on an AMD EPYC, LeNet's 20 and 50: NCHW 0.35x and
@@ -98,28 +98,53 @@ def blocked(plan) -> bool:
     reorders included. On an Intel Xeon (AVX-512) one input channel per group is the exception:
     LeNet's conv1 (1 -> 20) blocked, forward + backward at batch 64, 1.9 ms where NCHW takes 2.45
     on one thread and 1.1 where it takes 2.2 on two (its conv2, 20 -> 50, the same either way);
-    its blocks are kept small (``reduce_block``), since one channel is padded to a block of 16."""
+    its blocks are kept small (``reduce_block``), since one channel is padded to a block of 16.
+    The measurements above were taken on AVX-512 machines (an Intel Xeon, an AMD EPYC).
+    On a CPU without AVX-512 (an AMD EPYC with AVX2, ``tools/bench_conv.py --backends``, ResNet-50's
+    shapes at batch 8, one thread) a 1x1 convolution with at least four times as many input
+    channels per group as input positions an image runs blocked (NCHW runs a small GEMM per image:
+    1024 -> 256 on 14x14 NCHW 41.9 ms, blocked 30.7; 2048 -> 512 on 7x7 48.3 and 30.1; 960 -> 160
+    on 7x7 5.1 and 4.8; at twice as many 512 -> 512 on 14x14 32.2 and 29.4, but MobileNet-v2's
+    576 -> 96 on 14x14 and 160 -> 960 on 7x7 blocked 5-15% slower at batch 2; 256 -> 1024 on
+    14x14 28.8 and 30.0, 384 -> 64 on 28x28 10.8 and 13.2). First layers stay blocked there: with all three passes
+    NCHW looks faster (ResNet-50's conv1 101 ms against 134), but a first layer computes no data
+    gradient, and forward + weight gradient alone is faster blocked (53.4 against 67.0 ms; 3x3/2
+    3 -> 32 on 224x224 6.4 and 10.1; 3x3 3 -> 64 on 224x224 56.7 and 55.0)."""
     if plan.kernel == (1, 1):
-        return False
+        return not _avx512() and plan.Mg % 8 == 0 and plan.Cg >= 4 * plan.h.size * plan.w.size
     return plan.Cg == 1 and (plan.Mg == 1 or _intel()) or plan.Mg % 8 == 0
 
 
-_VENDOR = []
+_CPU = []       # (vendor, AVX-512) of this machine, read once
+
+
+def _cpu():
+    if not _CPU:
+        vendor, flags = "", set()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("vendor_id") and not vendor:
+                        vendor = line.split(":", 1)[1].strip()
+                    elif line.startswith("flags") and not flags:
+                        flags = set(line.split(":", 1)[1].split())
+        except OSError:
+            pass
+        _CPU.append((vendor, "avx512f" in flags))
+    return _CPU[0]
 
 
 def _intel() -> bool:
     """Whether the CPU is Intel's (the vendor in /proc/cpuinfo): one input channel per group then
     runs blocked and unfilled input channel blocks NHWC; elsewhere, or unknown, the rules measured
     on AMD."""
-    if not _VENDOR:
-        vendor = ""
-        try:
-            with open("/proc/cpuinfo") as f:
-                vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
-        except OSError:
-            pass
-        _VENDOR.append(vendor)
-    return _VENDOR[0] == "GenuineIntel"
+    return _cpu()[0] == "GenuineIntel"
+
+
+def _avx512() -> bool:
+    """Whether the CPU has AVX-512 (``avx512f`` in /proc/cpuinfo's flags; unknown: as if it had):
+    the rules measured on the AVX-512 machines (an Intel Xeon, an AMD EPYC), else AVX2's."""
+    return _cpu()[1] or not _cpu()[0]
 
 
 # A block is large enough that oneDNN's kernels run at full speed on it (the GPU path's rule:

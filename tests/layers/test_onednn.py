@@ -79,7 +79,7 @@ def test_one_input_channel_runs_blocked_on_intel_only_and_right_either_way(vendo
     copies stay under SINGLE_CHANNEL_BLOCK_BYTES, NCHW elsewhere (conv_onednn.blocked's
     measurements); both layouts give ConvPlan's float64 results, in one block or several."""
     import sncaffe.layers.conv_onednn as conv_onednn
-    monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
+    monkeypatch.setattr(conv_onednn, "_CPU", [(vendor, True)])
     monkeypatch.setattr(conv_onednn, "SINGLE_CHANNEL_BLOCK_BYTES", 2 * 4 * (16 * 9 * 8 + 16 * 9 * 8))
     case = ("Convolution", (5, 1, 9, 8), 5, dict(kernel_size=3, pad=1))
     ref, *want_out = _run(*case, np.float64)
@@ -213,7 +213,7 @@ def test_forced_and_absent_names_the_extra(monkeypatch, tmp_path):
 def test_cases_run_every_layout(vendor, monkeypatch):
     """The cases above cover the blocked kernels and NHWC (reorders through the workspace) and
     NCHW on either vendor's rule (conv_onednn.layout)."""
-    monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
+    monkeypatch.setattr(conv_onednn, "_CPU", [(vendor, True)])
     layouts = set()
     for kind, shape, M, kw in CASES:
         layer = make_layer(_text(kind, M, kw))
@@ -236,10 +236,32 @@ def test_unfilled_channel_blocks_run_nhwc_and_right_either_way(vendor, kind, sha
     the outputs per group are not a multiple of 8, and on an Intel CPU (blocks of 16) also where
     more than 16 input channels are not a multiple of 16; not for 1x1s or fewer than 4 input
     channels. Every layout gives ConvPlan's float64 results."""
-    monkeypatch.setattr(conv_onednn, "_VENDOR", [vendor])
+    monkeypatch.setattr(conv_onednn, "_CPU", [(vendor, True)])
     ref, *want_out = _run(kind, shape, M, kw, np.float64)
     layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
     assert layer.dnn.layout == (intel if vendor == "GenuineIntel" else other)
+    for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+@needs_onednn
+@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("kind, shape, M, kw, on_avx2", [
+    ("Convolution", (2, 64, 4, 4), 16, dict(kernel_size=1), "blocked"),          # 64 channels, 16 positions
+    ("Convolution", (2, 48, 4, 4), 16, dict(kernel_size=1), "nchw"),             # 48 channels, 16 positions
+    ("Convolution", (2, 16, 8, 8), 16, dict(kernel_size=1), "nchw"),             # 16 channels, 64 positions
+    ("Convolution", (2, 48, 6, 6), 10, dict(kernel_size=1), "nchw"),             # outputs pad the blocks
+    ("Convolution", (1, 3, 56, 56), 8, dict(kernel_size=3, pad=1), "blocked"),   # a first layer
+    ("Deconvolution", (2, 16, 3, 3), 64, dict(kernel_size=1), "blocked")])       # conv view: 64 -> 16 on 3x3
+def test_avx2_rules_and_right_either_way(avx512, kind, shape, M, kw, on_avx2, monkeypatch):
+    """Without AVX-512 1x1s with at least four times as many input channels as input positions run
+    blocked (conv_onednn.blocked's measurements), with it NCHW; other layers keep their rule.
+    Every layout gives ConvPlan's float64 results."""
+    monkeypatch.setattr(conv_onednn, "_CPU", [("AuthenticAMD", avx512)])
+    ref, *want_out = _run(kind, shape, M, kw, np.float64)
+    layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
+    one = layer.plan.kernel == (1, 1)
+    assert layer.dnn.layout == (on_avx2 if not avx512 or not one else "nchw")
     for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
 
@@ -475,7 +497,8 @@ def test_eltwise_sum_on_onednn_passes_the_gradient_checker():
 
 
 @needs_onednn
-@pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling", "nhwc"])
+@pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling", "nhwc",
+                                  "avx2-1x1"])
 def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
     """tools/bench_toggle.py switches one fast path off on every other iteration: it prints both
     forms' times and leaves the entry point it replaced as it found it (nhwc: on LeNet, whose data
@@ -489,11 +512,11 @@ def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
                    "binary": (onednn, "binary_for"), "relu": (onednn, "relu_for"), "sgd-step": (SGD, "step"),
                    "bn-scale": (onednn, "binary_for"),     # (bn-scale flips the net's own flags,
                    "pooling": (onednn, "pool"),             # pooling and nhwc build a second net)
-                   "nhwc": (conv_onednn, "layout")}[path]
-    before = getattr(owner, name)
+                   "nhwc": (conv_onednn, "layout"), "avx2-1x1": (conv_onednn, "layout")}[path]
+    before, cpu = getattr(owner, name), conv_onednn._cpu()
     net = ["--net", "prototxt/lenet_train_test.prototxt"] if path == "nhwc" else []
     assert bench_toggle.main(["--path", path, "--batch", "2", "--iterations", "1"] + net) == 0
-    assert getattr(owner, name) is before
+    assert getattr(owner, name) is before and conv_onednn._cpu() == cpu    # avx2-1x1: the CPU's rules back
     from sncaffe.layers import pooling
     assert pooling.ONEDNN                   # the pooling path's second net leaves the switch as it was
     out = capsys.readouterr().out

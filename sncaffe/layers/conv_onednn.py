@@ -106,10 +106,11 @@ def blocked(plan) -> bool:
     1024 -> 256 on 14x14 NCHW 41.9 ms, blocked 30.7; 2048 -> 512 on 7x7 48.3 and 30.1; 960 -> 160
     on 7x7 5.1 and 4.8; at twice as many 512 -> 512 on 14x14 32.2 and 29.4, but MobileNet-v2's
     576 -> 96 on 14x14 and 160 -> 960 on 7x7 blocked 5-15% slower at batch 2; 256 -> 1024 on
-    14x14 28.8 and 30.0, 384 -> 64 on 28x28 10.8 and 13.2). First layers stay blocked there: with all three passes
-    NCHW looks faster (ResNet-50's conv1 101 ms against 134), but a first layer computes no data
-    gradient, and forward + weight gradient alone is faster blocked (53.4 against 67.0 ms; 3x3/2
-    3 -> 32 on 224x224 6.4 and 10.1; 3x3 3 -> 64 on 224x224 56.7 and 55.0)."""
+    14x14 28.8 and 30.0, 384 -> 64 on 28x28 10.8 and 13.2). First layers stay blocked there:
+    with all three passes NCHW looks faster (ResNet-50's conv1 101 ms against 134), but a first
+    layer computes no data gradient, and forward + weight gradient alone is faster blocked (53.4
+    against 67.0 ms; 3x3/2 3 -> 32 on 224x224 6.4 and 10.1; 3x3 3 -> 64 on 224x224 56.7 and
+    55.0)."""
     if plan.kernel == (1, 1):
         return not _avx512() and plan.Mg % 8 == 0 and plan.Cg >= 4 * plan.h.size * plan.w.size
     return plan.Cg == 1 and (plan.Mg == 1 or _intel()) or plan.Mg % 8 == 0

@@ -113,7 +113,7 @@ class Pooling(Layer):
             self.scratch_specs["argmax"] = (top_shape, np.uint8 if kh * kw <= 256 else np.int32)
         self.dnn = self._onednn(shape, len(self.param.top))
         if self.dnn is not None:
-            if self.dnn.ws is not None:     # oneDNN's workspace: a byte per output value, channels padded if blocked
+            if self.dnn.ws is not None:     # oneDNN's workspace: a byte per output value (blocked: padded)
                 self.scratch_specs["argmax"] = ((self.dnn.ws_bytes,), np.uint8)
             if self.dnn.nbytes:
                 self.workspace_specs["onednn"] = ((self.dnn.nbytes,), np.uint8)

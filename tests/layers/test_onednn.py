@@ -225,9 +225,9 @@ def test_cases_run_every_layout(vendor, monkeypatch):
 @needs_onednn
 @pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD", ""])
 @pytest.mark.parametrize("kind, shape, M, kw, intel, other", [
-    ("Convolution", (3, 20, 12, 12), 50, dict(kernel_size=5), "nhwc", "nhwc"),                 # LeNet's conv2
-    ("Convolution", (2, 24, 7, 6), 32, dict(kernel_size=3, pad=1, stride=2), "nhwc", "blocked"),  # blocks of 16 padded
-    ("Convolution", (2, 12, 6, 6), 20, dict(kernel_size=3, pad=1, group=2), "nhwc", "nhwc"),      # grouped
+    ("Convolution", (3, 20, 12, 12), 50, dict(kernel_size=5), "nhwc", "nhwc"),                # LeNet's conv2
+    ("Convolution", (2, 24, 7, 6), 32, dict(kernel_size=3, pad=1, stride=2), "nhwc", "blocked"),  # 24 of 32
+    ("Convolution", (2, 12, 6, 6), 20, dict(kernel_size=3, pad=1, group=2), "nhwc", "nhwc"),     # grouped
     ("Convolution", (2, 3, 6, 6), 20, dict(kernel_size=3, pad=1), "nchw", "nchw"),                # 3 input channels
     ("Convolution", (2, 20, 6, 6), 50, dict(kernel_size=1), "nchw", "nchw"),                      # 1x1
     ("Deconvolution", (2, 6, 5, 5), 10, dict(kernel_size=3, stride=2, pad=1), "nhwc", "nhwc")])

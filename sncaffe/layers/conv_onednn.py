@@ -109,8 +109,8 @@ def blocked(plan) -> bool:
     14x14 28.8 and 30.0, 384 -> 64 on 28x28 10.8 and 13.2). First layers stay blocked there:
     with all three passes NCHW looks faster (ResNet-50's conv1 101 ms against 134), but a first
     layer computes no data gradient, and forward + weight gradient alone is faster blocked (53.4
-    against 67.0 ms; 3x3/2 3 -> 32 on 224x224 6.4 and 10.1; 3x3 3 -> 64 on 224x224 56.7 and
-    55.0)."""
+    against 67.0 ms; 3x3/2 3 -> 32 on 224x224 6.4 and 10.1) or about the same (3x3 3 -> 64 on
+    224x224 56.7 and 55.0)."""
     if plan.kernel == (1, 1):
         return not _avx512() and plan.Mg % 8 == 0 and plan.Cg >= 4 * plan.h.size * plan.w.size
     return plan.Cg == 1 and (plan.Mg == 1 or _intel()) or plan.Mg % 8 == 0

@@ -25,7 +25,10 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   (LeNet: ``--net prototxt/lenet_train_test.prototxt --batch 64``);
 - ``avx2-1x1``: on a CPU without AVX-512, 1x1 convolutions with many input channels and few
   positions on oneDNN's blocked kernels (``conv_onednn.blocked``); off: the AVX-512 machines'
-  rule (1x1s on NCHW). Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``).
+  rule (1x1s on NCHW). Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
+- ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
+  layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
+  off form's workspace holds the gradient), the switch also flipped at each iteration.
 
 The machine this was written on is shared and noisy (one process's speed moves by 10-30 % from
 run to run), so the two forms alternate every iteration in one process, after one warm-up
@@ -46,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1", "dw-add"]
 
 
 def _switch(path, net):
@@ -70,6 +73,7 @@ def _switch(path, net):
         "sum": (onednn, "sum_for", lambda *a, **k: None),
         "binary": (onednn, "binary_for", lambda *a, **k: None),
         "relu": (onednn, "relu_for", lambda *a, **k: None),
+        "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),
     }[path]
     real = getattr(owner, name)
     return (lambda: setattr(owner, name, real)), (lambda: setattr(owner, name, never))
@@ -145,6 +149,12 @@ def main(argv=None) -> int:
         finally:
             conv_onednn._CPU[:] = [(vendor, avx512)]
     on, off = _switch(args.path, solver.net)
+    if args.path == "dw-add":
+        off()
+        try:
+            runs["off"] = build()[1]
+        finally:
+            on()
     forms = {"on": on, "off": off}
     times = {"on": [], "off": []}
     try:

@@ -142,6 +142,7 @@ def _declare(lib):
         "dnnl_post_ops_create": [p(P)],
         "dnnl_post_ops_destroy": [P],
         "dnnl_post_ops_append_binary": [P, I, P],
+        "dnnl_post_ops_append_sum": [P, ctypes.c_float, ctypes.c_int32, I],
         "dnnl_primitive_attr_set_post_ops": [P, P],
         "dnnl_eltwise_forward_primitive_desc_create": [p(P), P, I, I, P, P, ctypes.c_float, ctypes.c_float, P],
         "dnnl_pooling_forward_primitive_desc_create": [p(P), P, I, I, P, P, _Dims, _Dims, _Dims, _Dims, _Dims, P],
@@ -216,7 +217,7 @@ class _Step:
     """One primitive and how its arguments reach it: per argument the user's descriptor, and,
     where the kernel wants another layout, a reorder into (or out of) a workspace slot."""
 
-    def __init__(self, pd, user, outputs):
+    def __init__(self, pd, user, outputs, accumulate=()):
         self.pd = pd
         self.prim = None
         self._local = threading.local()     # this thread's kept executes (``_calls``)
@@ -231,7 +232,7 @@ class _Step:
                 self.args[arg] = (md.ptr, want, None, None)
                 continue
             src, dst = (want, md.ptr) if arg in outputs else (md.ptr, want)
-            reorder = _reorder_pd(src, dst)
+            reorder = _reorder_pd(src, dst, accumulate=arg in accumulate)
             self.args[arg] = (md.ptr, want, reorder, offset)
             offset += _round(_lib.dnnl_memory_desc_get_size(want))
         self.scratch_offset = offset
@@ -241,6 +242,11 @@ class _Step:
         sizes = [_lib.dnnl_memory_desc_get_size(m) for m in [self.pad_md, *self.reorder_pad.values()]]
         self.nbytes = offset + _round(max(sizes))
         self.outputs = outputs
+
+    def adds(self, arg) -> bool:
+        """Whether output ``arg`` is added into the user's array (its reorder out sums, made with
+        ``accumulate``), not written over it: only where the kernel's layout is not the user's."""
+        return self.args[arg][2] is not None and arg in self.outputs
 
     def slot(self, arg):
         """(kernel md, workspace offset) of ``arg``'s reordered copy, or None where it has none."""
@@ -349,9 +355,19 @@ def _attr():
     return attr
 
 
-def _reorder_pd(src, dst):
+def _reorder_pd(src, dst, accumulate=False):
+    """A reorder from ``src`` to ``dst``; ``accumulate``: dst += the reordered src (a sum post-op,
+    scale 1: each value is dst + src rounded once, as NumPy's ``dst += src``)."""
     pd, attr = ctypes.c_void_p(), _attr()
     try:
+        if accumulate:
+            po = ctypes.c_void_p()
+            _check(_lib.dnnl_post_ops_create(ctypes.byref(po)), "post_ops_create")
+            try:
+                _check(_lib.dnnl_post_ops_append_sum(po, 1.0, 0, 0), "post_ops_append_sum")   # dnnl_data_type_undef
+                _check(_lib.dnnl_primitive_attr_set_post_ops(attr, po), "set_post_ops")
+            finally:
+                _lib.dnnl_post_ops_destroy(po)
         _check(_lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), src, _engine, dst, _engine, attr), "reorder")
     finally:
         _lib.dnnl_primitive_attr_destroy(attr)
@@ -421,16 +437,24 @@ class Conv:
               "data": {DIFF_SRC: "x", WEIGHTS: "w", DIFF_DST: "y"},
               "weights": {SRC: "x", DIFF_WEIGHTS: "w", DIFF_DST: "y"}}
 
-    def step(self, kind, first=None):
+    def step(self, kind, first=None, accumulate=False):
         """The _Step of ``kind``: forward, forward_bias, data, weights; ``first``: the argument
-        name ("x", "y") whose reordered copy takes the workspace's first slot (``run_two``)."""
-        s = self._steps.get((kind, first))
+        name ("x", "y") whose reordered copy takes the workspace's first slot (``run_two``);
+        ``accumulate`` (weights): the weight gradient is added into ``w`` where it is reordered out
+        of the kernels' layout (``adds``), not written over it."""
+        key = (kind, first, accumulate and kind == "weights")
+        s = self._steps.get(key)
         if s is not None:
             return s
         with _create_lock:
-            return self._steps.get((kind, first)) or self._new_step(kind, first)
+            return self._steps.get(key) or self._new_step(*key)
 
-    def _new_step(self, kind, first):
+    def adds(self, first=None) -> bool:
+        """Whether the weights pass run with ``accumulate`` adds its gradient into ``w`` (oneDNN's
+        layout for it is not OIHW: a reorder out, which sums), rather than writing it."""
+        return self.step("weights", first, True).adds(DIFF_WEIGHTS)
+
+    def _new_step(self, kind, first, accumulate=False):
         u, k, g = self.user, self._kern, self.geometry
         names = self._NAMES[kind]
         order = sorted(names, key=lambda arg: names[arg] != first)      # stable: ``first`` leads
@@ -450,35 +474,35 @@ class Conv:
                 ctypes.byref(pd), _engine, _DIRECT, k["x"].ptr, k["w"].ptr, None, k["y"].ptr, g["strides"],
                 g["dilates"], g["padding_l"], g["padding_r"], self.fwd_pd, self.attr),
                 "convolution backward weights")
-            s = _Step(pd, descs, (DIFF_WEIGHTS,))
-        self._steps[(kind, first)] = s
+            s = _Step(pd, descs, (DIFF_WEIGHTS,), (DIFF_WEIGHTS,) if accumulate else ())
+        self._steps[(kind, first, accumulate)] = s
         return s
 
-    def nbytes(self, kind, first=None):
-        return self.step(kind, first).nbytes
+    def nbytes(self, kind, first=None, accumulate=False):
+        return self.step(kind, first, accumulate).nbytes
 
     def impl(self, kind):
         return self.step(kind).impl
 
-    def run(self, kind, ws, first=None, **arrays):
+    def run(self, kind, ws, first=None, accumulate=False, **arrays):
         """Run ``kind`` on x, y, w (and b) (C-contiguous float32 arrays); ws: uint8 workspace
-        (``nbytes(kind, first)``); ``first``: which step (``step``)."""
+        (``nbytes(kind, first, accumulate)``); ``first``, ``accumulate``: which step (``step``)."""
         _set_threads()
-        self.step(kind, first).run({arg: arrays[n] for arg, n in self._NAMES[kind].items()}, ws)
+        self.step(kind, first, accumulate).run({arg: arrays[n] for arg, n in self._NAMES[kind].items()}, ws)
 
-    def shares(self, first_kind, second_kind, name) -> bool:
+    def shares(self, first_kind, second_kind, name, accumulate=False) -> bool:
         """Whether ``run_two`` reorders input ``name`` once for both passes: each pass wants it
         reordered, into the same layout."""
-        return self._pair(first_kind, second_kind, name) is not None
+        return self._pair(first_kind, second_kind, name, accumulate) is not None
 
-    def _pair(self, first_kind, second_kind, name):
+    def _pair(self, first_kind, second_kind, name, accumulate=False):
         """((step, its arg for ``name``, its other args by name) of each pass), or None where the
         passes cannot share ``name``'s reordered copy; worked out once."""
-        key = (first_kind, second_kind, name)
+        key = (first_kind, second_kind, name, accumulate)
         if key not in self._pairs:
             passes = []
             for kind in key[:2]:
-                step, names = self.step(kind, name), self._NAMES[kind]
+                step, names = self.step(kind, name, accumulate), self._NAMES[kind]
                 arg = next(a for a, n in names.items() if n == name)
                 passes.append((step, arg, {a: n for a, n in names.items() if n != name}))
             (a, arg_a, _), (b, arg_b, _) = passes
@@ -488,16 +512,17 @@ class Conv:
             self._pairs[key] = passes if same else None
         return self._pairs[key]
 
-    def run_two(self, ws, first, second, name, shared):
+    def run_two(self, ws, first, second, name, shared, accumulate=False):
         """Two passes that read the same input ``name`` ("x" or "y") = ``shared``: ``first`` and
         ``second`` are (kind, {other name: array}). Where ``shares``, ``shared`` is reordered into
         the kernels' layout once (the first slot of both passes' workspace, ``nbytes(kind, name)``),
-        else each pass reorders its own copy. The same bytes either way."""
+        else each pass reorders its own copy. The same bytes either way. ``accumulate``: the
+        weights pass's (``step``)."""
         _set_threads()
-        pair = self._pair(first[0], second[0], name)
+        pair = self._pair(first[0], second[0], name, accumulate)
         if pair is None:            # the same steps, each reordering its own copy
             for kind, arrays in (first, second):
-                self.run(kind, ws, name, **{name: shared}, **arrays)
+                self.run(kind, ws, name, accumulate, **{name: shared}, **arrays)
             return
         pair[0][0].reorder_in(pair[0][1], shared, ws)
         for (step, arg, others), (_, arrays) in zip(pair, (first, second)):

@@ -121,6 +121,40 @@ def test_chunks_that_are_multiples_of_reduce_block_give_the_same_weight_bits(kin
     np.testing.assert_allclose(whole[3][0], ref[3][0], rtol=1e-4, atol=1e-4)
 
 
+
+@needs_onednn
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_weight_gradient_added_by_the_reorder_gives_numpys_add(blocks, monkeypatch):
+    """Where oneDNN keeps the weight gradient in its own layout, its reorder out adds it into the
+    diff (``onednn.Conv.adds``): the bytes of writing it to the workspace and adding it with
+    NumPy, onto a diff that already holds a gradient (Caffe accumulates), in one block or several
+    (blocks of 1 image: the second adds onto the first's gradient); every case, the input
+    gradient unchanged."""
+    def backward(kind, shape, M, kw):
+        layer = make_layer(_text(kind, M, kw))
+        rng = np.random.default_rng(5)
+        h = Harness(layer, [rng.standard_normal(shape)], np.float32)
+        h.top[0].diff[...] = rng.standard_normal(h.forward()[0].shape)
+        layer.blobs[0].diff[...] = rng.standard_normal(layer.blobs[0].diff.shape)
+        before = layer.blobs[0].diff.copy()
+        layer.backward(h.top, [True], h.bottom)
+        assert layer.blobs[0].diff.tobytes() != before.tobytes()
+        assert layer.reduce_block == 1 if blocks == 2 else layer.reduce_block >= shape[0]
+        adds = layer.dnn.conv(min(layer.reduce_block, shape[0])).adds("y" if kind == "Convolution" else "x")
+        return layer.blobs[0].diff.tobytes(), h.bottom[0].diff.tobytes(), adds
+
+    if blocks == 2:
+        monkeypatch.setattr(conv_onednn, "BLOCK_POSITIONS", 1)
+    real = onednn.Conv.adds
+    added = 0
+    for case in CASES:
+        monkeypatch.setattr(onednn.Conv, "adds", real)
+        dw, dx, adds = backward(*case)
+        monkeypatch.setattr(onednn.Conv, "adds", lambda self, first=None: False)
+        assert (dw, dx) == backward(*case)[:2], case
+        added += adds
+    assert added >= 5, "the blocked and NHWC cases keep the gradient in oneDNN's layout"
+
 NET = """
 name: "onednn" force_backward: true
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 8 dim: 16 dim: 12 dim: 12 } } }

@@ -26,6 +26,10 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
 - ``avx2-1x1``: on a CPU without AVX-512, 1x1 convolutions with many input channels and few
   positions on oneDNN's blocked kernels (``conv_onednn.blocked``); off: the AVX-512 machines'
   rule (1x1s on NCHW). Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
+- ``strided-1x1``: on a CPU without AVX-512, strided 1x1 convolutions with many input channels
+  and few output positions on sncaffe's ConvPlan (``conv_onednn.native``); off: on oneDNN. Two
+  nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``). ``avx2-1x1``'s off form turns
+  this one off too;
 - ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
   layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
   off form's workspace holds the gradient), the switch also flipped at each iteration.
@@ -49,14 +53,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1", "dw-add"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1", "strided-1x1", "dw-add"]
 
 
 def _switch(path, net):
     """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
     from sncaffe.backend import onednn
     from sncaffe.solvers.update import SGD
-    if path in ("pooling", "nhwc", "avx2-1x1"):     # two nets (main): nothing to switch
+    if path in ("pooling", "nhwc", "avx2-1x1", "strided-1x1"):     # two nets (main): nothing to switch
         return (lambda: None), (lambda: None)
     if path in ("bn-scale", "eltwise-relu"):
         from sncaffe.graph import EltwiseReLU, Fusion
@@ -148,6 +152,14 @@ def main(argv=None) -> int:
             runs["off"] = build()[1]
         finally:
             conv_onednn._CPU[:] = [(vendor, avx512)]
+    if args.path == "strided-1x1":
+        from sncaffe.layers import conv_onednn
+        rule = conv_onednn.native
+        conv_onednn.native = lambda plan: False
+        try:
+            runs["off"] = build()[1]
+        finally:
+            conv_onednn.native = rule
     on, off = _switch(args.path, solver.net)
     if args.path == "dw-add":
         off()

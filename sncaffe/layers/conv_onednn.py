@@ -56,11 +56,28 @@ def geometry(layer, plan, size):
             return None
     except (ValueError, RuntimeError) as e:
         raise layer.error(str(e)) from None
+    if not layer.deconv and native(plan):
+        return None
     return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
                     (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), layout=layout(plan))
 
 
 NCHW, BLOCKED, NHWC = "nchw", "blocked", "nhwc"
+
+
+def native(plan) -> bool:
+    """Whether a Convolution runs on sncaffe's own ConvPlan (its strided gather and one GEMM)
+    rather than oneDNN: on a CPU without AVX-512, a strided 1x1 convolution with at least four
+    times as many input channels per group as output positions an image (ResNet-50's res5
+    projections). Measured on an AMD EPYC with AVX2 (``tools/bench_conv.py --backends``, forward
+    + both backward passes, ms, oneDNN's choice / ConvPlan): one thread, batch 2, 1024 -> 512
+    /2 on 14x14 7.0 / 5.2-5.9, 1024 -> 2048 /2 20.7 / 17.8-20.6; batch 8 24.8 / 16.3 and 70.4 /
+    61.4; two threads, batch 8, 12.9 / 9.9 and 35.8 / 32.8. With fewer channels a position ConvPlan
+    wins on one thread but loses on two (its gather runs on one): 256 -> 128 /2 on 56x56 at
+    batch 8 23.5 / 21.1 on one, 12.4 / 15.2 on two; 512 -> 256 /2 on 28x28 19.9 / 18.1 and
+    10.5 / 12.1."""
+    return (plan.kernel == (1, 1) and (plan.h.stride > 1 or plan.w.stride > 1) and not _avx512()
+            and plan.Cg >= 4 * plan.out_size)
 
 
 def layout(plan) -> str:

@@ -286,16 +286,23 @@ def test_unfilled_channel_blocks_run_nhwc_and_right_either_way(vendor, kind, sha
     ("Convolution", (2, 16, 8, 8), 16, dict(kernel_size=1), "nchw"),             # 16 channels, 64 positions
     ("Convolution", (2, 48, 6, 6), 10, dict(kernel_size=1), "nchw"),             # outputs pad the blocks
     ("Convolution", (1, 3, 56, 56), 8, dict(kernel_size=3, pad=1), "blocked"),   # a first layer
-    ("Deconvolution", (2, 16, 3, 3), 64, dict(kernel_size=1), "blocked")])       # conv view: 64 -> 16 on 3x3
+    ("Deconvolution", (2, 16, 3, 3), 64, dict(kernel_size=1), "blocked"),        # conv view: 64 -> 16 on 3x3
+    ("Convolution", (2, 64, 8, 8), 32, dict(kernel_size=1, stride=2), None),     # 64 channels, 16 out positions
+    ("Convolution", (2, 48, 8, 8), 32, dict(kernel_size=1, stride=2), "nchw"),   # 48 channels, 16 out positions
+    ("Deconvolution", (2, 32, 4, 4), 64, dict(kernel_size=1, stride=2), "nchw")])      # no ConvPlan rule
 def test_avx2_rules_and_right_either_way(avx512, kind, shape, M, kw, on_avx2, monkeypatch):
     """Without AVX-512 1x1s with at least four times as many input channels as input positions run
-    blocked (conv_onednn.blocked's measurements), with it NCHW; other layers keep their rule.
-    Every layout gives ConvPlan's float64 results."""
+    blocked (conv_onednn.blocked's measurements), and strided 1x1 Convolutions with four times as
+    many as output positions on ConvPlan (``native``: no ``dnn``); with it NCHW on oneDNN; other
+    layers keep their rule. Every layout gives ConvPlan's float64 results."""
     monkeypatch.setattr(conv_onednn, "_CPU", [("AuthenticAMD", avx512)])
     ref, *want_out = _run(kind, shape, M, kw, np.float64)
     layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
     one = layer.plan.kernel == (1, 1)
-    assert layer.dnn.layout == (on_avx2 if not avx512 or not one else "nchw")
+    if on_avx2 is None:
+        assert (layer.dnn is None) == (not avx512)
+    else:
+        assert layer.dnn.layout == (on_avx2 if not avx512 or not one else "nchw")
     for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
 

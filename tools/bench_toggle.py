@@ -53,7 +53,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1", "strided-1x1", "dw-add"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1",
+         "strided-1x1", "dw-add"]
 
 
 def _switch(path, net):

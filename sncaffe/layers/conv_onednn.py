@@ -206,10 +206,11 @@ def workspace(layer, n):
     forward = "data" if layer.deconv else "forward_bias" if layer.bias_term else "forward"
     need = [g.conv(m).nbytes(forward) for m in sizes]
     # backward: both passes' steps with dy's copy in the first slot (``backward``), after the
-    # weight gradient's block
+    # weight gradient's block where the reorder out of oneDNN's layout does not add it onto dw
     kind, shared = _PAIR[layer.deconv]
     adds = {m: g.conv(m).adds(shared) for m in sizes}
-    need += [(0 if adds[m] else dw) + g.conv(m).nbytes(k, shared, adds[m]) for m in sizes for k in ("weights", kind)]
+    need += [(0 if adds[m] else dw) + g.conv(m).nbytes(k, shared, adds[m])
+             for m in sizes for k in ("weights", kind)]
     return {WORKSPACE: ((max(need),), np.uint8)}
 
 

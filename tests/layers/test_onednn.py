@@ -121,7 +121,6 @@ def test_chunks_that_are_multiples_of_reduce_block_give_the_same_weight_bits(kin
     np.testing.assert_allclose(whole[3][0], ref[3][0], rtol=1e-4, atol=1e-4)
 
 
-
 @needs_onednn
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_weight_gradient_added_by_the_reorder_gives_numpys_add(blocks, monkeypatch):
@@ -154,6 +153,7 @@ def test_weight_gradient_added_by_the_reorder_gives_numpys_add(blocks, monkeypat
         assert (dw, dx) == backward(*case)[:2], case
         added += adds
     assert added >= 5, "the blocked and NHWC cases keep the gradient in oneDNN's layout"
+
 
 NET = """
 name: "onednn" force_backward: true
@@ -289,7 +289,7 @@ def test_unfilled_channel_blocks_run_nhwc_and_right_either_way(vendor, kind, sha
     ("Deconvolution", (2, 16, 3, 3), 64, dict(kernel_size=1), "blocked"),        # conv view: 64 -> 16 on 3x3
     ("Convolution", (2, 64, 8, 8), 32, dict(kernel_size=1, stride=2), None),     # 64 channels, 16 out positions
     ("Convolution", (2, 48, 8, 8), 32, dict(kernel_size=1, stride=2), "nchw"),   # 48 channels, 16 out positions
-    ("Deconvolution", (2, 32, 4, 4), 64, dict(kernel_size=1, stride=2), "nchw")])      # no ConvPlan rule
+    ("Deconvolution", (2, 32, 4, 4), 64, dict(kernel_size=1, stride=2), "nchw")])   # no ConvPlan rule
 def test_avx2_rules_and_right_either_way(avx512, kind, shape, M, kw, on_avx2, monkeypatch):
     """Without AVX-512 1x1s with at least four times as many input channels as input positions run
     blocked (conv_onednn.blocked's measurements), and strided 1x1 Convolutions with four times as

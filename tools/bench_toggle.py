@@ -49,6 +49,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,6 +83,25 @@ def _switch(path, net):
     }[path]
     real = getattr(owner, name)
     return (lambda: setattr(owner, name, real)), (lambda: setattr(owner, name, never))
+
+
+def _off_net(path):
+    """(owner, name, value) that turns ``path`` off while the off form's net is built, where the
+    two forms plan different nets (workspaces, layouts, kernels), else None."""
+    from sncaffe.backend import onednn
+    from sncaffe.layers import conv_onednn, pooling
+    if path == "avx2-1x1":
+        vendor, avx512 = conv_onednn._cpu()
+        if avx512:
+            print("note: this CPU has AVX-512: both nets take its rules", file=sys.stderr)
+        return conv_onednn, "_CPU", [(vendor, True)]
+    return {
+        "pooling": (pooling, "ONEDNN", False),
+        "nhwc": (conv_onednn, "layout",
+                 lambda plan: conv_onednn.BLOCKED if conv_onednn.blocked(plan) else conv_onednn.NCHW),
+        "strided-1x1": (conv_onednn, "native", lambda plan: False),
+        "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),    # and switched each turn
+    }.get(path)
 
 
 def main(argv=None) -> int:
@@ -128,46 +148,11 @@ def main(argv=None) -> int:
         return solver, lambda: (solver.net.forward(), solver.net.backward())
     solver, timed = build()
     runs = {"on": timed, "off": timed}
-    if args.path == "pooling":
-        from sncaffe.layers import pooling
-        pooling.ONEDNN = False
-        try:
+    off_net = _off_net(args.path)
+    if off_net is not None:         # the off form plans another net: built with the path turned off
+        with patch.object(*off_net):
             runs["off"] = build()[1]
-        finally:
-            pooling.ONEDNN = True
-    if args.path == "nhwc":
-        from sncaffe.layers import conv_onednn
-        rule = conv_onednn.layout
-        conv_onednn.layout = lambda plan: conv_onednn.BLOCKED if conv_onednn.blocked(plan) else conv_onednn.NCHW
-        try:
-            runs["off"] = build()[1]
-        finally:
-            conv_onednn.layout = rule
-    if args.path == "avx2-1x1":
-        from sncaffe.layers import conv_onednn
-        vendor, avx512 = conv_onednn._cpu()
-        if avx512:
-            print("note: this CPU has AVX-512: both nets take its rules", file=sys.stderr)
-        conv_onednn._CPU[:] = [(vendor, True)]
-        try:
-            runs["off"] = build()[1]
-        finally:
-            conv_onednn._CPU[:] = [(vendor, avx512)]
-    if args.path == "strided-1x1":
-        from sncaffe.layers import conv_onednn
-        rule = conv_onednn.native
-        conv_onednn.native = lambda plan: False
-        try:
-            runs["off"] = build()[1]
-        finally:
-            conv_onednn.native = rule
     on, off = _switch(args.path, solver.net)
-    if args.path == "dw-add":
-        off()
-        try:
-            runs["off"] = build()[1]
-        finally:
-            on()
     forms = {"on": on, "off": off}
     times = {"on": [], "off": []}
     try:

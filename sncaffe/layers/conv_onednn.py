@@ -95,11 +95,19 @@ def layout(plan) -> str:
     slower in NHWC, and first layers (3 input channels) 1.07-1.26x. On an AMD EPYC (AVX2, blocks of
     8) NCHW / NHWC: LeNet's conv2 13.8 / 12.6 ms (two threads 6.8 / 6.4), 12 -> 20 (3x3 on 28x28)
     23.3 / 16.2, 48 -> 100 (3x3 on 14x14) 55.1 / 52.5; but 24 -> 32 blocked 34.8, NHWC 40.9, so
-    there input channels never choose NHWC."""
+    there more input channels never choose NHWC. Few channels do, there: with at most 16 input and
+    16 output channels per group (a block or two of 8) the NHWC kernels beat the blocked ones
+    (``python tools/bench_conv.py --backends --only "cifar 3x3 16"``, batch 128, one thread: the
+    CIFAR ResNet's 16 -> 16 on 32x32 blocked 28.4 ms, NHWC 27.4-27.5; one-off runs of other shapes,
+    NHWC / blocked: 8 -> 8 on 32x32 0.87-0.89 on one thread and two, 16 -> 16 on 16x16 0.89-0.93,
+    4 -> 16 0.85, 16 -> 8 0.86, 16 -> 16 /2 0.92, 5x5 16 -> 16 0.90), but not with more on either
+    side (16 -> 32 1.14, 24 -> 24 1.27-1.29, 32 -> 32 on 32x32 1.13)."""
     chosen = BLOCKED if blocked(plan) else NCHW
     if plan.kernel == (1, 1) or plan.Cg < 4:
         return chosen
     if plan.Mg % 8 or (_intel() and plan.Cg > 16 and plan.Cg % 16):
+        return NHWC
+    if not _avx512() and plan.Cg <= 16 and plan.Mg <= 16:
         return NHWC
     return chosen
 

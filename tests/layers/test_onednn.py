@@ -308,6 +308,30 @@ def test_avx2_rules_and_right_either_way(avx512, kind, shape, M, kw, on_avx2, mo
 
 
 @needs_onednn
+@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("kind, shape, M, kw, on_avx2", [
+    ("Convolution", (2, 16, 8, 8), 16, dict(kernel_size=3, pad=1), "nhwc"),             # the CIFAR ResNet's 16s
+    ("Convolution", (2, 8, 9, 7), 8, dict(kernel_size=3, pad=1, stride=2), "nhwc"),
+    ("Convolution", (2, 16, 6, 6), 8, dict(kernel_size=5, pad=2), "nhwc"),
+    ("Convolution", (2, 16, 8, 8), 32, dict(kernel_size=3, pad=1), "blocked"),          # more outputs
+    ("Convolution", (2, 24, 6, 6), 16, dict(kernel_size=3, pad=1), "blocked"),          # more inputs
+    ("Convolution", (2, 32, 6, 6), 32, dict(kernel_size=3, pad=1, group=2), "nhwc"),    # 16 a group
+    ("Convolution", (2, 16, 6, 6), 16, dict(kernel_size=1), "nchw"),                    # 1x1s keep theirs
+    ("Deconvolution", (2, 16, 5, 5), 16, dict(kernel_size=3, stride=2, pad=1), "nhwc")])
+def test_few_channels_run_nhwc_without_avx512_and_right_either_way(avx512, kind, shape, M, kw, on_avx2,
+                                                                   monkeypatch):
+    """Without AVX-512, layers with at most 16 input and 16 output channels per group (not 1x1s)
+    run NHWC (``conv_onednn.layout``'s measurements); with it, blocked. Every layout gives
+    ConvPlan's float64 results."""
+    monkeypatch.setattr(conv_onednn, "_CPU", [("AuthenticAMD", avx512)])
+    ref, *want_out = _run(kind, shape, M, kw, np.float64)
+    layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
+    assert layer.dnn.layout == (on_avx2 if not avx512 or on_avx2 == "nchw" else "blocked")
+    for g, w in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+@needs_onednn
 def test_a_strided_argument_is_refused():
     """oneDNN reads raw memory: a view with other strides must not reach it."""
     conv = onednn.conv(2, 4, 4, 1, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1))

@@ -188,8 +188,9 @@ def backends(np, torch, args):
             kinds = ""
             if have:
                 layer = sncaffe_layer(np, shape, N)
-                kinds = f"{layer.dnn.layout}: " + ", ".join(layer.dnn.conv(N).impl(kind)
-                                                            for kind in ("forward", "data", "weights"))
+                g = layer.dnn
+                kinds = (f"{g.layout}" + (f" (forward {g.forward_layout})" if g.forward_layout else "") + ": "
+                         + ", ".join(g.conv(N, kind == "forward").impl(kind) for kind in ("forward", "data", "weights")))
             print(f"{name:22s} {N:3d} {count:2d} | {ms} | {ratio}  {kinds}", flush=True)
         totals[net] = sums
     for net, sums in totals.items():

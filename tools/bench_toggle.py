@@ -30,6 +30,10 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   and few output positions on sncaffe's ConvPlan (``conv_onednn.native``); off: on oneDNN. Two
   nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``). ``avx2-1x1``'s off form turns
   this one off too;
+- ``forward-nhwc``: on a CPU without AVX-512, the forward of 3x3 stride-1 convolutions with few
+  positions or many outputs in NHWC, their backward passes blocked (``conv_onednn.forward_layout``);
+  off: every pass in the backward passes' layout. Two nets, as pooling
+  (``--net prototxt/cifar10_resnet.prototxt --batch 128``);
 - ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
   layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
   off form's workspace holds the gradient), the switch also flipped at each iteration.
@@ -55,14 +59,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1",
-         "strided-1x1", "dw-add"]
+         "strided-1x1", "forward-nhwc", "dw-add"]
 
 
 def _switch(path, net):
     """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
     from sncaffe.backend import onednn
     from sncaffe.solvers.update import SGD
-    if path in ("pooling", "nhwc", "avx2-1x1", "strided-1x1"):     # two nets (main): nothing to switch
+    if path in ("pooling", "nhwc", "avx2-1x1", "strided-1x1", "forward-nhwc"):  # two nets (main): nothing to switch
         return (lambda: None), (lambda: None)
     if path in ("bn-scale", "eltwise-relu"):
         from sncaffe.graph import EltwiseReLU, Fusion
@@ -100,6 +104,7 @@ def _off_net(path):
         "nhwc": (conv_onednn, "layout",
                  lambda plan: conv_onednn.BLOCKED if conv_onednn.blocked(plan) else conv_onednn.NCHW),
         "strided-1x1": (conv_onednn, "native", lambda plan: False),
+        "forward-nhwc": (conv_onednn, "forward_layout", lambda plan, chosen: ""),
         "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),    # and switched each turn
     }.get(path)
 

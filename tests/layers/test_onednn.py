@@ -332,6 +332,43 @@ def test_few_channels_run_nhwc_without_avx512_and_right_either_way(avx512, kind,
 
 
 @needs_onednn
+@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("kind, shape, M, kw, on_avx2", [
+    ("Convolution", (2, 64, 8, 8), 64, dict(kernel_size=3, pad=1), "nhwc"),          # <= 784 positions
+    ("Convolution", (1, 8, 29, 28), 256, dict(kernel_size=3, pad=1), "nhwc"),         # 812, 256 outputs
+    ("Convolution", (1, 8, 29, 28), 32, dict(kernel_size=3, pad=1), ""),              # 812, 32 outputs
+    ("Convolution", (2, 16, 8, 8), 16, dict(kernel_size=3, pad=1), ""),               # NHWC in every pass
+    ("Convolution", (2, 64, 8, 8), 64, dict(kernel_size=3, pad=1, stride=2), ""),     # strided
+    ("Convolution", (2, 64, 8, 8), 64, dict(kernel_size=3, pad=2, dilation=2), ""),   # dilated
+    ("Convolution", (2, 64, 8, 8), 64, dict(kernel_size=5, pad=2), ""),               # not 3x3
+    ("Convolution", (2, 3, 8, 8), 64, dict(kernel_size=3, pad=1), ""),                # 3 input channels
+    ("Deconvolution", (2, 64, 8, 8), 64, dict(kernel_size=3, pad=1), "")])            # forward: backward-data
+def test_forward_in_nhwc_backward_blocked_without_avx512_and_right(avx512, kind, shape, M, kw, on_avx2, monkeypatch):
+    """Without AVX-512 the forward of a 3x3 stride-1 Convolution with at most 784 output positions
+    or at least 256 outputs per group runs NHWC while its backward passes keep their layout
+    (``conv_onednn.forward_layout``); with it, and elsewhere, one layout. Both passes give ConvPlan's
+    float64 results, and the forward's output is the bytes of a Conv built in that layout alone."""
+    monkeypatch.setattr(conv_onednn, "_CPU", [("AuthenticAMD", avx512)])
+    ref, *want_out = _run(kind, shape, M, kw, np.float64)
+    layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
+    g = layer.dnn
+    assert g.forward_layout == ("" if avx512 else on_avx2)
+    assert g.layout == layout(layer.plan) and (g.forward_layout or g.layout) != "nchw"
+    n = shape[0]
+    assert g.conv(n, forward=True) is onednn.conv(n, g.channels, g.num_output, g.group, g.size, g.kernel, g.stride,
+                                                  g.pad, g.dilation, g.forward_layout or g.layout)
+    for w, v in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
+        np.testing.assert_allclose(w, v, rtol=1e-4, atol=1e-4 * np.abs(v).max())
+    if kind == "Convolution":
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        alone, y = onednn.conv(n, g.channels, g.num_output, g.group, g.size, g.kernel, g.stride, g.pad, g.dilation,
+                               g.forward_layout or g.layout), np.zeros_like(got[0])
+        alone.run("forward_bias", np.zeros(alone.nbytes("forward_bias"), np.uint8), x=x, w=layer.blobs[0].data, y=y,
+                  b=layer.blobs[1].data)
+        assert y.tobytes() == got[0].tobytes()
+
+
+@needs_onednn
 def test_a_strided_argument_is_refused():
     """oneDNN reads raw memory: a view with other strides must not reach it."""
     conv = onednn.conv(2, 4, 4, 1, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1))
@@ -563,7 +600,7 @@ def test_eltwise_sum_on_onednn_passes_the_gradient_checker():
 
 @needs_onednn
 @pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling", "nhwc",
-                                  "avx2-1x1"])
+                                  "avx2-1x1", "strided-1x1", "forward-nhwc", "dw-add"])
 def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
     """tools/bench_toggle.py switches one fast path off on every other iteration: it prints both
     forms' times and leaves the entry point it replaced as it found it (nhwc: on LeNet, whose data
@@ -577,7 +614,9 @@ def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
                    "binary": (onednn, "binary_for"), "relu": (onednn, "relu_for"), "sgd-step": (SGD, "step"),
                    "bn-scale": (onednn, "binary_for"),     # (bn-scale flips the net's own flags,
                    "pooling": (onednn, "pool"),             # pooling and nhwc build a second net)
-                   "nhwc": (conv_onednn, "layout"), "avx2-1x1": (conv_onednn, "layout")}[path]
+                   "nhwc": (conv_onednn, "layout"), "avx2-1x1": (conv_onednn, "layout"),
+                   "strided-1x1": (conv_onednn, "native"), "forward-nhwc": (conv_onednn, "forward_layout"),
+                   "dw-add": (onednn.Conv, "adds")}[path]
     before, cpu = getattr(owner, name), conv_onednn._cpu()
     net = ["--net", "prototxt/lenet_train_test.prototxt"] if path == "nhwc" else []
     assert bench_toggle.main(["--path", path, "--batch", "2", "--iterations", "1"] + net) == 0

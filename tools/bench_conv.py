@@ -189,8 +189,11 @@ def backends(np, torch, args):
             if have:
                 layer = sncaffe_layer(np, shape, N)
                 g = layer.dnn
-                kinds = (f"{g.layout}" + (f" (forward {g.forward_layout})" if g.forward_layout else "") + ": "
-                         + ", ".join(g.conv(N, kind == "forward").impl(kind) for kind in ("forward", "data", "weights")))
+                own = "".join(f", {k} {lay}" for k, lay in (("forward", g.forward_layout),
+                                                            ("weights", g.weights_layout)) if lay)
+                kinds = (f"{g.layout}" + (f" ({own[2:]})" if own else "") + ": "
+                         + ", ".join(g.conv(N, "" if kind == "data" else kind).impl(kind)
+                                     for kind in ("forward", "data", "weights")))
             print(f"{name:22s} {N:3d} {count:2d} | {ms} | {ratio}  {kinds}", flush=True)
         totals[net] = sums
     for net, sums in totals.items():

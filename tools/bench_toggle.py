@@ -34,6 +34,9 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   positions or many outputs in NHWC, their backward passes blocked (``conv_onednn.forward_layout``);
   off: every pass in the backward passes' layout. Two nets, as pooling
   (``--net prototxt/cifar10_resnet.prototxt --batch 128``);
+- ``weights-nchw``: on a CPU without AVX-512, the weight gradient of convolutions with many input
+  and output channels on NCHW (``conv_onednn.weights_layout``); off: in the input gradient's
+  layout. Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
 - ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
   layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
   off form's workspace holds the gradient), the switch also flipped at each iteration.
@@ -59,14 +62,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1",
-         "strided-1x1", "forward-nhwc", "dw-add"]
+         "strided-1x1", "forward-nhwc", "weights-nchw", "dw-add"]
 
 
 def _switch(path, net):
     """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
     from sncaffe.backend import onednn
     from sncaffe.solvers.update import SGD
-    if path in ("pooling", "nhwc", "avx2-1x1", "strided-1x1", "forward-nhwc"):  # two nets (main): nothing to switch
+    if path in ("pooling", "nhwc", "avx2-1x1", "strided-1x1", "forward-nhwc", "weights-nchw"):   # two nets (main)
         return (lambda: None), (lambda: None)
     if path in ("bn-scale", "eltwise-relu"):
         from sncaffe.graph import EltwiseReLU, Fusion
@@ -105,6 +108,7 @@ def _off_net(path):
                  lambda plan: conv_onednn.BLOCKED if conv_onednn.blocked(plan) else conv_onednn.NCHW),
         "strided-1x1": (conv_onednn, "native", lambda plan: False),
         "forward-nhwc": (conv_onednn, "forward_layout", lambda plan, chosen: ""),
+        "weights-nchw": (conv_onednn, "weights_layout", lambda plan, chosen: ""),
         "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),    # and switched each turn
     }.get(path)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import is_gpu, onednn
+from ..backend import threads as _threads
 
 WORKSPACE = "onednn"
 
@@ -37,11 +38,17 @@ class Geometry:
     layout: str             # of x and y in the kernels: NCHW (as given), BLOCKED (the kernels' own), NHWC
                             # (reorders through the workspace where not NCHW)
     forward_layout: str = ""    # a Convolution's forward pass, where it runs in another (``forward_layout``)
+    weights_layout: str = ""    # its weight gradient's pass on one thread, where another (``weights_layout``)
 
-    def conv(self, n, forward=False) -> onednn.Conv:
-        """The primitives at n images in the backward passes' layout (``forward``: the forward's)."""
+    def conv(self, n, kind="", one_thread=None) -> onednn.Conv:
+        """The primitives at n images in ``layout`` (the input gradient's pass), or in the layout of
+        the ``kind`` "forward" or "weights" pass (the latter's on a budget of one thread, or as if
+        ``one_thread``: the budget is read at each call)."""
+        own = self.forward_layout if kind == "forward" else ""
+        if kind == "weights" and self.weights_layout:
+            own = self.weights_layout if (_threads.current().threads == 1 if one_thread is None else one_thread) else ""
         return onednn.conv(n, self.channels, self.num_output, self.group, self.size, self.kernel, self.stride,
-                           self.pad, self.dilation, (forward and self.forward_layout) or self.layout)
+                           self.pad, self.dilation, own or self.layout)
 
     @property
     def weight_size(self):
@@ -63,7 +70,8 @@ def geometry(layer, plan, size):
     chosen = layout(plan)
     return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
                     (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), layout=chosen,
-                    forward_layout="" if layer.deconv else forward_layout(plan, chosen))
+                    forward_layout="" if layer.deconv else forward_layout(plan, chosen),
+                    weights_layout="" if layer.deconv else weights_layout(plan, chosen))
 
 
 NCHW, BLOCKED, NHWC = "nchw", "blocked", "nhwc"
@@ -134,6 +142,30 @@ def forward_layout(plan, chosen) -> str:
             or (plan.h.stride, plan.w.stride, plan.h.dilation, plan.w.dilation) != (1, 1, 1, 1):
         return ""
     return NHWC if plan.out_size <= 784 or plan.Mg >= 256 else ""
+
+
+def weights_layout(plan, chosen) -> str:
+    """The layout of a Convolution's weight-gradient pass on one thread, where it differs from
+    ``chosen`` (the input gradient's), else "": on a CPU without AVX-512, NCHW (oneDNN's GEMM kernel,
+    x and dy read as they are) for a layer with at least 256 input and 256 output channels per group.
+    On two threads the blocked kernels keep it (``Geometry.conv`` reads the budget at each call):
+    there the GEMM kernel gains less and NumPy's add of its gradient (one thread) costs more.
+    Measured
+    on an AMD EPYC with AVX2 (weights pass alone, reorders included, NCHW / blocked, medians of 9
+    interleaved runs, one thread): ResNet-50's 3x3 256 on 14x14 at batch 2 5.66 / 6.92 ms, at
+    batch 8 22.5 / 26.7, 512 on 7x7 6.00 / 8.01 and 22.1 / 28.3 (two threads, batch 2: 3.08 / 3.33
+    and 3.84 / 4.18), 256 on 28x28 0.91x, VGG's 512 on 14x14 0.81x, 1024 on 7x7 0.69x; its blocked
+    1x1s 1024 -> 256 on 14x14 2.34 / 2.60 (batch 8: 9.41 / 9.93), 512 -> 2048 and 2048 -> 512 on
+    7x7 2.35 / 2.86 and 2.41 / 2.89. With fewer channels the blocked kernels win: 128 on 28x28 1.06x,
+    128 on 14x14 and 7x7 0.93-1.01x, 64 on 8x8 1.20-1.27x, 128 -> 32 1.67-1.84x, 32 on 16x16 2.07x.
+    The gradient then comes out in OIHW and is added into the diff by NumPy (``backward``). Whole
+    net (``tools/bench_toggle.py --path weights-nchw``): ResNet-50 at batch 2 1.010x (twice), at
+    batch 8 1.015x on one thread; at batch 2 on two threads 0.980x, hence one thread only. The GEMM
+    kernel's gradient bits follow the thread count (the blocked kernels' do not), as a threaded
+    GEMM's may."""
+    if chosen == NCHW or _avx512() or plan.Cg < 256 or plan.Mg < 256:
+        return ""
+    return NCHW
 
 
 def blocked(plan) -> bool:
@@ -236,13 +268,15 @@ def workspace(layer, n):
     dw = onednn._round(4 * g.weight_size)
     # forward: a Deconvolution's is the backward-data pass
     forward = "data" if layer.deconv else "forward_bias" if layer.bias_term else "forward"
-    need = [g.conv(m, forward=True).nbytes(forward) for m in sizes]
+    need = [g.conv(m, "forward").nbytes(forward) for m in sizes]
     # backward: both passes' steps with dy's copy in the first slot (``backward``), after the
     # weight gradient's block where the reorder out of oneDNN's layout does not add it onto dw
     kind, shared = _PAIR[layer.deconv]
-    adds = {m: g.conv(m).adds(shared) for m in sizes}
-    need += [(0 if adds[m] else dw) + g.conv(m).nbytes(k, shared, adds[m])
-             for m in sizes for k in ("weights", kind)]
+    for m in sizes:
+        for one in (True, False) if g.weights_layout else (None,):     # either budget's weights pass
+            adds = g.conv(m, "weights", one).adds(shared)
+            need += [(0 if adds else dw) + (g.conv(m, "weights", one) if k == "weights" else g.conv(m)).nbytes(
+                k, shared, adds) for k in ("weights", kind)]
     return {WORKSPACE: ((max(need),), np.uint8)}
 
 
@@ -254,8 +288,9 @@ _PAIR = {False: ("data", "y"), True: ("forward", "x")}
 
 def backward(layer, dy, x, dx):
     """Backward of Convolution or Deconvolution, block by block: dw += the block's weight gradient
-    (blocks in image order), then the block's input gradient. Both passes read dy: it is
-    reordered into the kernels' layout once for the two (``onednn.Conv.run_two``). Where oneDNN
+    (blocks in image order), then the block's input gradient. Both passes read dy: where they run
+    in one layout it is reordered into it once for the two (``onednn.Conv.run_two``; else each pass
+    takes its own, ``weights_layout``). Where oneDNN
     keeps the weight gradient in its own layout (the blocked and NHWC kernels), its reorder out
     adds it into dw (``onednn.Conv.adds``: the bits of ``dw += gradient``, without the gradient
     written to a buffer and read again); else it is written into the workspace's first slot and
@@ -267,8 +302,8 @@ def backward(layer, dy, x, dx):
     other = "x" if name == "y" else "y"
     dw = layer.blobs[0].diff
     for s in _blocks(layer, dy.shape[0]):
-        conv = g.conv(s.stop - s.start)
-        adds = conv.adds(name)
+        conv, wconv = g.conv(s.stop - s.start), g.conv(s.stop - s.start, "weights")
+        adds = wconv.adds(name)
         if adds:
             target, rest = dw, ws
         else:       # the weight gradient's block buffer first, the passes' workspace after it
@@ -276,25 +311,27 @@ def backward(layer, dy, x, dx):
             rest = ws[onednn._round(4 * g.weight_size):]
         weights = ("weights", {other: x[s], "w": target})
         data = (kind, {other: dx[s], "w": w}) if dx is not None else None
-        if learn and data:
+        if learn and data and wconv is conv:
             conv.run_two(rest, weights, data, name, dy[s], accumulate=adds)
-        elif learn or data:
-            one_kind, arrays = weights if learn else data
-            conv.run(one_kind, rest, name, adds, **{name: dy[s]}, **arrays)
+        else:           # one pass, or each in its own layout (``weights_layout``), each reordering dy
+            for one, todo in ((wconv, weights if learn else None), (conv, data)):
+                if todo is not None:
+                    one.run(todo[0], rest, name, adds, **{name: dy[s]}, **todo[1])
         if learn and not adds:
             dw += target
 
 
-def _run(layer, kind, x, y, b=None, forward=False):
-    """One primitive over the chunk, block by block (x: image side, y: grid side)."""
+def _run(layer, kind, x, y, b=None, own=""):
+    """One primitive over the chunk, block by block (x: image side, y: grid side), in the layout
+    of the ``own`` pass (``Geometry.conv``)."""
     g, ws, w = layer.dnn, layer.workspace[WORKSPACE], layer.blobs[0].data
     for s in _blocks(layer, x.shape[0]):
-        g.conv(s.stop - s.start, forward).run(kind, ws, x=x[s], w=w, y=y[s], b=b)
+        g.conv(s.stop - s.start, own).run(kind, ws, x=x[s], w=w, y=y[s], b=b)
 
 
 def conv_forward(layer, x, y):
     bias = layer.blobs[1].data if layer.bias_term else None
-    _run(layer, "forward" if bias is None else "forward_bias", x, y, bias, forward=True)
+    _run(layer, "forward" if bias is None else "forward_bias", x, y, bias, own="forward")
 
 
 def deconv_forward(layer, x, y):

@@ -355,7 +355,7 @@ def test_forward_in_nhwc_backward_blocked_without_avx512_and_right(avx512, kind,
     assert g.forward_layout == ("" if avx512 else on_avx2)
     assert g.layout == layout(layer.plan) and (g.forward_layout or g.layout) != "nchw"
     n = shape[0]
-    assert g.conv(n, forward=True) is onednn.conv(n, g.channels, g.num_output, g.group, g.size, g.kernel, g.stride,
+    assert g.conv(n, "forward") is onednn.conv(n, g.channels, g.num_output, g.group, g.size, g.kernel, g.stride,
                                                   g.pad, g.dilation, g.forward_layout or g.layout)
     for w, v in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
         np.testing.assert_allclose(w, v, rtol=1e-4, atol=1e-4 * np.abs(v).max())
@@ -366,6 +366,47 @@ def test_forward_in_nhwc_backward_blocked_without_avx512_and_right(avx512, kind,
         alone.run("forward_bias", np.zeros(alone.nbytes("forward_bias"), np.uint8), x=x, w=layer.blobs[0].data, y=y,
                   b=layer.blobs[1].data)
         assert y.tobytes() == got[0].tobytes()
+
+
+@needs_onednn
+@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("kind, shape, M, kw, on_avx2", [
+    ("Convolution", (2, 256, 3, 3), 256, dict(kernel_size=3, pad=1), "nchw"),         # res4-5's 3x3s
+    ("Convolution", (2, 256, 2, 2), 256, dict(kernel_size=1), "nchw"),                # a blocked 1x1
+    ("Convolution", (1, 128, 3, 3), 256, dict(kernel_size=3, pad=1), ""),             # 128 inputs
+    ("Convolution", (1, 256, 3, 3), 128, dict(kernel_size=3, pad=1), ""),             # 128 outputs
+    ("Convolution", (1, 256, 9, 9), 256, dict(kernel_size=1), ""),                    # an NCHW 1x1
+    ("Deconvolution", (1, 256, 3, 3), 256, dict(kernel_size=3, pad=1), "")])
+def test_weight_gradient_in_nchw_with_many_channels_without_avx512(avx512, kind, shape, M, kw, on_avx2,
+                                                                  monkeypatch):
+    """Without AVX-512 and on one thread a Convolution with at least 256 input and output channels
+    per group takes its weight gradient on NCHW (``conv_onednn.weights_layout``) while its input
+    gradient keeps its layout; with it, or on two threads, one layout. ConvPlan's float64 results
+    either way, and the weight gradient is the bytes of a Conv built on NCHW alone (added onto the
+    zeroed diff)."""
+    from sncaffe.backend import threads
+    monkeypatch.setattr(conv_onednn, "_CPU", [("AuthenticAMD", avx512)])
+    monkeypatch.setattr(threads, "_decision", threads.Decision(1, 2, "--threads"))
+    ref, *want_out = _run(kind, shape, M, kw, np.float64)
+    layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
+    g = layer.dnn
+    assert g.weights_layout == ("" if avx512 else on_avx2)
+    assert g.layout == layout(layer.plan) != g.weights_layout
+    for w, v in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
+        np.testing.assert_allclose(w, v, rtol=1e-4, atol=1e-4 * np.abs(v).max())
+    if g.weights_layout:
+        n = shape[0]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        dy = np.random.default_rng(1).standard_normal(got[0].shape).astype(np.float32)
+        alone, dw = onednn.conv(n, g.channels, g.num_output, g.group, g.size, g.kernel, g.stride, g.pad, g.dilation,
+                                "nchw"), np.zeros_like(got[2][0])
+        assert g.conv(n, "weights") is alone and g.conv(n) is not alone
+        alone.run("weights", np.zeros(alone.nbytes("weights"), np.uint8), x=x, w=dw, y=dy)
+        assert dw.tobytes() == got[2][0].tobytes()
+        monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
+        assert g.conv(n, "weights") is g.conv(n) and g.conv(n).threads == 2
+        assert g.conv(n, "weights", one_thread=True).threads == 2      # as if one: NCHW, on the budget's team
+        assert g.conv(n, "weights", one_thread=True) is not g.conv(n)
 
 
 @needs_onednn
@@ -600,7 +641,7 @@ def test_eltwise_sum_on_onednn_passes_the_gradient_checker():
 
 @needs_onednn
 @pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling", "nhwc",
-                                  "avx2-1x1", "strided-1x1", "forward-nhwc", "dw-add"])
+                                  "avx2-1x1", "strided-1x1", "forward-nhwc", "weights-nchw", "dw-add"])
 def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
     """tools/bench_toggle.py switches one fast path off on every other iteration: it prints both
     forms' times and leaves the entry point it replaced as it found it (nhwc: on LeNet, whose data
@@ -616,6 +657,7 @@ def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
                    "pooling": (onednn, "pool"),             # pooling and nhwc build a second net)
                    "nhwc": (conv_onednn, "layout"), "avx2-1x1": (conv_onednn, "layout"),
                    "strided-1x1": (conv_onednn, "native"), "forward-nhwc": (conv_onednn, "forward_layout"),
+                   "weights-nchw": (conv_onednn, "weights_layout"),
                    "dw-add": (onednn.Conv, "adds")}[path]
     before, cpu = getattr(owner, name), conv_onednn._cpu()
     net = ["--net", "prototxt/lenet_train_test.prototxt"] if path == "nhwc" else []

@@ -139,7 +139,7 @@ def test_weight_gradient_added_by_the_reorder_gives_numpys_add(blocks, monkeypat
         layer.backward(h.top, [True], h.bottom)
         assert layer.blobs[0].diff.tobytes() != before.tobytes()
         assert layer.reduce_block == 1 if blocks == 2 else layer.reduce_block >= shape[0]
-        adds = layer.dnn.conv(min(layer.reduce_block, shape[0])).adds("y" if kind == "Convolution" else "x")
+        adds = layer.dnn.conv(min(layer.reduce_block, shape[0]), "weights").adds("y" if kind == "Convolution" else "x")
         return layer.blobs[0].diff.tobytes(), h.bottom[0].diff.tobytes(), adds
 
     if blocks == 2:

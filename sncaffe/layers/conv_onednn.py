@@ -46,7 +46,8 @@ class Geometry:
         ``one_thread``: the budget is read at each call)."""
         own = self.forward_layout if kind == "forward" else ""
         if kind == "weights" and self.weights_layout:
-            own = self.weights_layout if (_threads.current().threads == 1 if one_thread is None else one_thread) else ""
+            one = _threads.current().threads == 1 if one_thread is None else one_thread
+            own = self.weights_layout if one else ""
         return onednn.conv(n, self.channels, self.num_output, self.group, self.size, self.kernel, self.stride,
                            self.pad, self.dilation, own or self.layout)
 
@@ -150,8 +151,7 @@ def weights_layout(plan, chosen) -> str:
     x and dy read as they are) for a layer with at least 256 input and 256 output channels per group.
     On two threads the blocked kernels keep it (``Geometry.conv`` reads the budget at each call):
     there the GEMM kernel gains less and NumPy's add of its gradient (one thread) costs more.
-    Measured
-    on an AMD EPYC with AVX2 (weights pass alone, reorders included, NCHW / blocked, medians of 9
+    Measured on an AMD EPYC with AVX2 (weights pass alone, reorders included, NCHW / blocked, medians of 9
     interleaved runs, one thread): ResNet-50's 3x3 256 on 14x14 at batch 2 5.66 / 6.92 ms, at
     batch 8 22.5 / 26.7, 512 on 7x7 6.00 / 8.01 and 22.1 / 28.3 (two threads, batch 2: 3.08 / 3.33
     and 3.84 / 4.18), 256 on 28x28 0.91x, VGG's 512 on 14x14 0.81x, 1024 on 7x7 0.69x; its blocked
@@ -159,7 +159,7 @@ def weights_layout(plan, chosen) -> str:
     7x7 2.35 / 2.86 and 2.41 / 2.89. With fewer channels the blocked kernels win: 128 on 28x28 1.06x,
     128 on 14x14 and 7x7 0.93-1.01x, 64 on 8x8 1.20-1.27x, 128 -> 32 1.67-1.84x, 32 on 16x16 2.07x.
     The gradient then comes out in OIHW and is added into the diff by NumPy (``backward``). Whole
-    net (``tools/bench_toggle.py --path weights-nchw``): ResNet-50 at batch 2 1.010x (twice), at
+    net (``tools/bench_toggle.py --path weights-nchw``): ResNet-50 at batch 2 1.010x (three runs), at
     batch 8 1.015x on one thread; at batch 2 on two threads 0.980x, hence one thread only. The GEMM
     kernel's gradient bits follow the thread count (the blocked kernels' do not), as a threaded
     GEMM's may."""
@@ -274,9 +274,10 @@ def workspace(layer, n):
     kind, shared = _PAIR[layer.deconv]
     for m in sizes:
         for one in (True, False) if g.weights_layout else (None,):     # either budget's weights pass
-            adds = g.conv(m, "weights", one).adds(shared)
-            need += [(0 if adds else dw) + (g.conv(m, "weights", one) if k == "weights" else g.conv(m)).nbytes(
-                k, shared, adds) for k in ("weights", kind)]
+            wconv = g.conv(m, "weights", one)
+            adds = wconv.adds(shared)
+            need += [(0 if adds else dw) + wconv.nbytes("weights", shared, adds),
+                     (0 if adds else dw) + g.conv(m).nbytes(kind, shared, adds)]
     return {WORKSPACE: ((max(need),), np.uint8)}
 
 

@@ -10,7 +10,13 @@ With --backends: per shape (ResNet-50's at --batch, CIFAR ResNet-20's at --cifar
 forward + both backward passes of the layer on oneDNN (backend/onednn.py, layouts of the
 kernels' choice), on oneDNN with NCHW arguments, on sncaffe's own ConvPlan, and torch's.
 
-    .venv/bin/python tools/bench_conv.py [--threads 1] [--repeat 3] [--batch 8] [--quick] [--backends]
+With --passes: per shape (the same nets) each pass alone (forward, backward-data,
+backward-weights) on oneDNN in each layout of x and y (NCHW as given, the blocked kernels', NHWC;
+reorders through the workspace included), the runs interleaved, and the layout sncaffe's layer
+takes for that pass at this thread count (``conv_onednn.layout``, ``forward_layout``,
+``weights_layout``; "native": sncaffe's ConvPlan).
+
+    .venv/bin/python tools/bench_conv.py [--threads 1] [--repeat 3] [--batch 8] [--quick] [--backends | --passes]
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ def parse_args():
     ap.add_argument("--only", default="", help="run shapes whose name contains this")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--backends", action="store_true", help="oneDNN, oneDNN on NCHW, ConvPlan and torch")
+    ap.add_argument("--passes", action="store_true", help="each pass alone on oneDNN in each layout")
     ap.add_argument("--cifar-batch", type=int, default=128)
     ap.add_argument("--lenet-batch", type=int, default=64)
     return ap.parse_args()
@@ -153,6 +160,58 @@ def onednn_plain(np, shape, N, layout="nchw"):
                     conv.run("weights", ws, x=x, w=dw, y=y))
 
 
+LAYOUTS = ("nchw", "blocked", "nhwc")
+PASSES = ("forward", "data", "weights")
+
+
+def pass_functions(np, shape, N):
+    """{(layout, pass): function running that pass of ``shape`` alone on oneDNN in that layout}."""
+    from sncaffe.backend import onednn
+    _, C, M, H, k, s, p, bias, _ = shape
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((N, C, H, H), dtype=np.float32), rng.standard_normal((M, C, k, k), dtype=np.float32)
+    Ho = (H + 2 * p - k) // s + 1
+    dy = rng.standard_normal((N, M, Ho, Ho), dtype=np.float32)
+    y, dx, dw = np.zeros_like(dy), np.zeros_like(x), np.zeros_like(w)
+    fns = {}
+    for lay in LAYOUTS:
+        conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), layout=lay)
+        ws = np.zeros(max(conv.nbytes(kind) for kind in PASSES), np.uint8)
+        args = {"forward": dict(x=x, w=w, y=y), "data": dict(x=dx, w=w, y=dy), "weights": dict(x=x, w=dw, y=dy)}
+        for kind in PASSES:
+            fns[lay, kind] = lambda conv=conv, ws=ws, kind=kind, a=args[kind]: conv.run(kind, ws, **a)
+    return fns
+
+
+def passes(np, args):
+    """The --passes table: per shape and pass, ms in each layout and the one sncaffe takes."""
+    from sncaffe.backend import onednn
+    if onednn.choice() != "onednn":
+        raise SystemExit("--passes needs oneDNN (SNCAFFE_CONV=native, or the library is not installed)")
+    repeat = 1 if args.quick else args.repeat
+    head = f"{'shape':22s} {'n':>3s} {'x':>2s} | " + " | ".join(
+        f"{kind:7s} {'/'.join(LAYOUTS)} ms, taken" for kind in PASSES)
+    print(head + "\n" + "-" * len(head))
+    for shapes, N in ((LENET, args.lenet_batch), (CIFAR, args.cifar_batch), (SHAPES, args.batch)):
+        for shape in shapes:
+            name, C, M, H, k, s, p, bias, count = shape
+            if args.only not in name:
+                continue
+            fns = pass_functions(np, shape, N)
+            keys = list(fns)
+            times = dict(zip(keys, best_times([fns[key] for key in keys], repeat)))
+            g = sncaffe_layer(np, shape, N).dnn
+            cells = []
+            for kind in PASSES:
+                taken = "native"
+                if g is not None:
+                    mine = g.conv(N, "" if kind == "data" else kind)
+                    taken = next(lay for lay in LAYOUTS if mine is onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s),
+                                                                               (p, p), (1, 1), layout=lay))
+                cells.append(" / ".join(f"{times[lay, kind] * 1e3:.2f}" for lay in LAYOUTS) + f", {taken}")
+            print(f"{name:22s} {N:3d} {count:2d} | " + " | ".join(cells), flush=True)
+
+
 def backends(np, torch, args):
     """The --backends table: fwd+bwd ms per shape on each path, and the weighted totals."""
     from sncaffe.backend import onednn
@@ -228,8 +287,8 @@ def main():
     from sncaffe.backend.blas import BLAS
     print(f"fp32 GEMM (2048^3, {BLAS.describe()}): {rate:.1f} GFLOP/s")
     print(f"torch {torch.__version__}" if torch else "torch: not importable, sncaffe only")
-    if args.backends:
-        backends(np, torch, args)
+    if args.backends or args.passes:
+        (passes(np, args) if args.passes else backends(np, torch, args))
         print("load average %.2f %.2f %.2f" % os.getloadavg())
         return
     head = f"{'shape':22s} {'n':>2s} | {'fwd ms':>7s} {'GF/s':>5s} {'%gemm':>5s} | {'bwdD ms':>7s} {'GF/s':>5s} " \

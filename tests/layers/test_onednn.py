@@ -670,6 +670,23 @@ def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
 
 
 @needs_onednn
+def test_bench_conv_passes_times_each_layout_and_names_the_one_taken(capsys):
+    """tools/bench_conv.py --passes: each pass of a shape in NCHW, blocked and NHWC, and the layout
+    sncaffe's layer takes for it (LeNet's conv2: NHWC in every pass, its outputs not a multiple of 8)."""
+    import sys
+    from types import SimpleNamespace
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_conv
+    bench_conv.passes(np, SimpleNamespace(only="lenet 5x5 20>50", quick=True, repeat=1, lenet_batch=2,
+                                          cifar_batch=2, batch=1))
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("lenet 5x5 20>50")]
+    assert len(row) == 1
+    cells = row[0].split("|")[1:]
+    assert len(cells) == 3 and all(c.strip().endswith(", nhwc") and c.count(" / ") == 2 for c in cells), row
+
+
+@needs_onednn
 @pytest.mark.parametrize("full, posts", [(False, ((onednn.ADD, True),)), (True, ((onednn.ADD, False),)),
                                          (False, ((onednn.SUB, True), (onednn.DIV, False)))])
 def test_binary_takes_src1_and_each_post_operand_in_its_own_shape(full, posts):

@@ -147,24 +147,15 @@ def torch_passes(torch, shape, N):
 def onednn_plain(np, shape, N, layout="nchw"):
     """forward + both backward passes on oneDNN with x and y in ``layout`` in the kernels (NCHW: no
     reorders; "blocked", "nhwc": reordered through the workspace), one function."""
-    from sncaffe.backend import onednn
-    _, C, M, H, k, s, p, bias, _ = shape
-    conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), layout=layout)
-    rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((N, C, H, H), dtype=np.float32), rng.standard_normal((M, C, k, k), dtype=np.float32)
-    Ho = (H + 2 * p - k) // s + 1
-    y = np.zeros((N, M, Ho, Ho), np.float32)
-    dx, dw = np.zeros_like(x), np.zeros_like(w)
-    ws = np.zeros(max(conv.nbytes(kind) for kind in ("forward", "data", "weights")), np.uint8)
-    return lambda: (conv.run("forward", ws, x=x, w=w, y=y), conv.run("data", ws, x=dx, w=w, y=y),
-                    conv.run("weights", ws, x=x, w=dw, y=y))
+    fns = pass_functions(np, shape, N, (layout,))
+    return lambda: [fns[layout, kind]() for kind in PASSES]
 
 
 LAYOUTS = ("nchw", "blocked", "nhwc")
 PASSES = ("forward", "data", "weights")
 
 
-def pass_functions(np, shape, N):
+def pass_functions(np, shape, N, layouts=LAYOUTS):
     """{(layout, pass): function running that pass of ``shape`` alone on oneDNN in that layout}."""
     from sncaffe.backend import onednn
     _, C, M, H, k, s, p, bias, _ = shape
@@ -174,7 +165,7 @@ def pass_functions(np, shape, N):
     dy = rng.standard_normal((N, M, Ho, Ho), dtype=np.float32)
     y, dx, dw = np.zeros_like(dy), np.zeros_like(x), np.zeros_like(w)
     fns = {}
-    for lay in LAYOUTS:
+    for lay in layouts:
         conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), layout=lay)
         ws = np.zeros(max(conv.nbytes(kind) for kind in PASSES), np.uint8)
         args = {"forward": dict(x=x, w=w, y=y), "data": dict(x=dx, w=w, y=dy), "weights": dict(x=x, w=dw, y=dy)}

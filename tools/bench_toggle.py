@@ -66,11 +66,10 @@ PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-s
 
 
 def _switch(path, net):
-    """(on, off): two callables that put the path's entry point back or replace it by 'never'."""
+    """(on, off): two callables that put the path's entry point back or replace it by 'never'; for
+    a path whose two forms are only two nets (``_off_net``), nothing to switch."""
     from sncaffe.backend import onednn
     from sncaffe.solvers.update import SGD
-    if path in ("pooling", "nhwc", "avx2-1x1", "strided-1x1", "forward-nhwc", "weights-nchw"):   # two nets (main)
-        return (lambda: None), (lambda: None)
     if path in ("bn-scale", "eltwise-relu"):
         from sncaffe.graph import EltwiseReLU, Fusion
         kind = Fusion if path == "bn-scale" else EltwiseReLU
@@ -87,7 +86,9 @@ def _switch(path, net):
         "binary": (onednn, "binary_for", lambda *a, **k: None),
         "relu": (onednn, "relu_for", lambda *a, **k: None),
         "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),
-    }[path]
+    }.get(path, (None, None, None))
+    if owner is None:
+        return (lambda: None), (lambda: None)
     real = getattr(owner, name)
     return (lambda: setattr(owner, name, real)), (lambda: setattr(owner, name, never))
 

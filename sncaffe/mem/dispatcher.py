@@ -46,13 +46,14 @@ from __future__ import annotations
 import sys
 import time
 from bisect import bisect_left, bisect_right, insort
+from functools import partial
 from operator import itemgetter
 from queue import SimpleQueue
 
 from ..trace import Span
 from .executor import SerialExecutor, workspace_names
 from .liveness import op_tensors
-from .parts import Later
+from .parts import Later, armed
 from .streams import Event, Stream
 
 
@@ -103,6 +104,48 @@ def _static(op):
         rw += [(id(t.root), True) for t in op.writes if t.kind == "workspace"]
         cached = op.__dict__["_dispatch"] = (rw, [id(r) for r, _ in op_tensors(op)], Dispatcher._where(op))
     return cached
+
+
+class _Recording:
+    """A pass of ``Dispatcher._programs`` written down, to be replayed on the next passes of the
+    same schedule: the issuing thread's Python (its walk of about 400 instructions an iteration for
+    two replicas of a small net, the split operators' parts, the events) competes for the GIL with
+    the workers. Each step: its stream, its fn, the indices of the events it waits for, the index
+    of its own (or -1). It fits a later pass while the schedule's compiled entries are the same
+    object and every layer's ``split_op`` is the one it was (mem/parts.py: the parts are then the
+    same); not where a step waits for an event from outside the pass. A collective's step keeps
+    how to make its run (``make``): it takes its arrays and a token as it is issued."""
+
+    def __init__(self, entries):
+        self.entries = entries
+        self.splits = [(e[5], getattr(e[5], "split_op", None)) for e in entries if e is not None and e[5] is not None]
+        self.steps, self.index = [], {}
+        self.events = self.logged = 0
+
+    def add(self, stream, fn, deps, event, meta=None, make=None):
+        if event is not None:
+            self.index[id(event)] = len(self.index)
+        timeout, on_timeout = (meta[4], meta[5]) if meta is not None else (None, None)
+        self.steps.append((stream, fn, deps, event, timeout, on_timeout, make))
+
+    def finish(self, logged) -> bool:
+        """Whether the pass can be replayed: every event it waited for was its own (a ``Later``,
+        bound by now, counting as the one bound to it)."""
+        index, steps = self.index, []
+        for stream, fn, deps, event, timeout, on_timeout, make in self.steps:
+            at = []
+            for d in deps:
+                i = index.get(id(d.event if isinstance(d, Later) else d))
+                if i is None:
+                    return False
+                at.append(i)
+            steps.append((stream, fn, tuple(at), -1 if event is None else index[id(event)], timeout, on_timeout,
+                          make))
+        self.steps, self.events, self.logged, self.index = steps, len(index), logged, None
+        return True
+
+    def fits(self, entries) -> bool:
+        return entries is self.entries and all(getattr(layer, "split_op", None) is s for layer, s in self.splits)
 
 
 class Dispatcher(SerialExecutor):
@@ -420,6 +463,7 @@ class Dispatcher(SerialExecutor):
     # general path's hand-offs (an event, a queue entry, a binding and the issuing thread's
     # bookkeeping per operator) cost more than a small net's operators on two cores.
     programs = True         # False: every schedule on the general path (benchmarks switch it)
+    replay = True           # False: every pass of a program walks its schedule (see _Recording)
     PROGRAM_KINDS = frozenset(("alloc", "free", "run", "collective"))
 
     def _programmable(self, instrs) -> bool:
@@ -455,9 +499,17 @@ class Dispatcher(SerialExecutor):
         compute = {location: d.stream("compute") for location, d in self.devices.items()}
         shared, entries = self._compiled(instrs, compute)
         every = self.record is not None or self.trace is not None      # every operator's span wanted
-        queues, made, laters = {}, [], []
         workers = {id(s) for s in compute.values()}
+        recording = None
+        if not every and self.replay:
+            replays = self.__dict__.setdefault("_replays", {})
+            done = replays.get(id(entries))
+            if done is not None and done.fits(entries):
+                return self._replay(done, workers)
+            recording = _Recording(entries)
+        queues, made, laters = {}, [], []
         writer, readers = {}, {}
+        issued = self._issue_index
 
         def order(rw, sid, event):
             """The events of other streams' steps a step touching ``rw`` waits for; it becomes
@@ -476,7 +528,7 @@ class Dispatcher(SerialExecutor):
                     readers.setdefault(key, []).append((event, sid))
             return deps
 
-        def step(stream, rw, after, fn, event, meta=None):
+        def step(stream, rw, after, fn, event, meta=None, make=None):
             sid = id(stream)
             if after:
                 laters.extend(d for d in after if isinstance(d, Later))
@@ -485,6 +537,8 @@ class Dispatcher(SerialExecutor):
             deps = list(after) + order(rw, sid, event) if event is not None else list(after)
             if meta is not None and event is not None:
                 self._log(meta[0], meta[1], meta[2], event, meta[3])
+            if recording is not None:
+                recording.add(stream, fn, deps, event, meta, make)
             if sid in workers:
                 q = queues.get(sid)
                 if q is None:
@@ -507,16 +561,17 @@ class Dispatcher(SerialExecutor):
                             q = queues.get(id(stream))
                             if q is not None:
                                 q.put((fn, (), None))
+                                if recording is not None:
+                                    recording.add(stream, fn, (), None)
                                 continue
                         step(stream, rw, (), fn, None, meta)
                         continue
                 if ins.kind == "collective":
                     op = ins.op
-                    arrays = [self._array(id(t.root)) for t in op.tensors]
-                    token = op.before(None)
                     step(self.stream(op.location, "comm"), [(id(t.root), True) for t in op.tensors], (),
-                         lambda op=op, arrays=arrays, token=token: op.run(arrays, token), Event(),
-                         (op.location, "comm", op.name, op.nbytes, op.timeout, op.timed_out))
+                         self._collective_run(op), Event(),
+                         (op.location, "comm", op.name, op.nbytes, op.timeout, op.timed_out),
+                         partial(self._collective_run, op))
                 else:
                     self._program_run(ins, step, compute)
         except BaseException as exc:    # what was handed out finds its events failed, and an
@@ -534,6 +589,50 @@ class Dispatcher(SerialExecutor):
         finally:
             for q in queues.values():
                 q.put(None)
+        if recording is not None and recording.finish(self._issue_index - issued):
+            if len(replays) > 8:
+                replays.clear()
+            replays[id(entries)] = recording
+
+    def _collective_run(self, op):
+        """A collective's run as it is issued: its arrays then, and its token (``before``)."""
+        arrays = [self._array(id(t.root)) for t in op.tensors]
+        token = op.before(None)
+        return lambda: op.run(arrays, token)
+
+    def _replay(self, rec, workers):
+        """A pass of ``rec``'s schedule as its recorded pass issued it (``_Recording``): fresh
+        events, the same steps to the same queues and streams, each waiting for the events of the
+        same steps."""
+        events = [Event() for _ in range(rec.events)]
+        queues = {}
+        try:
+            for stream, fn, deps, at, timeout, on_timeout, make in rec.steps:
+                if make is not None:            # a collective: its arrays and token, now
+                    fn = make()
+                event = events[at] if at >= 0 else None
+                deps = [events[i] for i in deps] if deps else ()
+                sid = id(stream)
+                if sid in workers:
+                    q = queues.get(sid)
+                    if q is None:
+                        q = queues[sid] = SimpleQueue()
+                        self._issued.append((stream.submit(lambda q=q: self._run_program(q.get)), None, None))
+                    q.put((fn, deps, event))
+                else:
+                    event = stream.submit(fn, deps, event)
+                    self._issued.append((event, timeout, on_timeout))
+                    self._pending(event)
+        except BaseException as exc:
+            for event in events:
+                if not event.done:
+                    event.error = exc
+                    event.set()
+            raise
+        finally:
+            for q in queues.values():
+                q.put(None)
+        self._issue_index += rec.logged
 
     def _compiled(self, instrs, compute) -> tuple:
         """What issuing ``instrs`` takes that stays the same from one pass to the next, kept for
@@ -594,14 +693,16 @@ class Dispatcher(SerialExecutor):
         for part in parts:         # as _parts: the operator itself, its later stages, exchanges
             fn, stream = part.fn, part.stream
             if fn is None:
-                fn, stream = work, kind
+                fn, stream = armed(work, part.arm), kind
             elif part.touches:
-                def fn(f=part.fn):
+                def fn(f=armed(part.fn, part.arm)):
                     layer.workspace = {k: arrays[id(t)] for k, t in names.items()}
                     try:
                         f()
                     finally:
                         layer.workspace = {}
+            elif part.arm is not None:
+                fn = armed(fn, part.arm)
             at, event = part.location or location, Event()
             there, after = self.stream(at, stream), part.after
             if part.touches and there is not own:   # between the steps before and after it on its own
@@ -697,15 +798,17 @@ class Dispatcher(SerialExecutor):
         for part in parts:
             fn, stream = part.fn, part.stream
             if fn is None:
-                fn, stream = work, kind
+                fn, stream = armed(work, part.arm), kind
             elif part.touches:
-                def fn(f=part.fn):
+                def fn(f=armed(part.fn, part.arm)):
                     bind()
                     layer.workspace = ws
                     try:
                         f()
                     finally:
                         layer.workspace = {}
+            elif part.arm is not None:
+                fn = armed(fn, part.arm)
             event = self.issue(part.location or location, stream, part.name or name, rw if part.touches else [],
                                fn, nbytes if part.fn is None else None, asynchronous=not part.touches,
                                waited=waited, after=part.after)

@@ -8,6 +8,11 @@ stream. A part that ``touches`` the operator's tensors waits for their events an
 writer, as the operator would; one that does not (an exchange) waits only for ``after``. A part
 may wait for an operator that is issued later (the exchange after the last replica's sums): a
 ``Later`` stands for its event until it is bound.
+
+The parts of an operator must be the same from one pass to the next while ``split_op`` is the
+same object: the dispatcher may replay an earlier pass's parts without asking again
+(mem/dispatcher.py, ``_Recording``). What must happen on every pass goes in a part's ``arm``,
+which runs on its stream just before it.
 """
 from __future__ import annotations
 
@@ -27,6 +32,19 @@ class Part:
     touches: bool = True            # the operator's tensors: bound before fn, their events its own;
     #                                 False: asynchronous, even where the operators run on the calling thread
     issued: object = None           # callable(event), once it is issued
+    arm: object = None              # callable() run on the part's stream just before it (its fn None:
+    #                                 before the operator), every pass, replayed ones included
+
+
+def armed(fn, arm):
+    """``fn`` preceded by ``arm`` (a Part's), or ``fn`` itself where there is none."""
+    if arm is None:
+        return fn
+
+    def run():
+        arm()
+        fn()
+    return run
 
 
 class Later:

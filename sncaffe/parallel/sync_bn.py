@@ -66,6 +66,9 @@ class CrossReplicaBatchNorm:
         self.totals = np.zeros((2, first.view[1]), dtype)      # the reduced sums (C,) of this exchange
         self.location = first.param.location                  # exchanges on its stream ``stream``
         self._passes = {}
+        # set on the replica's worker just before its forward (backward), which then runs its
+        # first stage only (and clears it)
+        self._arms = [lambda layer=layer: setattr(layer, "first_stage", True) for layer in self.layers]
         for i, layer in enumerate(self.layers):
             layer.count = count                     # the replicas' batch: its mean and unbiased variance
             layer.sync = self
@@ -90,9 +93,8 @@ class CrossReplicaBatchNorm:
         last = len(p.issued) == len(self.nodes)
         if last:
             del self._passes[kind]              # the next pass starts afresh
-        node.layer.first_stage = True           # its forward (backward) runs the first stage only
         stages = STAGES[kind]
-        parts = [Part(issued=p.done[0].append)]
+        parts = [Part(issued=p.done[0].append, arm=self._arms[i])]     # its operator: the first stage only
         for k in range(1, len(stages)):
             if last:
                 parts.append(Part(f"exchange {self.name}'s {SUMMED[kind][k - 1]}", self._exchange(kind, k - 1),

@@ -201,3 +201,73 @@ def test_a_failure_between_two_replicas_splits_does_not_leave_an_exchange_waited
         layer.split_op = real
     solver.step(1)                  # and the next iteration runs
     reps.close()
+
+
+def _params(net):
+    return {(name, k): b.data.copy() for name, blobs in net.params.items() for k, b in enumerate(blobs)}
+
+
+def test_a_replayed_pass_gives_the_walked_passes_bits_until_its_operators_split_otherwise():
+    """From the second pass of a schedule on, its programs are replayed from the first pass's
+    recording (mem/dispatcher.py, _Recording): the same weights, running statistics and history
+    as walking every pass. Once the cross-replica BatchNorms are detached (their operators no
+    longer split), the recording no longer fits: the next passes are walked again, and give the
+    bits of a walked run detached at the same iteration."""
+    runs = []
+    for replay in (True, False):
+        solver = make_solver(True)
+        reps = Replicas(solver)
+        ex = solver.net.executor
+        ex.replay = replay
+        replays = []
+        real = ex._replay
+        ex._replay = lambda rec, workers: (replays.append(rec), real(rec, workers))
+        solver.step(2)
+        assert (len(replays) == 2) == replay            # iteration 2's forward and backward
+        for bn in reps.batch_norms:
+            bn.detach()
+        before = len(replays)
+        solver.step(1)
+        assert len(replays) == before                   # detached: walked, and recorded anew
+        solver.step(1)
+        assert (len(replays) == before + 2) == replay
+        runs.append((_params(solver.net), [h.copy() for h in solver.history]))
+        reps.close()
+    (a, ha), (b, hb) = runs
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+    assert all(np.array_equal(x, y) for x, y in zip(ha, hb))
+
+
+def test_a_failure_while_a_pass_is_replayed_is_raised_and_the_next_pass_runs():
+    """A collective that fails as a replayed pass issues it (its ``before``): backward raises that
+    error instead of hanging, and the next iteration trains to the bits of a run that never
+    failed."""
+    ref = make_solver(True)
+    ref_reps = Replicas(ref)
+    ref.step(1)
+    feed(ref.net, 0)
+    ref.net.forward()               # as below, without the failure: a forward whose backward never ran
+    ref.step(2)
+    solver = make_solver(True)
+    reps = Replicas(solver)
+    solver.step(1)                  # recorded: the next backward is a replay
+    op = reps.ops[len(reps.ops) // 2]
+    real, failed = op.before, []
+
+    def before(ready=None):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("the comm stream is gone")
+        return real(ready)
+    op.before = before
+    net = solver.net
+    feed(net, 0)
+    net.forward()
+    with pytest.raises(RuntimeError, match="the comm stream is gone"):
+        net.backward()
+    solver.step(2)
+    assert failed
+    assert_same_weights(ref.net, net)
+    reps.close()
+    ref_reps.close()

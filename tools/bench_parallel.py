@@ -5,7 +5,9 @@ and how much gradient exchange hides behind backward.
     python tools/bench_parallel.py --turns [--nets ...] [--iters 8]
 
 ``--turns``: only the two locations against one location at the summed batch, both in one
-process, an iteration of each by turns (the order alternating), so both meet the same load: the
+process, an iteration of each by turns (the order rotating), so both meet the same load; and the
+two locations once more with every pass walked (``Dispatcher.replay`` off: ``walked ms``, and
+``replay``, its median over that of the replayed passes): the
 median of each, their ratio (``vs 2B``), the ratio of the best iterations and the range of the
 per-turn ratios. On a shared machine whose speed moves within a minute this ratio is steadier
 than the one of separate processes below.
@@ -199,9 +201,11 @@ def turns_worker(args) -> None:
     two = solver(replicate(set_batch(net_param(args.net, args.batch, args.hw), 2 * args.batch), ["cpu:0", "cpu:1"]))
     replicas = Replicas(two)
     one = solver(net_param(args.net, 2 * args.batch, args.hw))
-    times = {"two": [], "one": []}
+    times = {"two": [], "one": [], "walked": []}
+    turn = [("one", one, True), ("two", two, True), ("walked", two, False)]
     for k in range(args.warmup + args.iters):
-        for name, s in (("two", two), ("one", one)) if k % 2 else (("one", one), ("two", two)):
+        for name, s, replay in turn[k % 3:] + turn[:k % 3]:       # each first, second and last in turn
+            s.net.executor.replay = replay      # (the replicas' recording is made in the first turns)
             t0 = time.perf_counter()
             s.step(1)
             if k >= args.warmup:
@@ -217,7 +221,8 @@ def turns(args) -> None:
     print(f"two locations at B against one location at 2B, one iteration of each by turns in one process "
           f"({os.cpu_count()} cores, 1 BLAS thread per location, {args.iters} iterations each after "
           f"{args.warmup}; ResNet-50 at {args.hw}x{args.hw})")
-    print(f"{'net':<13}{'B':>4}{'1 loc 2B ms':>13}{'2 loc ms':>10}{'vs 2B':>7}{'best':>7}{'per turn':>14}{'load':>11}")
+    print(f"{'net':<13}{'B':>4}{'1 loc 2B ms':>13}{'2 loc ms':>10}{'vs 2B':>7}{'best':>7}{'per turn':>14}"
+          f"{'walked ms':>11}{'replay':>8}{'load':>11}")
     for net in args.nets:
         b = args.batch or BATCH[net]
         load = os.getloadavg()[0]
@@ -227,10 +232,11 @@ def turns(args) -> None:
         if out.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout}{out.stderr}")
         t = json.loads(out.stdout.strip().splitlines()[-1])
-        one, two = np.array(t["one"]), np.array(t["two"])
+        one, two, walked = np.array(t["one"]), np.array(t["two"]), np.array(t["walked"])
         ratios = one / two
         print(f"{net:<13}{b:>4}{np.median(one):>13.1f}{np.median(two):>10.1f}{np.median(one) / np.median(two):>7.2f}"
               f"{one.min() / two.min():>7.2f}{f'{ratios.min():.2f}-{ratios.max():.2f}':>14}"
+              f"{np.median(walked):>11.1f}{np.median(walked) / np.median(two):>8.3f}"
               f"{f'{load:.1f}-{os.getloadavg()[0]:.1f}':>11}", flush=True)
 
 

@@ -810,7 +810,8 @@ class Dispatcher(SerialExecutor):
             elif part.arm is not None:
                 fn = armed(fn, part.arm)
             event = self.issue(part.location or location, stream, part.name or name, rw if part.touches else [],
-                               fn, nbytes if part.fn is None else None, asynchronous=not part.touches,
+                               fn, nbytes if part.fn is None else None,
+                               asynchronous=not part.touches and stream != "compute",
                                waited=waited, after=part.after)
             if part.issued is not None:
                 part.issued(event)

@@ -30,7 +30,8 @@ class Part:
     location: str | None = None     # None: the operator's
     after: object = ()              # events it waits for besides its tensors' (read when it is issued)
     touches: bool = True            # the operator's tensors: bound before fn, their events its own;
-    #                                 False: asynchronous, even where the operators run on the calling thread
+    #                                 False: asynchronous, even where the operators run on the calling
+    #                                 thread, unless on the ``compute`` stream (then it runs there too)
     issued: object = None           # callable(event), once it is issued
     arm: object = None              # callable() run on the part's stream just before it (its fn None:
     #                                 before the operator), every pass, replayed ones included

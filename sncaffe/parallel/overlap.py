@@ -68,7 +68,7 @@ def overlap(spans) -> dict:
     backward's gaps: while the compute stream waited for a BatchNorm's batch sums, or for the GIL.
     """
     comm = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "comm" and not _statistics(s[1]))
-    statistics = _union((s[2], s[3]) for s in spans if _kind(s[0]) in ("comm", "exchange") and _statistics(s[1]))
+    statistics = _union((s[2], s[3]) for s in spans if _statistics(s[1]))
     backward = _union((s[2], s[3]) for s in spans if _kind(s[0]) == "compute" and ":backward" in s[1])
     comm_s = _length(comm)
     hidden = _intersection(comm, backward)

@@ -335,3 +335,35 @@ def test_trace_shows_all_reduce_overlapping_backward(tmp):
     assert sum(s == "comm" for s, *_ in spans) == int(re.search(r"(\d+) gradient buckets", out.stdout)[1]) > 1
     o = overlap(spans)
     assert o["comm_s"] > 0 and o["hidden_s"] > 0, o
+
+
+@needs_mpiexec
+def test_batch_norm_all_gathers_run_on_each_ranks_compute_stream(tmp):
+    """A cross-replica BatchNorm's all-gathers of batch sums run on the rank's compute stream, the
+    thread that waits for them (parallel/sync_bn.py), three per layer an iteration, between the
+    stages they join; the trace counts them apart from the gradient exchange."""
+    net = tmp / "bn.prototxt"
+    net.write_text('name: "bn"\nlayer { name: "in" type: "Input" top: "data" top: "label" input_param { '
+                   'shape { dim: 8 dim: 1 dim: 10 dim: 10 } shape { dim: 8 } } }\n'
+                   + LAYERS.replace('layer { name: "relu" type: "ReLU"',
+                                    'layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }\n'
+                                    'layer { name: "relu" type: "ReLU"'))
+    path = tmp / "bn_trace.json"
+    out = train(2, [net.name, "--max-iter", "3", "--batch", "4", "--snapshot-prefix", "out_bn/",
+                    "--trace", path.name, "--trace-iter", "2"], tmp)
+    assert "Trace of iteration 2 written" in out.stdout
+    events = json.loads(path.read_text())["traceEvents"]
+    streams = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    spans = sorted(((streams[e["tid"]], e["name"], e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6)
+                    for e in events if e["ph"] == "X"), key=lambda s: s[2])
+    exchanges = [s for s in spans if s[1].startswith("exchange bn's ")]
+    assert [(s[0], s[1]) for s in exchanges] == [("compute", "exchange bn's batch sums"),
+                                                 ("compute", "exchange bn's batch squares"),
+                                                 ("compute", "exchange bn's gradient sums")]
+    names = [s[1] for s in spans if s[0] == "compute"]
+    for stage, exchange, then in (("bn:forward", "batch sums", "bn:forward center"),
+                                  ("bn:forward center", "batch squares", "bn:forward normalize"),
+                                  ("bn:backward", "gradient sums", "bn:backward grad input")):
+        i = names.index(f"exchange bn's {exchange}")
+        assert names[i - 1] == stage and names[i + 1] == then, names
+    assert overlap(spans)["statistics_s"] > 0

@@ -693,16 +693,15 @@ class Dispatcher(SerialExecutor):
         for part in parts:         # as _parts: the operator itself, its later stages, exchanges
             fn, stream = part.fn, part.stream
             if fn is None:
-                fn, stream = armed(work, part.arm), kind
+                fn, stream = work, kind
             elif part.touches:
-                def fn(f=armed(part.fn, part.arm)):
+                def fn(f=part.fn):
                     layer.workspace = {k: arrays[id(t)] for k, t in names.items()}
                     try:
                         f()
                     finally:
                         layer.workspace = {}
-            elif part.arm is not None:
-                fn = armed(fn, part.arm)
+            fn = armed(fn, part.arm)
             at, event = part.location or location, Event()
             there, after = self.stream(at, stream), part.after
             if part.touches and there is not own:   # between the steps before and after it on its own
@@ -798,17 +797,16 @@ class Dispatcher(SerialExecutor):
         for part in parts:
             fn, stream = part.fn, part.stream
             if fn is None:
-                fn, stream = armed(work, part.arm), kind
+                fn, stream = work, kind
             elif part.touches:
-                def fn(f=armed(part.fn, part.arm)):
+                def fn(f=part.fn):
                     bind()
                     layer.workspace = ws
                     try:
                         f()
                     finally:
                         layer.workspace = {}
-            elif part.arm is not None:
-                fn = armed(fn, part.arm)
+            fn = armed(fn, part.arm)
             event = self.issue(part.location or location, stream, part.name or name, rw if part.touches else [],
                                fn, nbytes if part.fn is None else None,
                                asynchronous=not part.touches and stream != "compute",

@@ -237,6 +237,17 @@ def _replicate_nets(p, args):
         q.CopyFrom(replicate(q, locations))
 
 
+def _sharing(args) -> tuple:
+    """(share, by): how many ranks of this machine's job (from the launcher's environment:
+    MPICH's, Open MPI's) or replicas of this process compute at once on its cores."""
+    if getattr(args, "replicas", None):
+        return len([x for x in args.replicas.split(",") if x.strip()]), "replicas"
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return max(1, int(os.environ[var])), "ranks"
+    return 1, "ranks"
+
+
 def _solver_param(args):
     """The SolverParameter to train with: the file's (or the defaults for a net), then the flags."""
     from google.protobuf import text_format
@@ -394,8 +405,10 @@ def _train(args, comm=None) -> int:
             log.setLevel(logging.WARNING)                      # rank 0 alone logs
         if device.name == "cpu":
             from .backend import threads
-            share = 1 if comm is None else comm.Split_type(mpi.import_mpi().COMM_TYPE_SHARED).Get_size()
-            log.info("CPU threads: %s", threads.configure(args.threads, share).describe())
+            share, by = _sharing(args)          # replicas: their workers compute at once (Replicas)
+            if comm is not None:
+                share = comm.Split_type(mpi.import_mpi().COMM_TYPE_SHARED).Get_size()
+            log.info("CPU threads: %s", threads.configure(args.threads, share, by).describe())
         if from_net:
             log.info("%s is a net: training it with the default solver (SGD, base_lr %s, momentum %s, "
                      "weight_decay %s, lr_policy %s, max_iter %d), snapshots to %s", args.path, _g(p.base_lr),
@@ -841,9 +854,9 @@ def main(argv=None) -> int:
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             _parser().error(f"--{flag.replace('_', '-')} must be positive")
     try:
-        if hasattr(args, "threads"):      # before anything loads the BLAS
-            from .backend import threads
-            threads.configure(args.threads)
+        if hasattr(args, "threads"):      # before anything loads the BLAS (which takes MKL's
+            from .backend import threads   # sequential layer for a budget of one)
+            threads.configure(args.threads, *_sharing(args))
         return args.func(args)
     except (ValueError, MemoryError, RuntimeError, OSError) as e:
         where = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""

@@ -161,7 +161,7 @@ def load(choice=None) -> Blas:
         raise ValueError(f"SNCAFFE_BLAS={choice!r}: choose one of {', '.join(CHOICES)}")
     lib, fns = _openblas_lib() if choice != "numpy" else (None, None)
     if choice in ("", "mkl"):
-        budget = _threads.decide(_threads._flag, blas_name="mkl")
+        budget = _threads.decide(_threads._flag, blas_name="mkl", share=_threads._share)
         # a budget of one runs the sequential layer (the CLI decides before the BLAS loads)
         mkl = _load_mkl(budget.threads, sequential=budget.threads == 1)
         if mkl is not None:
@@ -169,7 +169,7 @@ def load(choice=None) -> Blas:
         if choice == "mkl":
             raise RuntimeError("SNCAFFE_BLAS=mkl, but MKL is not installed: pip install 'sncaffe[mkl]'")
     if choice != "numpy" and fns:
-        n = _threads.decide(_threads._flag, blas_name="openblas").threads
+        n = _threads.decide(_threads._flag, blas_name="openblas", share=_threads._share).threads
         set_openblas_threads(n, lib)
         return Blas("openblas", n, fns, _openblas_threads_fn(lib, "set"), n)
     return Blas("numpy")

@@ -50,12 +50,13 @@ class Decision:
     cores: int              # usable cores
     source: str             # "--threads", an environment variable, or "cores"
     busy: float | None = None   # cores other processes kept busy while sampled (a default budget)
-    share: int = 1              # processes sharing the cores (data-parallel ranks)
+    share: int = 1              # ranks or replicas sharing the cores, each with this budget
+    shared_by: str = "ranks"    # what shares them: "ranks" (processes) or "replicas" (one process's workers)
 
     def describe(self) -> str:
         if self.source == "cores":
             why = f"{self.cores} usable cores, {self.busy:.1f} of them busy with other processes now"
-            why += f", {self.share} ranks on them" if self.share > 1 else ""
+            why += f", {self.share} {self.shared_by} on them" if self.share > 1 else ""
             how = "--threads N or OMP/OPENBLAS/MKL_NUM_THREADS to choose"
         else:
             why, how = f"{self.source}; {self.cores} usable cores", "set by the user"
@@ -136,10 +137,10 @@ def free_cores(cores: int, busy: float, share: int = 1) -> int:
     return max(1, min(cores, cores - taken) // share)
 
 
-def decide(threads=None, env=None, blas_name="mkl", cores=None, busy=None, share=1) -> Decision:
+def decide(threads=None, env=None, blas_name="mkl", cores=None, busy=None, share=1, shared_by="ranks") -> Decision:
     """The budget for ``--threads`` (None: unset) under ``env`` (default os.environ), for one
-    of ``share`` processes on the machine; ``busy``: the cores other processes keep busy
-    (default measured, ``busy_cores``)."""
+    of ``share`` processes (or replicas' workers: ``shared_by``) on the machine; ``busy``: the
+    cores other processes keep busy (default measured, ``busy_cores``)."""
     cores = usable_cores() if cores is None else cores
     if threads is not None:
         if threads < 1:
@@ -149,23 +150,24 @@ def decide(threads=None, env=None, blas_name="mkl", cores=None, busy=None, share
     if asked:
         return Decision(asked[0], cores, f"{asked[1]}={asked[0]}")
     busy = busy_cores() if busy is None else busy
-    return Decision(free_cores(cores, busy, share), cores, "cores", busy, share)
+    return Decision(free_cores(cores, busy, share), cores, "cores", busy, share, shared_by)
 
 
 _flag: int | None = None             # --threads, once the CLI has set it
+_share: int = 1                      # ranks or replicas sharing the cores, once the CLI has said
 _decision: Decision | None = None
 
 
-def configure(threads=None, share=1) -> Decision:
-    """Decide (``threads``: the ``--threads`` flag; ``share``: processes on these cores) and
-    hold every loaded runtime to it. Called before the BLAS loads, the decision also picks
-    MKL's threading layer."""
-    global _flag, _decision
-    _flag = threads
+def configure(threads=None, share=1, shared_by="ranks") -> Decision:
+    """Decide (``threads``: the ``--threads`` flag; ``share``: ranks on these cores, or replicas
+    of one process whose workers compute at once, ``shared_by``) and hold every loaded runtime
+    to it. Called before the BLAS loads, the decision also picks MKL's threading layer."""
+    global _flag, _share, _decision
+    _flag, _share = threads, share
     from . import onednn
     onednn.preload()                     # before the BLAS: one OpenMP runtime for both
     from . import blas                   # loads the BLAS under this flag
-    _decision = decide(threads, blas_name=blas.BLAS.name, share=share)
+    _decision = decide(threads, blas_name=blas.BLAS.name, share=share, shared_by=shared_by)
     from threadpoolctl import threadpool_limits
     threadpool_limits(_decision.threads, user_api="blas")     # another library's OpenMP pool is its own
     if blas.BLAS.name == "mkl":

@@ -138,6 +138,20 @@ class ReplicaSum:
         return self.name
 
 
+def _share_cores(n):
+    """The replicas' workers compute at once: where nobody chose the thread budget (no --threads,
+    no OMP/MKL/OPENBLAS_NUM_THREADS), each gets its share of the cores, as a rank does. With the
+    whole budget each worker's oneDNN and MKL calls ran teams of all the cores, two workers
+    oversubscribed them, and MKL's dynamic teams made the bits change from run to run. Returns
+    the decision it replaced (to restore), or None."""
+    from ..backend import threads
+    before = threads.current()
+    if before.source != "cores" or before.share >= n:
+        return None
+    log.info("CPU threads: %s", threads.configure(None, n, "replicas").describe())
+    return before
+
+
 class Replicas:
     """Equal starting weights and the summing operators for a solver whose train net is replicated."""
 
@@ -170,8 +184,10 @@ class Replicas:
                 self.ops.append(ReplicaSum(self, base, {node.name for node in nodes}, slots))
         self.instructions = insert_allreduce(self.net.plan.schedule, self.ops)
         executor = self.net.executor
+        self._threads = None
         if getattr(executor, "threaded", False):    # each replica's update on its own location's worker
             solver.update_streams = {loc: executor.stream(loc, "compute") for loc in self.locations}
+            self._threads = _share_cores(len(self.locations))
         self.batch_norms = cross_replica_batch_norms(self.net, groups, self.locations)
         bn = sum(1 for g in groups.values() if next(iter(g.values())).type == "BatchNorm")
         if bn and not self.batch_norms:
@@ -193,6 +209,10 @@ class Replicas:
     def close(self) -> None:
         self.net.executor.synchronize()
         self.solver.update_streams = None
+        if self._threads is not None:       # the budget as it was before the replicas
+            from ..backend import threads
+            threads.configure(None, self._threads.share, self._threads.shared_by)
+            self._threads = None
         for group in self.batch_norms:
             group.detach()
         backward = self.net.plan.schedule.backward

@@ -183,3 +183,63 @@ def test_cli_reports_a_bad_setting_without_a_traceback(tmp_path):
                          text=True, env=env, timeout=120)
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert "MKL_NUM_THREADS='-1': give a positive number of threads" in run.stderr
+
+
+# Two replicas built and closed in a process where nobody chose the threads.
+REPLICAS = """
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tests", "parallel"))
+from test_replicas import LOCATIONS, make_solver, net_param
+from sncaffe.backend import threads
+from sncaffe.parallel.replicas import Replicas, replicate
+solver = make_solver(replicate(net_param(), LOCATIONS))
+before = threads.current().__dict__
+reps = Replicas(solver)
+during = threads.current().__dict__
+solver.step(1)
+reps.close()
+print(json.dumps({"before": before, "during": during, "after": threads.current().__dict__}))
+"""
+
+
+def test_replicas_share_the_cores_unless_the_user_chose_the_threads():
+    """A replica's worker computes while the other does: where the budget is the cores' (no flag,
+    no variable), the replicas take a share each, as ranks do, and give the budget back when
+    closed; a budget the user chose stays."""
+    base = {k: v for k, v in os.environ.items() if k not in VARS}
+    for env, shared in (({}, True), ({"OMP_NUM_THREADS": "2"}, False)):
+        run = subprocess.run([sys.executable, "-c", REPLICAS, str(ROOT)], capture_output=True, text=True,
+                             env={**base, **env, "PYTHONPATH": str(ROOT)}, timeout=120)
+        assert run.returncode == 0, run.stderr
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        before, during, after = out["before"], out["during"], out["after"]
+        assert before["share"] == 1 and after == before
+        if shared:
+            assert (during["share"], during["shared_by"], during["source"]) == (2, "replicas", "cores")
+            assert during["threads"] == max(1, threads.free_cores(during["cores"], during["busy"], 2))
+        else:
+            assert during == before and during["threads"] == 2
+
+
+def test_the_cli_gives_each_replica_its_share_before_the_blas_loads(tmp_path):
+    """``sncaffe train --replicas cpu:0,cpu:1`` decides before anything loads the BLAS, for two
+    replicas: one thread each on two cores (and MKL's sequential layer, as ``--threads 1``)."""
+    net = tmp_path / "net.prototxt"
+    net.write_text('name: "t"\nlayer { name: "in" type: "Input" top: "data" top: "label" input_param { '
+                   'shape { dim: 4 dim: 3 } shape { dim: 4 } } }\nlayer { name: "ip" type: "InnerProduct" '
+                   'bottom: "data" top: "ip" inner_product_param { num_output: 2 } }\nlayer { name: "loss" '
+                   'type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }\n')
+    base = {k: v for k, v in os.environ.items() if k not in VARS}
+    code = ("import sys, json; from sncaffe import cli; from sncaffe.backend import blas, threads; "
+            "rc = cli.main(sys.argv[1:]); print(json.dumps({'rc': rc, 'decision': threads.current().__dict__, "
+            "'blas': blas.BLAS.name, 'sequential': blas.BLAS.sequential}))")
+    run = subprocess.run([sys.executable, "-c", code, "train", str(net), "--replicas", "cpu:0,cpu:1", "--max-iter",
+                          "1", "--snapshot-prefix", str(tmp_path) + "/"], capture_output=True, text=True,
+                         env={**base, "PYTHONPATH": str(ROOT)}, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    d = out["decision"]
+    assert out["rc"] == 0 and (d["share"], d["shared_by"]) == (2, "replicas")
+    assert "2 replicas on them" in run.stdout + run.stderr
+    if out["blas"] == "mkl":
+        assert out["sequential"] == (d["threads"] == 1)

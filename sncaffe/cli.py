@@ -144,8 +144,14 @@ def _spilling(device, args):
     return device
 
 
-def _peak(device) -> str:
-    return fmt_bytes(device.pool.peak)
+def _peak(device, net=None) -> str:
+    """The pool's peak; with several locations (replicas, --place), each one's."""
+    devices = getattr(net, "devices", None) or {}
+    if not any(d is not device for d in devices.values()):
+        return fmt_bytes(device.pool.peak)
+    total = sum(d.pool.peak for d in devices.values())
+    return fmt_bytes(total) + " (" + ", ".join(f"{loc or 'main'} {fmt_bytes(d.pool.peak)}"
+                                              for loc, d in devices.items()) + ")"
 
 
 # -- train ----------------------------------------------------------------------
@@ -367,7 +373,7 @@ class _TrainProgress:
         self.t = now
         self.rate = rate if self.rate is None else 0.9 * self.rate + 0.1 * rate
         self.bar.update(1, f"loss={_g(loss)}, lr={_g(lr)}, {self.rate:.0f} img/s, "
-                           f"peak {_peak(self.solver.device)}")
+                           f"peak {_peak(self.solver.device, self.solver.net)}")
 
 
 def cmd_train(args) -> int:
@@ -471,7 +477,8 @@ def _train(args, comm=None) -> int:
             from .mem.budget import process_memory
             log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s, host pool peak %s, "
                      "%speak resident memory %s%s", solver.iter, wall,
-                     done * progress.images / max(wall, 1e-9), _peak(device), fmt_bytes(device.host_pool.peak),
+                     done * progress.images / max(wall, 1e-9), _peak(device, solver.net),
+                     fmt_bytes(device.host_pool.peak),
                      f"spill file peak {fmt_bytes(device._spill.pool.peak)}, " if getattr(device, "_spill", None)
                      else "", fmt_bytes(process_memory()["hwm"]),
                      f"; snapshot {solver.last_snapshot[0]}" if solver.last_snapshot else "")

@@ -1,5 +1,7 @@
 """Data parallelism inside one process: the net replicated over cpu:0 and cpu:1 with summing
 operators trains as one location at the summed batch (up to float summation order)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -168,6 +170,10 @@ def test_cli_trains_replicas_as_one_location(tmp_path, capsys):
     for name, extra in (("one", []), ("two", ["--replicas", "cpu:0,cpu:1"])):
         assert main(["train", str(net), "--max-iter", "3", "--seed", "5",
                      "--snapshot-prefix", str(tmp_path / name) + "/", *extra]) == 0
+    out = capsys.readouterr()
+    done = [line for line in (out.out + out.err).splitlines() if "Trained to iteration 3" in line]
+    assert len(done) == 2 and "cpu:0" not in done[0]          # each location's pool, where there are several
+    assert re.search(r"pool peak \S+ \S+ \(main \S+ \S+, cpu:0 \S+ \S+, cpu:1 \S+ \S+\)", done[1]), done[1]
     one = {(lp.name, i): np.asarray(b.data) for lp in blobproto.read_caffemodel(
         tmp_path / "one" / "tiny_iter_3.caffemodel").layer for i, b in enumerate(lp.blobs)}
     two = {(lp.name, i): np.asarray(b.data) for lp in blobproto.read_caffemodel(

@@ -142,8 +142,9 @@ def _share_cores(n):
     """The replicas' workers compute at once: where nobody chose the thread budget (no --threads,
     no OMP/MKL/OPENBLAS_NUM_THREADS), each gets its share of the cores, as a rank does. With the
     whole budget each worker's oneDNN and MKL calls ran teams of all the cores, two workers
-    oversubscribed them, and MKL's dynamic teams made the bits change from run to run. Returns
-    the decision it replaced (to restore), or None."""
+    oversubscribed them, and a CIFAR ResNet's replicas ended 10 iterations at a different loss
+    from one run to the next (docs/parallel.md). Returns the decision it replaced (to restore),
+    or None."""
     from ..backend import threads
     before = threads.current()
     if before.source != "cores" or before.share >= n:

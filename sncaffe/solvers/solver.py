@@ -69,6 +69,26 @@ class SnapshotError(ValueError):
 MAX_LOGGED = 10        # values of one output blob logged one per line; the rest are summarised
 
 
+def _replicas_as_one(outputs, weights):
+    """Outputs of a replicated net (``name@location`` at every replica, parallel/replicas.py) as
+    the one net's, as Caffe logs them: each the mean of its replicas' values (each replica's the
+    mean over its equal part of the batch) under the name, with the sum of their loss weights
+    (each replica's is the net's over the replicas). Other outputs as they are."""
+    groups = OrderedDict()
+    for name in outputs:
+        base, at, loc = name.rpartition("@")
+        groups.setdefault(base if at else name, []).append(name)
+    merged, merged_weights = OrderedDict(), dict(weights)
+    for base, names in groups.items():          # (in the order of their first replica: Caffe's)
+        values = [np.asarray(outputs[n], dtype=np.float64).ravel() for n in names]
+        if len(names) < 2 or base in outputs or len({v.size for v in values}) != 1:
+            merged.update((n, outputs[n]) for n in names)
+            continue
+        merged[base] = np.mean(values, axis=0)
+        merged_weights[base] = sum(weights.get(n, 0.0) for n in names)
+    return merged, merged_weights
+
+
 def _g(x) -> str:
     """A number as Caffe's glog prints it (C++ ostream: 6 significant digits)."""
     return f"{float(x):.6g}"
@@ -491,6 +511,7 @@ class Solver:
     @staticmethod
     def _log_outputs(net, which, outputs):
         weights = {t.name: w for node in net.graph.layers for w, t in zip(node.loss_weights, node.tops)}
+        outputs, weights = _replicas_as_one(outputs, weights)
         idx = 0
         for name, values in outputs.items():
             w = weights.get(name, 0.0)

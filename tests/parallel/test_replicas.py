@@ -194,3 +194,30 @@ def test_cli_trains_replicas_as_one_location(tmp_path, capsys):
     assert main(["train", str(net), "--replicas", "cpu:0", "--max-iter", "1",
                  "--snapshot-prefix", str(tmp_path / "bad") + "/"]) != 0
     assert "replicate needs two or more distinct locations" in capsys.readouterr().err
+
+
+def test_a_replicated_nets_outputs_are_logged_as_the_one_nets(caplog):
+    """Caffe's log of a replicated net: each output once, the mean of its replicas' (each the mean
+    over its half of the batch), a loss with the sum of their weights (the net's weight); the
+    scores keep each replica's."""
+    import logging
+
+    from sncaffe.solvers.solver import _replicas_as_one
+    outputs = {"accuracy@cpu:0": np.array([0.25]), "accuracy@cpu:1": np.array([0.75]),
+               "loss@cpu:0": np.array([2.0]), "loss@cpu:1": np.array([3.0]), "other": np.array([7.0])}
+    merged, weights = _replicas_as_one(outputs, {"loss@cpu:0": 0.5, "loss@cpu:1": 0.5})
+    assert list(merged) == ["accuracy", "loss", "other"]
+    assert merged["accuracy"][0] == 0.5 and merged["loss"][0] == 2.5 and merged["other"][0] == 7.0
+    assert weights["loss"] == 1.0 and not weights.get("accuracy")
+    alone = {"a@b": np.array([1.0]), "c": np.array([2.0])}          # one "@" name: not a replica group
+    assert list(_replicas_as_one(alone, {})[0]) == ["a@b", "c"]
+    solver = make_solver(replicate(net_param(), LOCATIONS))
+    reps = Replicas(solver)
+    solver.step(1)
+    with caplog.at_level(logging.INFO, logger="sncaffe"):
+        solver._log_outputs(solver.net, "Train", solver._outputs(solver.net))
+    reps.close()
+    lines = [r.getMessage() for r in caplog.records if "net output" in r.getMessage()]
+    losses = [float(solver.net.blobs[f"loss@{loc}"].data.ravel()[0]) for loc in LOCATIONS]
+    assert len(lines) == 1 and "@" not in lines[0] and "(* 1 = " in lines[0], lines
+    assert float(lines[0].split("loss = ")[1].split()[0]) == pytest.approx(np.mean(losses), rel=1e-5)

@@ -233,7 +233,7 @@ def _replicate_nets(p, args):
     from .parallel.replicas import replicate
     if args.place:
         raise ValueError("--replicas places the layers itself: give --place or --replicas, not both")
-    locations = [x.strip() for x in args.replicas.split(",") if x.strip()]
+    locations = _replica_locations(args)
     if not (args.batch or args.place):
         _materialize_nets(p, None)
     for field in ("net_param", "train_net_param"):
@@ -243,11 +243,16 @@ def _replicate_nets(p, args):
         q.CopyFrom(replicate(q, locations))
 
 
+def _replica_locations(args) -> list:
+    """``--replicas cpu:0,cpu:1`` as a list of locations (empty without the flag)."""
+    return [x.strip() for x in (getattr(args, "replicas", None) or "").split(",") if x.strip()]
+
+
 def _sharing(args) -> tuple:
     """(share, by): how many ranks of this machine's job (from the launcher's environment:
     MPICH's, Open MPI's) or replicas of this process compute at once on its cores."""
     if getattr(args, "replicas", None):
-        return len([x for x in args.replicas.split(",") if x.strip()]), "replicas"
+        return len(_replica_locations(args)), "replicas"
     for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         if os.environ.get(var, "").isdigit():
             return max(1, int(os.environ[var])), "ranks"

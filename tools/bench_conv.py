@@ -194,11 +194,7 @@ def passes(np, args):
             g = sncaffe_layer(np, shape, N).dnn
             cells = []
             for kind in PASSES:
-                taken = "native"
-                if g is not None:
-                    mine = g.conv(N, "" if kind == "data" else kind)
-                    taken = next(lay for lay in LAYOUTS if mine is onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s),
-                                                                               (p, p), (1, 1), layout=lay))
+                taken = "native" if g is None else g.conv(N, "" if kind == "data" else kind).layout
                 cells.append(" / ".join(f"{times[lay, kind] * 1e3:.2f}" for lay in LAYOUTS) + f", {taken}")
             print(f"{name:22s} {N:3d} {count:2d} | " + " | ".join(cells), flush=True)
 

@@ -400,7 +400,7 @@ class Conv:
     given); the weights always in the kernels' own layout."""
 
     def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="blocked"):
-        self.threads = _set_threads()
+        self.threads, self.layout = _set_threads(), layout
         out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, k, st, p, d in zip(size, kernel, stride, pad, dilation)]
         self.geometry = dict(strides=_dims(stride), dilates=_dims([d - 1 for d in dilation]), padding_l=_dims(pad),
                              padding_r=_dims([(o - 1) * st + d * (k - 1) + 1 - s - p for o, st, d, k, s, p in

@@ -106,6 +106,14 @@ def _static(op):
     return cached
 
 
+def _fail(events, exc):
+    """Every event not fired yet fires with ``exc`` (whoever waits for it sees the error)."""
+    for event in events:
+        if not event.done:
+            event.error = exc
+            event.set()
+
+
 class _Recording:
     """A pass of ``Dispatcher._programs`` written down, to be replayed on the next passes of the
     same schedule: the issuing thread's Python (its walk of about 400 instructions an iteration for
@@ -540,11 +548,7 @@ class Dispatcher(SerialExecutor):
             if recording is not None:
                 recording.add(stream, fn, deps, event, meta, make)
             if sid in workers:
-                q = queues.get(sid)
-                if q is None:
-                    q = queues[sid] = SimpleQueue()
-                    self._issued.append((stream.submit(lambda: self._run_program(q.get)), None, None))
-                q.put((fn, deps, event))
+                self._worker_queue(queues, stream).put((fn, deps, event))
             else:
                 stream.submit(fn, deps, event)
                 self._issued.append((event, meta[4] if meta else None, meta[5] if meta else None))
@@ -575,10 +579,7 @@ class Dispatcher(SerialExecutor):
                 else:
                     self._program_run(ins, step, compute)
         except BaseException as exc:    # what was handed out finds its events failed, and an
-            for event in made:          # exchange never issued fails at once (not after BIND_TIMEOUT)
-                if not event.done:
-                    event.error = exc
-                    event.set()
+            _fail(made, exc)            # exchange never issued fails at once (not after BIND_TIMEOUT)
             for later in laters:
                 if later.event is None:
                     failed = Event()
@@ -593,6 +594,14 @@ class Dispatcher(SerialExecutor):
             if len(replays) > 8:
                 replays.clear()
             replays[id(entries)] = recording
+
+    def _worker_queue(self, queues, stream):
+        """The queue of ``stream``'s program in this pass, its program submitted with the first step."""
+        q = queues.get(id(stream))
+        if q is None:
+            q = queues[id(stream)] = SimpleQueue()
+            self._issued.append((stream.submit(lambda: self._run_program(q.get)), None, None))
+        return q
 
     def _collective_run(self, op):
         """A collective's run as it is issued: its arrays then, and its token (``before``)."""
@@ -614,20 +623,13 @@ class Dispatcher(SerialExecutor):
                 deps = [events[i] for i in deps] if deps else ()
                 sid = id(stream)
                 if sid in workers:
-                    q = queues.get(sid)
-                    if q is None:
-                        q = queues[sid] = SimpleQueue()
-                        self._issued.append((stream.submit(lambda q=q: self._run_program(q.get)), None, None))
-                    q.put((fn, deps, event))
+                    self._worker_queue(queues, stream).put((fn, deps, event))
                 else:
                     event = stream.submit(fn, deps, event)
                     self._issued.append((event, timeout, on_timeout))
                     self._pending(event)
         except BaseException as exc:
-            for event in events:
-                if not event.done:
-                    event.error = exc
-                    event.set()
+            _fail(events, exc)
             raise
         finally:
             for q in queues.values():

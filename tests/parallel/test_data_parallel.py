@@ -315,6 +315,14 @@ def test_a_killed_rank_ends_the_job_within_seconds(tmp):
             job.wait(10)
 
 
+def _trace_spans(path):
+    """A Chrome trace's spans as (stream, name, start s, end s)."""
+    events = json.loads(path.read_text())["traceEvents"]
+    streams = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    return [(streams[e["tid"]], e["name"], e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6)
+            for e in events if e["ph"] == "X"]
+
+
 @needs_mpiexec
 def test_trace_shows_all_reduce_overlapping_backward(tmp):
     # A convolution whose backward (milliseconds) outlasts the first buckets' all-reduce.
@@ -326,10 +334,7 @@ def test_trace_shows_all_reduce_overlapping_backward(tmp):
     out = train(2, [net.name, "--max-iter", "4", "--bucket-mb", "0.001", "--snapshot-prefix", "out_big/",
                     "--trace", path.name, "--trace-iter", "2"], tmp)
     assert "Trace of iteration 2 written" in out.stdout
-    events = json.loads(path.read_text())["traceEvents"]
-    streams = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    spans = [(streams[e["tid"]], e["name"], e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6)
-             for e in events if e["ph"] == "X"]
+    spans = _trace_spans(path)
     names = {(s, n) for s, n, _, _ in spans}
     assert {("compute", "conv:backward"), ("compute", "update"), ("compute", "wait for the all-reduce")} <= names
     assert sum(s == "comm" for s, *_ in spans) == int(re.search(r"(\d+) gradient buckets", out.stdout)[1]) > 1
@@ -352,10 +357,7 @@ def test_batch_norm_all_gathers_run_on_each_ranks_compute_stream(tmp):
     out = train(2, [net.name, "--max-iter", "3", "--batch", "4", "--snapshot-prefix", "out_bn/",
                     "--trace", path.name, "--trace-iter", "2"], tmp)
     assert "Trace of iteration 2 written" in out.stdout
-    events = json.loads(path.read_text())["traceEvents"]
-    streams = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    spans = sorted(((streams[e["tid"]], e["name"], e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6)
-                    for e in events if e["ph"] == "X"), key=lambda s: s[2])
+    spans = sorted(_trace_spans(path), key=lambda s: s[2])
     exchanges = [s for s in spans if s[1].startswith("exchange bn's ")]
     assert [(s[0], s[1]) for s in exchanges] == [("compute", "exchange bn's batch sums"),
                                                  ("compute", "exchange bn's batch squares"),

@@ -131,6 +131,19 @@ def test_a_part_on_another_stream_runs_between_its_operators_neighbours():
     ref_reps.close()
 
 
+def _fail_once(op):
+    """``op``'s next ``before`` (as the collective is issued) raises; the list it returns records it."""
+    real, failed = op.before, []
+
+    def before(ready=None):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("the comm stream is gone")
+        return real(ready)
+    op.before = before
+    return failed
+
+
 def test_an_error_while_the_schedule_is_walked_is_raised_and_the_next_pass_runs():
     """A collective that fails as it is issued (its ``before``), halfway through backward's walk:
     the steps handed out before it stop or finish, backward raises that error instead of hanging,
@@ -142,15 +155,7 @@ def test_an_error_while_the_schedule_is_walked_is_raised_and_the_next_pass_runs(
     ref.step(2)
     solver = make_solver(True)
     reps = Replicas(solver)
-    op = reps.ops[len(reps.ops) // 2]
-    real, failed = op.before, []
-
-    def before(ready=None):
-        if not failed:
-            failed.append(True)
-            raise RuntimeError("the comm stream is gone")
-        return real(ready)
-    op.before = before
+    failed = _fail_once(reps.ops[len(reps.ops) // 2])
     net = solver.net
     feed(net, 0)
     net.forward()
@@ -252,15 +257,7 @@ def test_a_failure_while_a_pass_is_replayed_is_raised_and_the_next_pass_runs():
     solver = make_solver(True)
     reps = Replicas(solver)
     solver.step(1)                  # recorded: the next backward is a replay
-    op = reps.ops[len(reps.ops) // 2]
-    real, failed = op.before, []
-
-    def before(ready=None):
-        if not failed:
-            failed.append(True)
-            raise RuntimeError("the comm stream is gone")
-        return real(ready)
-    op.before = before
+    failed = _fail_once(reps.ops[len(reps.ops) // 2])
     net = solver.net
     feed(net, 0)
     net.forward()

@@ -273,6 +273,34 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
         assert "PyTorch twin" in text and "PyTorch idiomatic" in text      # the memory table's columns
 
 
+def test_each_framework_steps_in_a_process_of_its_own():
+    # as its users run it: nothing of another framework's model in its heap (compare.Worker)
+    suite = compare.load_suite()
+    param = compare.net_param(suite, "LeNet", 4)
+    variants = ["twin", "idiomatic"] if compare.torch is not None else []
+    r = compare.time_pair(param, ["none"], variants, warmup=0, iterations=2, batch=4)
+    keys = ["sncaffe none", *(f"pytorch {v}" for v in variants)]
+    pids = {r[k]["pid"] for k in keys}
+    assert len(pids) == len(keys) and os.getpid() not in pids
+    for k in keys:
+        assert r[k]["images_per_s"] > 0 and r[k]["faults"] >= 0
+    for v in variants:      # each took the weights and batch of its own sncaffe solver: the same numbers
+        assert r["loss"][f"pytorch {v}"] == pytest.approx(r["loss"]["sncaffe"], rel=1e-4)
+    assert {"Convolution", "InnerProduct"} <= set(r["split"]["sncaffe"])
+
+
+def test_a_failing_worker_says_which_and_why(tmp_path):
+    bad = tmp_path / "net.pb"
+    bad.write_bytes(b"\xff\xff not a NetParameter")
+    worker = compare.Worker(bad, "sncaffe", "none")
+    try:
+        with pytest.raises(RuntimeError, match=r"sncaffe none: DecodeError"):
+            worker.step()
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 1
+
+
 def test_default_suite_names_known_nets():
     for quick in (False, True):
         suite = compare.load_suite(quick=quick)

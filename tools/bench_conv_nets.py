@@ -5,7 +5,8 @@ compare.py's throughput rows (its nets, weights, batches and PyTorch forms), tim
 process's CPU time as well as the wall clock: on a shared machine the wall clock counts the
 time other processes hold the core, CPU time does not (at one thread every kernel of the three
 runs on the calling thread). Steps interleaved, the median of ``--iterations`` kept; per
-sncaffe form the share of its forward + backward in each layer type.
+sncaffe form the share of its forward + backward in each layer type. PyTorch's forms each step in a
+process of their own (``compare.Worker``), which times them and reports their CPU time.
 
     python tools/bench_conv_nets.py [--iterations 5] [--only LeNet,ResNet-50] [--threads 1]
 """
@@ -35,7 +36,9 @@ def main():
     from sncaffe.backend import onednn
     import torch
     torch.set_num_threads(args.threads)
+    import tempfile
     suite = compare.load_suite()
+    tmp = tempfile.TemporaryDirectory()
     only = [s for s in args.only.split(",") if s]
     print(f"threads {args.threads}; oneDNN {onednn.version()}; torch {torch.__version__}; median of "
           f"{args.iterations} interleaved steps; load average {os.getloadavg()[0]:.2f} at the start")
@@ -51,9 +54,16 @@ def main():
             os.environ["SNCAFFE_CONV"] = form           # read when the layers are set up
             solvers[form] = compare.make_solver(param, "none")
         os.environ.pop("SNCAFFE_CONV")
-        trainers = compare.pytorch_trainers(solvers["onednn"].net.graph, solvers["onednn"].net, ["twin", "idiomatic"])
+        graph = solvers["onednn"].net.graph
+        param_file = os.path.join(tmp.name, "net.pb")
+        with open(param_file, "wb") as f:
+            f.write(param.SerializeToString())
+        # PyTorch in processes of their own, as its users run it (compare.Worker: one process's
+        # allocator state, raised by another model's blocks, spares PyTorch its page faults)
+        workers = {f"torch {v}": compare.Worker(param_file, "pytorch", v, args.threads) for v in ("twin", "idiomatic")
+                   if v == "twin" or compare.IdiomaticTrainer.available(graph)}
         steps = {"onednn": lambda: solvers["onednn"].step(1), "native": lambda: solvers["native"].step(1),
-                 **{f"torch {k}": t.step for k, t in trainers.items()}}
+                 **{k: (lambda w: lambda: w.ask("step"))(w) for k, w in workers.items()}}
         for _ in range(args.warmup):
             for fn in steps.values():
                 fn()
@@ -61,9 +71,11 @@ def main():
         for _ in range(args.iterations):
             for k, fn in steps.items():
                 c0, w0 = time.process_time(), time.perf_counter()
-                fn()
-                cpu[k].append(time.process_time() - c0)
-                wall[k].append(time.perf_counter() - w0)
+                got = fn()
+                cpu[k].append(got["cpu"] if got else time.process_time() - c0)
+                wall[k].append(got["s"] if got else time.perf_counter() - w0)
+        for w in workers.values():
+            w.close()
         cpu = {k: statistics.median(v) * 1e3 for k, v in cpu.items()}
         wall = {k: statistics.median(v) * 1e3 for k, v in wall.items()}
         form = min((k for k in steps if k.startswith("torch")), key=cpu.get)

@@ -4,13 +4,14 @@
 
 The suite file names the nets, batch sizes, memory budgets and frameworks; ``--quick``
 applies its ``quick:`` section on top. Three suites, each measured the same way for
-every framework, in one process, N threads each (default 1: OPENBLAS/OMP/MKL_NUM_THREADS,
+every framework, N threads each (default 1: OPENBLAS/OMP/MKL_NUM_THREADS,
 torch.set_num_threads and sncaffe's thread policy all set to N before a BLAS loads):
 
 memory      peak memory of one training step (forward + backward; the SGD momentum
             buffer counted as resident), every net of the suite
 throughput  time per training iteration (forward, backward, SGD update) and images/s,
-            sncaffe and PyTorch steps interleaved after warm-up, the median of N; the
+            sncaffe and PyTorch steps interleaved after warm-up, each framework in a
+            process of its own (``Worker``), the median of N; the
             median of ``repeats`` such whole runs, with their spread; against the faster
             of PyTorch's two forms (below); and images/s against depth for ResNets [3, 4, k, 3]
 deepest     the deepest ResNet [3, 4, k, 3] (gen_resnet's rule, depth 3(k+10)+2) whose
@@ -524,18 +525,122 @@ def torch_count(graph, checkpoint, style="twin") -> dict:
 
 # -- timing ----------------------------------------------------------------------------------------
 def interleaved(steps: dict, warmup: int, iterations: int) -> dict:
-    """(median, fastest) seconds per call of each step function, calls interleaved (the same
-    machine load)."""
+    """(median, fastest, median page faults) of each step function, calls interleaved (the same
+    machine load). A step that times itself (a ``Worker``'s) returns (seconds, page faults); any
+    other is timed here, its faults not counted (None)."""
     for _ in range(warmup):
         for fn in steps.values():
             fn()
-    times = {k: [] for k in steps}
+    times, faults = {k: [] for k in steps}, {k: [] for k in steps}
     for _ in range(iterations):
         for k, fn in steps.items():
             t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: (statistics.median(v), min(v)) for k, v in times.items()}
+            got = fn()
+            times[k].append(got[0] if isinstance(got, tuple) else time.perf_counter() - t0)
+            if isinstance(got, tuple):
+                faults[k].append(got[1])
+    return {k: (statistics.median(v), min(v), statistics.median(faults[k]) if faults[k] else None)
+            for k, v in times.items()}
+
+
+# -- each framework in a process of its own ------------------------------------------------------
+class Worker:
+    """One framework's training step in a process of its own (``compare.py --worker``), stepped on
+    request: the parent interleaves the frameworks' steps under the same machine load, and nothing
+    of one framework's model lives in another's process, as for their users.
+
+    Why not one process: the C library's allocator is the process's. In one process, the PyTorch
+    twin's large blocks raised malloc's mmap and trim thresholds for the idiomatic model too, which
+    then reused heap memory where it alone maps and faults in fresh pages at every step (the CIFAR
+    ResNet at batch 128, one thread: 0 page faults a step beside the twin, 32,000-37,000 alone; its
+    step 645-760 ms against 819-833 in the same minutes). Each worker builds sncaffe's solver (seed 0)
+    and takes the weights and batch from it, so every framework starts from the same numbers."""
+
+    def __init__(self, param_file, framework, kind, threads=None):
+        self.name = f"{framework} {kind}"
+        threads = THREADS if threads is None else threads
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--threads", str(threads),
+                                      "--worker", str(param_file), framework, kind],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self._ready = False
+
+    def _reply(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name}: its process ended (exit status {self.proc.wait()})")
+        msg = json.loads(line)
+        if "error" in msg:
+            raise RuntimeError(f"{self.name}: {msg['error']}")
+        return msg
+
+    def ask(self, cmd):
+        if not self._ready:          # built: its first line says so (or why not)
+            self.pid, self._ready = self._reply()["ready"], True
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def step(self):
+        r = self.ask("step")
+        return r["s"], r["faults"]
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve(param_file, framework, kind) -> int:
+    """A ``Worker``'s process: builds the step, says ``ready`` (its pid), then answers ``step``
+    (seconds, CPU seconds and minor page faults of one training step), ``loss`` (the first loss, before any
+    step) and ``split`` (``type_split``/``torch_split``) until its input ends; one JSON line each on
+    the original stdout (what the frameworks print goes to stderr)."""
+    import gc
+    import resource
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def say(**msg):
+        out.write(json.dumps(msg) + "\n")
+
+    try:
+        machine()                                 # the thread settings of the parent
+        param = pb.NetParameter()
+        param.ParseFromString(Path(param_file).read_bytes())
+        if framework == "sncaffe":
+            solver = make_solver(param, kind)
+            step, loss, split = (lambda: solver.step(1)), solver.net.forward, (lambda: type_split(solver.net))
+        else:
+            solver = make_solver(param, "none")
+            trainer = pytorch_trainers(solver.net.graph, solver.net, [kind])[kind]
+            solver.net.release()
+            del solver
+            gc.collect()
+            step, split = trainer.step, (lambda: torch_split(trainer.step))
+            loss = lambda: float(trainer.loss().detach())       # noqa: E731
+        say(ready=os.getpid())
+        for line in sys.stdin:
+            cmd = line.strip()
+            if cmd == "step":
+                f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
+                t0 = time.perf_counter()
+                step()
+                t = time.perf_counter() - t0
+                say(s=t, cpu=time.process_time() - c0, faults=resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+            elif cmd == "loss":
+                say(loss=float(loss()))
+            elif cmd == "split":
+                say(split=split())
+            else:
+                say(error=f"unknown request {cmd!r}")
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+        say(error=f"{type(e).__name__}: {e}")
+        return 1
+    return 0
 
 
 def type_split(net) -> dict:
@@ -596,32 +701,38 @@ def torch_split(step) -> dict | None:
 
 def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=True) -> dict:
     """images/s of sncaffe (each mode) and PyTorch (each variant of ``pytorch_trainers``) on the same
-    net, weights and batch; with ``extras``, also the first losses and each framework's share of
-    time in convolutions."""
-    steps, out, solvers = {}, {}, {}
-    for mode in modes:
-        solvers[mode] = make_solver(param, mode)
-        steps[f"sncaffe {mode}"] = (lambda s: lambda: s.step(1))(solvers[mode])
-    net = solvers[modes[0]].net if modes else None
-    trainers = {}
-    if torch is not None and torch_variants:
-        graph = net.graph if net is not None else graph_of(param)
-        trainers = pytorch_trainers(graph, net, torch_variants)
-        steps.update((f"pytorch {v}", t.step) for v, t in trainers.items())
-        if extras and net is not None:      # the same weights and batch: the first losses agree
-            out["loss"] = {"sncaffe": net.forward(),
-                           **{f"pytorch {v}": float(t.loss().detach()) for v, t in trainers.items()}}
-    for k, (s, fastest) in interleaved(steps, warmup, iterations).items():
-        out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest}
-    if extras and net is not None:
-        out.setdefault("split", {})["sncaffe"] = split = type_split(net)
-        out["conv_share"] = conv_share(split)
-    if extras:
-        for v, t in trainers.items():
-            out.setdefault("split", {})[f"pytorch {v}"] = split = torch_split(t.step)
-            out.setdefault("torch_conv_share", {})[v] = conv_share(split)
-    for s in solvers.values():
-        s.net.release()
+    net, weights and batch, each in a process of its own (``Worker``), steps interleaved; with
+    ``extras``, also the first losses and where each framework's time goes."""
+    import tempfile
+    graph = graph_of(param) if torch is not None and torch_variants else None
+    torch_variants = [v for v in torch_variants or [] if graph is not None and (
+        not v.startswith("idiomatic") or IdiomaticTrainer.available(graph))]   # where the net has that form
+    with tempfile.TemporaryDirectory() as tmp:
+        param_file = Path(tmp) / "net.pb"
+        param_file.write_bytes(param.SerializeToString())
+        workers = {f"sncaffe {m}": Worker(param_file, "sncaffe", m) for m in modes}
+        workers.update((f"pytorch {v}", Worker(param_file, "pytorch", v)) for v in torch_variants)
+        out = {}
+        try:
+            if extras and modes:        # the same weights and batch: the first losses agree
+                out["loss"] = {("sncaffe" if k.startswith("sncaffe") else k): w.ask("loss")["loss"]
+                               for k, w in workers.items() if k == f"sncaffe {modes[0]}" or k.startswith("pytorch")}
+            for k, (s, fastest, faults) in interleaved({k: w.step for k, w in workers.items()}, warmup,
+                                                       iterations).items():
+                out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest, "faults": faults,
+                          "pid": workers[k].pid}
+            if extras and modes:
+                out.setdefault("split", {})["sncaffe"] = split = workers[f"sncaffe {modes[0]}"].ask("split")["split"]
+                out["conv_share"] = conv_share(split)
+            if extras:
+                for k, w in workers.items():
+                    if k.startswith("pytorch"):
+                        v = k[len("pytorch "):]
+                        out.setdefault("split", {})[k] = split = w.ask("split")["split"]
+                        out.setdefault("torch_conv_share", {})[v] = conv_share(split)
+        finally:
+            for w in workers.values():
+                w.close()
     return out
 
 
@@ -636,6 +747,8 @@ def repeated(runs: list) -> dict:
             out[k] = {**v, "s_per_iter": med, "images_per_s": v["images_per_s"] * v["s_per_iter"] / med,
                       "s_best": min(r[k]["s_best"] for r in runs), "spread": (min(ips), max(ips)),
                       "runs": len(runs)}
+            faults = [r[k]["faults"] for r in runs if r[k].get("faults") is not None]
+            out[k]["faults"] = statistics.median(faults) if faults else None
     return out
 
 
@@ -989,14 +1102,18 @@ def report(results) -> str:
                          ", ".join(f"{k} {v['images_per_s']:.1f}" for k, v in others.items()) or "-",
                          f"{s['images_per_s'] / p['images_per_s']:.2f}" if p and s else "-",
                          f"{r['conv_share']:.0%}" if r.get("conv_share") is not None else "-",
+                         " / ".join(f"{v['faults']:.0f}" if v and v.get("faults") is not None else "-" for v in (s, p)),
                          " / ".join(f"{loss[k]:.4f}" for k in loss) or "-"])
         n = m["threads"].get("sncaffe", 1)
         parts.append(f"### Training throughput, {n} thread{'s' * (n != 1)} each\n\n" + table(
             ["net", "batch", "sncaffe ms/iter", "sncaffe img/s (spread)", "fastest PyTorch",
              "its img/s (spread)", "other PyTorch img/s", "sncaffe / fastest PyTorch",
-             "sncaffe time in conv", "first loss: " + " / ".join(next((r.get("loss") or {} for r in t["runs"]), {}))],
+             "sncaffe time in conv", "page faults a step: sncaffe / fastest PyTorch",
+             "first loss: " + " / ".join(next((r.get("loss") or {} for r in t["runs"]), {}))],
             rows) + f"\n\nEach figure: the median of {next((v['runs'] for v in t['runs'][0].values() if isinstance(v, dict) and 'runs' in v), 1)} whole "
-            "interleaved runs (each the median of its iterations); spread: the runs' lowest and highest.")
+            "interleaved runs (each the median of its iterations); spread: the runs' lowest and highest. Each "
+            "framework steps in a process of its own (nothing else in its heap, as for its users), on request of "
+            "this one, which interleaves them; page faults: minor faults of one step in that process (median).")
     if t and any(r.get("split") for r in t["runs"]):
         rows = []
         for r in t["runs"]:
@@ -1143,7 +1260,10 @@ def main(argv=None) -> int:
                                                            "loads; default 1)")
     ap.add_argument("--only", default="", help="comma-separated suites to run of memory, throughput, deepest "
                                                 "(default: all that the suite file has)")
+    ap.add_argument("--worker", nargs=3, metavar=("NET_PB", "FRAMEWORK", "KIND"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker:             # one framework's steps for a parent's interleaved timing (``Worker``)
+        return serve(*args.worker)
     suite = load_suite(args.suite, args.quick)
     if args.only:
         keep = set(args.only.split(","))

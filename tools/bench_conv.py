@@ -235,6 +235,9 @@ def backends(np, torch, args):
             if have:
                 layer = sncaffe_layer(np, shape, N)
                 g = layer.dnn
+            if have and g is None:            # the layer runs on sncaffe's own ConvPlan (``native``)
+                kinds = "ConvPlan (native)"
+            elif have:
                 own = "".join(f", {k} {lay}" for k, lay in (("forward", g.forward_layout),
                                                             ("weights", g.weights_layout)) if lay)
                 kinds = (f"{g.layout}" + (f" ({own[2:]})" if own else "") + ": "

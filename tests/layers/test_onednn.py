@@ -687,6 +687,23 @@ def test_bench_conv_passes_times_each_layout_and_names_the_one_taken(capsys):
 
 
 @needs_onednn
+def test_bench_conv_backends_names_a_layer_on_sncaffes_own_convplan(capsys, monkeypatch):
+    """tools/bench_conv.py --backends on a strided 1x1 that runs on ConvPlan without AVX-512 (res5's
+    projection, ``conv_onednn.native``): the row says so (it raised on the missing oneDNN geometry)."""
+    import sys
+    from types import SimpleNamespace
+    from conftest import ROOT
+    from sncaffe.layers import conv_onednn
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_conv
+    monkeypatch.setattr(conv_onednn, "_CPU", [("AuthenticAMD", False)])       # AVX2's rules
+    bench_conv.backends(np, None, SimpleNamespace(only="res5 1x1/2 1024>512", quick=True, repeat=1,
+                                                  lenet_batch=2, cifar_batch=2, batch=1))
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("res5 1x1/2 1024>512")]
+    assert len(row) == 1 and row[0].endswith("ConvPlan (native)"), row
+
+
+@needs_onednn
 @pytest.mark.parametrize("full, posts", [(False, ((onednn.ADD, True),)), (True, ((onednn.ADD, False),)),
                                          (False, ((onednn.SUB, True), (onednn.DIV, False)))])
 def test_binary_takes_src1_and_each_post_operand_in_its_own_shape(full, posts):

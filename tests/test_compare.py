@@ -282,6 +282,8 @@ def test_each_framework_steps_in_a_process_of_its_own():
     keys = ["sncaffe none", *(f"pytorch {v}" for v in variants)]
     pids = {r[k]["pid"] for k in keys}
     assert len(pids) == len(keys) and os.getpid() not in pids
+    assert not r["sncaffe none"]["torch_loaded"]         # as `sncaffe train` runs: no PyTorch in its process
+    assert all(r[f"pytorch {v}"]["torch_loaded"] for v in variants)
     for k in keys:
         assert r[k]["images_per_s"] > 0 and r[k]["faults"] >= 0
     for v in variants:      # each took the weights and batch of its own sncaffe solver: the same numbers

@@ -98,7 +98,13 @@ from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import parse_text, prepare_net, read_text, replace_data_layers, set_batch  # noqa: E402
 from sncaffe.solvers.solver import Solver, history_bytes  # noqa: E402
 
+# A worker that steps sncaffe (``serve``) leaves PyTorch out of its process, as `sncaffe train` does
+# (PyTorch's GNU OpenMP would change which of MKL's layers sncaffe loads: ``backend/blas.py``).
+_SNCAFFE_WORKER = __name__ == "__main__" and "--worker" in sys.argv and sys.argv[-2:-1] == ["sncaffe"]
+
 try:
+    if _SNCAFFE_WORKER:
+        raise ImportError("not in sncaffe's worker")
     import torch
     import torch.nn.functional as F
     import torch_idiomatic
@@ -576,7 +582,8 @@ class Worker:
 
     def ask(self, cmd):
         if not self._ready:          # built: its first line says so (or why not)
-            self.pid, self._ready = self._reply()["ready"], True
+            self.info = self._reply()
+            self.pid, self._ready = self.info["ready"], True
         self.proc.stdin.write(cmd + "\n")
         self.proc.stdin.flush()
         return self._reply()
@@ -622,7 +629,7 @@ def serve(param_file, framework, kind) -> int:
             gc.collect()
             step, split = trainer.step, (lambda: torch_split(trainer.step))
             loss = lambda: float(trainer.loss().detach())       # noqa: E731
-        say(ready=os.getpid())
+        say(ready=os.getpid(), torch="torch" in sys.modules)
         for line in sys.stdin:
             cmd = line.strip()
             if cmd == "step":
@@ -720,7 +727,7 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=Tr
             for k, (s, fastest, faults) in interleaved({k: w.step for k, w in workers.items()}, warmup,
                                                        iterations).items():
                 out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest, "faults": faults,
-                          "pid": workers[k].pid}
+                          "pid": workers[k].pid, "torch_loaded": workers[k].info["torch"]}
             if extras and modes:
                 out.setdefault("split", {})["sncaffe"] = split = workers[f"sncaffe {modes[0]}"].ask("split")["split"]
                 out["conv_share"] = conv_share(split)

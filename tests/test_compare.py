@@ -291,6 +291,21 @@ def test_each_framework_steps_in_a_process_of_its_own():
     assert {"Convolution", "InnerProduct"} <= set(r["split"]["sncaffe"])
 
 
+def test_interleaved_pauses_before_each_timed_step_only(monkeypatch):
+    # on more than one thread the workers' steps are SETTLE_S apart (another process's OpenMP threads
+    # stop spinning first); warm-up calls and self-timed steps' figures are taken as they come
+    calls, slept = [], []
+    monkeypatch.setattr(compare.time, "sleep", lambda s: slept.append((s, len(calls))))
+    steps = {"a": lambda: calls.append("a") or (0.25, 7), "b": lambda: calls.append("b")}
+    out = compare.interleaved(steps, warmup=1, iterations=3, pause=0.1)
+    assert calls == ["a", "b"] * 4
+    assert slept == [(0.1, n) for n in range(2, 8)]          # before each of the 6 timed calls
+    assert out["a"] == (0.25, 0.25, 7) and out["b"][2] is None
+    slept.clear()
+    compare.interleaved(steps, warmup=0, iterations=2)
+    assert slept == []
+
+
 def test_a_failing_worker_says_which_and_why(tmp_path):
     bad = tmp_path / "net.pb"
     bad.write_bytes(b"\xff\xff not a NetParameter")

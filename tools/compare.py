@@ -530,16 +530,26 @@ def torch_count(graph, checkpoint, style="twin") -> dict:
 
 
 # -- timing ----------------------------------------------------------------------------------------
-def interleaved(steps: dict, warmup: int, iterations: int) -> dict:
+# Seconds between two workers' steps on more than one thread: the last step's OpenMP threads in
+# the other process stop spinning first. Measured by turns (LeNet at batch 64, two threads, three
+# workers, medians of 18 steps each): without the pause sncaffe 25.2 ms, PyTorch idiomatic 31.0,
+# twin 34.7; with 0.1 s 20.5, 24.9, 30.7 (ratio 1.23 and 1.22); on one thread no difference.
+SETTLE_S = 0.1
+
+
+def interleaved(steps: dict, warmup: int, iterations: int, pause: float = 0.0) -> dict:
     """(median, fastest, median page faults) of each step function, calls interleaved (the same
-    machine load). A step that times itself (a ``Worker``'s) returns (seconds, page faults); any
-    other is timed here, its faults not counted (None)."""
+    machine load), ``pause`` seconds before each timed call. A step that times itself (a
+    ``Worker``'s) returns (seconds, page faults); any other is timed here, its faults not counted
+    (None)."""
     for _ in range(warmup):
         for fn in steps.values():
             fn()
     times, faults = {k: [] for k in steps}, {k: [] for k in steps}
     for _ in range(iterations):
         for k, fn in steps.items():
+            if pause:
+                time.sleep(pause)
             t0 = time.perf_counter()
             got = fn()
             times[k].append(got[0] if isinstance(got, tuple) else time.perf_counter() - t0)
@@ -724,8 +734,8 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=Tr
             if extras and modes:        # the same weights and batch: the first losses agree
                 out["loss"] = {("sncaffe" if k.startswith("sncaffe") else k): w.ask("loss")["loss"]
                                for k, w in workers.items() if k == f"sncaffe {modes[0]}" or k.startswith("pytorch")}
-            for k, (s, fastest, faults) in interleaved({k: w.step for k, w in workers.items()}, warmup,
-                                                       iterations).items():
+            for k, (s, fastest, faults) in interleaved({k: w.step for k, w in workers.items()}, warmup, iterations,
+                                                       pause=SETTLE_S if THREADS > 1 else 0.0).items():
                 out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest, "faults": faults,
                           "pid": workers[k].pid, "torch_loaded": workers[k].info["torch"]}
             if extras and modes:
@@ -1120,7 +1130,8 @@ def report(results) -> str:
             rows) + f"\n\nEach figure: the median of {next((v['runs'] for v in t['runs'][0].values() if isinstance(v, dict) and 'runs' in v), 1)} whole "
             "interleaved runs (each the median of its iterations); spread: the runs' lowest and highest. Each "
             "framework steps in a process of its own (nothing else in its heap, as for its users), on request of "
-            "this one, which interleaves them; page faults: minor faults of one step in that process (median).")
+            "this one, which interleaves them (on more than one thread 0.1 s apart: the other process's OpenMP "
+            "threads stop spinning first); page faults: minor faults of one step in that process (median).")
     if t and any(r.get("split") for r in t["runs"]):
         rows = []
         for r in t["runs"]:

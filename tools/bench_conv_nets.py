@@ -60,8 +60,8 @@ def main():
             f.write(param.SerializeToString())
         # PyTorch in processes of their own, as its users run it (compare.Worker: one process's
         # allocator state, raised by another model's blocks, spares PyTorch its page faults)
-        workers = {f"torch {v}": compare.Worker(param_file, "pytorch", v, args.threads) for v in ("twin", "idiomatic")
-                   if v == "twin" or compare.IdiomaticTrainer.available(graph)}
+        workers = {f"torch {v}": compare.Worker(param_file, "pytorch", v, args.threads)
+                   for v in compare.torch_variants_for(graph, ["twin", "idiomatic"])}
         steps = {"onednn": lambda: solvers["onednn"].step(1), "native": lambda: solvers["native"].step(1),
                  **{k: (lambda w: lambda: w.ask("step"))(w) for k, w in workers.items()}}
         for _ in range(args.warmup):

@@ -471,14 +471,20 @@ class IdiomaticTrainer(TorchTrainer):
             return F.cross_entropy(logits, self.y)
 
 
+def torch_variants_for(graph, variants) -> list:
+    """The ``variants`` the net has: "twin" always, "idiomatic" (and its "+checkpoint") where
+    tools/torch_idiomatic.py has the net's form; none without PyTorch."""
+    if torch is None:
+        return []
+    return [v for v in variants or [] if not v.startswith("idiomatic") or IdiomaticTrainer.available(graph)]
+
+
 def pytorch_trainers(graph, net, variants, device="cpu") -> dict:
     """PyTorch trainers by variant name: "twin" (tools/torch_net.py's Caffe-style replay) and, where
     the net has an idiomatic form, "idiomatic"; each "+checkpoint" with checkpoint_sequential."""
     out = {}
-    for v in variants:
+    for v in torch_variants_for(graph, variants):
         style, _, saver = v.partition("+")
-        if style == "idiomatic" and not IdiomaticTrainer.available(graph):
-            continue
         cls = IdiomaticTrainer if style == "idiomatic" else TorchTrainer
         out[v] = cls(graph, device, net=net, checkpoint=saver == "checkpoint")
     return out
@@ -721,9 +727,7 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=Tr
     net, weights and batch, each in a process of its own (``Worker``), steps interleaved; with
     ``extras``, also the first losses and where each framework's time goes."""
     import tempfile
-    graph = graph_of(param) if torch is not None and torch_variants else None
-    torch_variants = [v for v in torch_variants or [] if graph is not None and (
-        not v.startswith("idiomatic") or IdiomaticTrainer.available(graph))]   # where the net has that form
+    torch_variants = torch_variants_for(graph_of(param), torch_variants) if torch_variants else []
     with tempfile.TemporaryDirectory() as tmp:
         param_file = Path(tmp) / "net.pb"
         param_file.write_bytes(param.SerializeToString())

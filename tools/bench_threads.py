@@ -176,6 +176,12 @@ def main():
                     help="one process per net: one thread and --threads' largest by turns, iteration by iteration")
     ap.add_argument("--child", nargs=4, metavar=("NET", "THREADS", "KERNELS", "ITERATIONS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.child:
+        unknown = [n for n in args.nets.split(",") if n not in NETS]
+        if unknown:
+            ap.error(f"--nets: unknown net {', '.join(map(repr, unknown))} (known: {', '.join(NETS)})")
+        if not all(t.strip().isdigit() and int(t) > 0 for t in args.threads.split(",")):
+            ap.error(f"--threads: {args.threads!r} is not a comma-separated list of thread counts")
     if args.child:
         net, t, k, it = args.child
         return child(net, int(t), k if k in ("alt", "turns") else k == "1", int(it))

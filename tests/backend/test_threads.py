@@ -243,3 +243,14 @@ def test_the_cli_gives_each_replica_its_share_before_the_blas_loads(tmp_path):
     assert "2 replicas on them" in run.stdout + run.stderr
     if out["blas"] == "mkl":
         assert out["sequential"] == (d["threads"] == 1)
+
+
+@pytest.mark.parametrize("argv, says", [(["--turns", "--nets", "lenet"], "unknown net 'lenet'"),
+                                        (["--threads", "1,x"], "'1,x' is not a comma-separated list")])
+def test_bench_threads_refuses_a_net_or_thread_count_it_does_not_have(argv, says):
+    """An unknown net or thread count is a usage error naming it, before any child runs (it was a
+    child's KeyError traceback)."""
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "tools" / "bench_threads.py"), *argv],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr

@@ -201,6 +201,12 @@ throughput:
   repeats: 2
   depth: {batch: 2, image_size: 32, k: [1], warmup: 0, iterations: 1,
           sncaffe_modes: [none], pytorch: [idiomatic]}
+scaling:
+  threads: 2
+  warmup: 0
+  iterations: 1
+  runs:
+    - {net: LeNet, batch: 4}
 deepest:
   budget: 300MiB
   batch: 2
@@ -271,6 +277,15 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
                 assert "Convolution" in split[f"pytorch {v}"]          # aten's conv ops found by name
         assert "Where the time goes" in text
         assert "PyTorch twin" in text and "PyTorch idiomatic" in text      # the memory table's columns
+    # two threads against one: each framework's worker ran its turns on one thread and on two
+    row = results["scaling"]["runs"][0]
+    frameworks = ["sncaffe none"] + (["pytorch idiomatic"] if compare.torch is not None else [])
+    assert [k for k in row if isinstance(row[k], dict)] == frameworks
+    for k in frameworks:
+        assert row[k]["ran_on"] == [1, 2], k
+        assert row[k]["s_one"] > 0 and row[k]["s_many"] > 0
+        assert row[k]["speedup"] == pytest.approx(row[k]["s_one"] / row[k]["s_many"])
+    assert "2 threads against one, by turns" in text and "scaling LeNet (batch 4): sncaffe 2 threads / 1" in text
 
 
 def test_each_framework_steps_in_a_process_of_its_own():
@@ -321,7 +336,7 @@ def test_a_failing_worker_says_which_and_why(tmp_path):
 def test_default_suite_names_known_nets():
     for quick in (False, True):
         suite = compare.load_suite(quick=quick)
-        names = [r["net"] for key in ("memory", "throughput") for r in suite[key]["runs"]]
+        names = [r["net"] for key in ("memory", "throughput", "scaling") for r in suite[key]["runs"]]
         assert set(names) <= set(suite["nets"])
         for name in set(names):
             spec = suite["nets"][name]

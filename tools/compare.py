@@ -3,7 +3,7 @@
     python tools/compare.py [--suite tools/compare.yaml] [--quick] [--threads N] [--out out/compare]
 
 The suite file names the nets, batch sizes, memory budgets and frameworks; ``--quick``
-applies its ``quick:`` section on top. Three suites, each measured the same way for
+applies its ``quick:`` section on top. Four suites, each measured the same way for
 every framework, N threads each (default 1: OPENBLAS/OMP/MKL_NUM_THREADS,
 torch.set_num_threads and sncaffe's thread policy all set to N before a BLAS loads):
 
@@ -14,6 +14,9 @@ throughput  time per training iteration (forward, backward, SGD update) and imag
             process of its own (``Worker``), the median of N; the
             median of ``repeats`` such whole runs, with their spread; against the faster
             of PyTorch's two forms (below); and images/s against depth for ResNets [3, 4, k, 3]
+scaling     the suite's ``threads`` (2) against one: sncaffe and PyTorch each in a worker of
+            that many threads, stepping on one thread and on all of them by turns, the
+            frameworks interleaved (both scale in the same minutes on the same machine)
 deepest     the deepest ResNet [3, 4, k, 3] (gen_resnet's rule, depth 3(k+10)+2) whose
             training step fits a memory budget, twice: a device budget and a machine budget
             (below); PyTorch eager and its own savers (checkpoint_sequential, save_on_cpu,
@@ -604,8 +607,11 @@ class Worker:
         self.proc.stdin.flush()
         return self._reply()
 
-    def step(self):
-        r = self.ask("step")
+    def step(self, threads=None):
+        """(seconds, page faults) of one training step, on ``threads`` of the worker's own (None:
+        all of them; the scaling suite's one-thread turns). ``last``: the whole reply (its CPU
+        seconds, the threads the step ran on)."""
+        self.last = r = self.ask("step" if threads is None else f"step {threads}")
         return r["s"], r["faults"]
 
     def close(self):
@@ -645,25 +651,54 @@ def serve(param_file, framework, kind) -> int:
             gc.collect()
             step, split = trainer.step, (lambda: torch_split(trainer.step))
             loss = lambda: float(trainer.loss().detach())       # noqa: E731
+        on = _threads_held if framework == "sncaffe" else _torch_threads_held
         say(ready=os.getpid(), torch="torch" in sys.modules)
         for line in sys.stdin:
-            cmd = line.strip()
+            cmd, _, n = line.strip().partition(" ")
             if cmd == "step":
-                f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
-                t0 = time.perf_counter()
-                step()
-                t = time.perf_counter() - t0
-                say(s=t, cpu=time.process_time() - c0, faults=resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+                with on(int(n)) if n else contextlib.nullcontext():
+                    f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
+                    t0 = time.perf_counter()
+                    step()
+                    t = time.perf_counter() - t0
+                    threads = _threads_now(framework)
+                say(s=t, cpu=time.process_time() - c0, faults=resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0,
+                    threads=threads)
             elif cmd == "loss":
                 say(loss=float(loss()))
             elif cmd == "split":
                 say(split=split())
             else:
-                say(error=f"unknown request {cmd!r}")
+                say(error=f"unknown request {line.strip()!r}")
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
         say(error=f"{type(e).__name__}: {e}")
         return 1
     return 0
+
+
+def _threads_now(framework) -> int:
+    """The threads a step of ``framework`` runs on now (sncaffe's budget; PyTorch's intra-op threads)."""
+    if framework == "sncaffe":
+        from sncaffe.backend import threads as policy
+        return policy.current().threads
+    return torch.get_num_threads()
+
+
+def _threads_held(n):
+    """sncaffe's GEMMs, oneDNN's team and compiled kernels on ``n`` threads of the budget."""
+    from sncaffe.backend import threads as policy
+    return policy.held(n)
+
+
+@contextlib.contextmanager
+def _torch_threads_held(n):
+    """PyTorch's intra-op threads at ``n`` (at most the worker's own) for the enclosed step."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(n, THREADS)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def type_split(net) -> dict:
@@ -875,6 +910,51 @@ def throughput_suite(suite, say) -> dict:
     return {"runs": rows, "depth": by_depth}
 
 
+def scaling_suite(suite, say) -> dict:
+    """Two threads (``threads``) against one for each net: sncaffe and PyTorch (``pytorch``, its
+    fastest form by default idiomatic) each in a worker of that many threads, stepping on one
+    thread and on all of them by turns (sncaffe: ``threads.held``; PyTorch: ``set_num_threads``),
+    the two frameworks interleaved: both scale on the same machine in the same minutes, so where a
+    shared machine gives a second thread less (its memory bandwidth, a neighbour), it shows in both."""
+    import tempfile
+    cfg = suite["scaling"]
+    n = int(cfg.get("threads", 2))
+    want = torch is not None and "pytorch" in suite["frameworks"]
+    rows = []
+    for run in cfg["runs"]:
+        name, batch = run["net"], run["batch"]
+        param = net_param(suite, name, batch)
+        variants = torch_variants_for(graph_of(param), [cfg.get("pytorch", "idiomatic")]) if want else []
+        with tempfile.TemporaryDirectory() as tmp:
+            param_file = Path(tmp) / "net.pb"
+            param_file.write_bytes(param.SerializeToString())
+            workers = {f"sncaffe {cfg.get('sncaffe_mode', 'none')}":
+                       Worker(param_file, "sncaffe", cfg.get("sncaffe_mode", "none"), threads=n)}
+            workers.update((f"pytorch {v}", Worker(param_file, "pytorch", v, threads=n)) for v in variants)
+            ran_on = {}         # the threads each worker says its steps ran on
+
+            def step(key, w, t):
+                got = w.step(t)
+                ran_on[key] = w.last["threads"]
+                return got
+            try:
+                steps = {f"{k} @{t}": (lambda k=k, w=w, t=t: step(f"{k} @{t}", w, t))
+                         for k, w in workers.items() for t in (1, n)}
+                timed = interleaved(steps, cfg.get("warmup", 1), cfg["iterations"], pause=SETTLE_S)
+            finally:
+                for w in workers.values():
+                    w.close()
+        row = {"net": name, "batch": batch, "threads": n}
+        for k in workers:
+            (one, one_best, _), (many, many_best, _) = timed[f"{k} @1"], timed[f"{k} @{n}"]
+            row[k] = {"s_one": one, "s_many": many, "speedup": one / many, "speedup_best": one_best / many_best,
+                      "ran_on": [ran_on[f"{k} @1"], ran_on[f"{k} @{n}"]]}
+        rows.append(row)
+        say(f"  {name} (batch {batch}): " + ", ".join(
+            f"{k} {v['speedup']:.2f}x" for k, v in row.items() if isinstance(v, dict)) + f" on {n} threads")
+    return {"threads": n, "target": cfg.get("target", 1.7), "runs": rows}
+
+
 def sncaffe_overhead() -> int:
     """Resident bytes of a process that has loaded sncaffe and its BLAS and planned a small net
     (a ResNet-50 at batch 1, 32x32): the floor under every depth's figure."""
@@ -1068,6 +1148,13 @@ def ratios(results) -> list:
             value = s["images_per_s"] / p["images_per_s"]
             out.append((f"throughput {r['net']} (batch {r['batch']}): sncaffe / fastest PyTorch ({variant})",
                         value, f">= {goal:g}", value >= goal))
+    sc = results.get("scaling") or {}
+    for r in sc.get("runs", []):            # issue 17: 1.7x the one-thread throughput on two threads
+        k = next((k for k in r if k.startswith("sncaffe ")), None)
+        if k:
+            value = r[k]["speedup"]
+            out.append((f"scaling {r['net']} (batch {r['batch']}): sncaffe {r['threads']} threads / 1", value,
+                        f">= {sc['target']:g}", value >= sc["target"]))
     for r in (results.get("caffe") or {}).get("runs", []):
         if r.get("images_per_s"):          # `sncaffe time` against `caffe time`: forward + backward
             value = r["sncaffe_images_per_s"] / r["images_per_s"]
@@ -1157,6 +1244,21 @@ def report(results) -> str:
             "which adds its own overhead), grouped by name: `conv`, `batch_norm` (with its affine: Scale's "
             "work), `relu`/`threshold`/`clamp`, `add`/`sum`, `pool`, `addmm`/`mm`/`linear`, `copy_`/`cat`; "
             "`other` holds the rest (its autograd engine, the loss, the optimizer).")
+    sc = results.get("scaling")
+    if sc and sc["runs"]:
+        n, rows = sc["threads"], []
+        for r in sc["runs"]:
+            for k, v in r.items():
+                if isinstance(v, dict) and "speedup" in v:
+                    rows.append([r["net"], r["batch"], k, f"{v['s_one'] * 1e3:.1f}", f"{v['s_many'] * 1e3:.1f}",
+                                 f"{v['speedup']:.2f}x", f"{v['speedup_best']:.2f}x"])
+        parts.append(f"### {n} threads against one, by turns\n\n" + table(
+            ["net", "batch", "framework", "1 thread ms/iter", f"{n} threads ms/iter", "speed-up (medians)",
+             "speed-up (fastest steps)"], rows) +
+            f"\n\nEach framework in a worker of {n} threads, stepping on one thread and on {n} by turns "
+            "(sncaffe: `threads.held`; PyTorch: `torch.set_num_threads`), the frameworks interleaved, 0.1 s "
+            "between steps: both scale in the same minutes, so what the machine gives a second thread "
+            "shows in both.")
     if t and t["depth"]:
         keys = [k for k in t["depth"][0] if isinstance(t["depth"][0][k], dict) and "images_per_s" in t["depth"][0][k]]
         rows = [[f"ResNet-{r['depth']}", r["k"], *[f"{r[k]['images_per_s']:.2f}" for k in keys]] for r in t["depth"]]
@@ -1251,7 +1353,8 @@ def run(suite, out: Path, say=print) -> dict:
     say("threads: " + ", ".join(f"{k}={v}" for k, v in th.items()))
     if torch is None:
         say("PyTorch is not installed (pip install torch==2.13.0): its columns are left out")
-    for key, fn in (("memory", memory_suite), ("throughput", throughput_suite), ("deepest", deepest_suite)):
+    for key, fn in (("memory", memory_suite), ("throughput", throughput_suite), ("scaling", scaling_suite),
+                    ("deepest", deepest_suite)):
         if suite.get(key):
             t1 = time.perf_counter()
             say(f"{key}:")
@@ -1273,6 +1376,9 @@ def run(suite, out: Path, say=print) -> dict:
     return results
 
 
+SUITES = ("memory", "throughput", "scaling", "deepest")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(DEFAULT_SUITE), help="the suites (default: %(default)s)")
@@ -1280,8 +1386,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/compare", help="folder for tables and plots (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="threads of each framework (read before the BLAS "
                                                            "loads; default 1)")
-    ap.add_argument("--only", default="", help="comma-separated suites to run of memory, throughput, deepest "
-                                                "(default: all that the suite file has)")
+    ap.add_argument("--only", default="", help="comma-separated suites to run of memory, throughput, scaling, "
+                                                "deepest (default: all that the suite file has)")
     ap.add_argument("--worker", nargs=3, metavar=("NET_PB", "FRAMEWORK", "KIND"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:             # one framework's steps for a parent's interleaved timing (``Worker``)
@@ -1289,10 +1395,10 @@ def main(argv=None) -> int:
     suite = load_suite(args.suite, args.quick)
     if args.only:
         keep = set(args.only.split(","))
-        unknown = keep - {"memory", "throughput", "deepest"}
+        unknown = keep - set(SUITES)
         if unknown:
-            ap.error(f"--only: unknown suite(s) {', '.join(sorted(unknown))} (memory, throughput, deepest)")
-        suite = {k: v for k, v in suite.items() if k not in {"memory", "throughput", "deepest"} - keep}
+            ap.error(f"--only: unknown suite(s) {', '.join(sorted(unknown))} ({', '.join(SUITES)})")
+        suite = {k: v for k, v in suite.items() if k not in set(SUITES) - keep}
     print(f"python tools/compare.py --suite {args.suite}{' --quick' if args.quick else ''} --threads {args.threads}"
           f"{f' --only {args.only}' if args.only else ''} --out {args.out}")
     run(suite, Path(args.out), say=lambda s: print(s, flush=True))

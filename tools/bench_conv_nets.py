@@ -36,9 +36,7 @@ def main():
     from sncaffe.backend import onednn
     import torch
     torch.set_num_threads(args.threads)
-    import tempfile
     suite = compare.load_suite()
-    tmp = tempfile.TemporaryDirectory()
     only = [s for s in args.only.split(",") if s]
     print(f"threads {args.threads}; oneDNN {onednn.version()}; torch {torch.__version__}; median of "
           f"{args.iterations} interleaved steps; load average {os.getloadavg()[0]:.2f} at the start")
@@ -55,27 +53,22 @@ def main():
             solvers[form] = compare.make_solver(param, "none")
         os.environ.pop("SNCAFFE_CONV")
         graph = solvers["onednn"].net.graph
-        param_file = os.path.join(tmp.name, "net.pb")
-        with open(param_file, "wb") as f:
-            f.write(param.SerializeToString())
         # PyTorch in processes of their own, as its users run it (compare.Worker: one process's
         # allocator state, raised by another model's blocks, spares PyTorch its page faults)
-        workers = {f"torch {v}": compare.Worker(param_file, "pytorch", v, args.threads)
-                   for v in compare.torch_variants_for(graph, ["twin", "idiomatic"])}
-        steps = {"onednn": lambda: solvers["onednn"].step(1), "native": lambda: solvers["native"].step(1),
-                 **{k: (lambda w: lambda: w.ask("step"))(w) for k, w in workers.items()}}
-        for _ in range(args.warmup):
-            for fn in steps.values():
-                fn()
-        cpu, wall = {k: [] for k in steps}, {k: [] for k in steps}
-        for _ in range(args.iterations):
-            for k, fn in steps.items():
-                c0, w0 = time.process_time(), time.perf_counter()
-                got = fn()
-                cpu[k].append(got["cpu"] if got else time.process_time() - c0)
-                wall[k].append(got["s"] if got else time.perf_counter() - w0)
-        for w in workers.values():
-            w.close()
+        specs = {f"torch {v}": ("pytorch", v) for v in compare.torch_variants_for(graph, ["twin", "idiomatic"])}
+        with compare.workers_on(param, specs, args.threads) as workers:
+            steps = {"onednn": lambda: solvers["onednn"].step(1), "native": lambda: solvers["native"].step(1),
+                     **{k: (lambda w: lambda: w.ask("step"))(w) for k, w in workers.items()}}
+            for _ in range(args.warmup):
+                for fn in steps.values():
+                    fn()
+            cpu, wall = {k: [] for k in steps}, {k: [] for k in steps}
+            for _ in range(args.iterations):
+                for k, fn in steps.items():
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    got = fn()
+                    cpu[k].append(got["cpu"] if got else time.process_time() - c0)
+                    wall[k].append(got["s"] if got else time.perf_counter() - w0)
         cpu = {k: statistics.median(v) * 1e3 for k, v in cpu.items()}
         wall = {k: statistics.median(v) * 1e3 for k, v in wall.items()}
         form = min((k for k in steps if k.startswith("torch")), key=cpu.get)

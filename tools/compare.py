@@ -623,6 +623,24 @@ class Worker:
             self.proc.wait()
 
 
+@contextlib.contextmanager
+def workers_on(param, specs: dict, threads=None):
+    """{name: Worker} for ``specs`` {name: (framework, kind)}, each on ``param`` (written to a
+    temporary file for them) with ``threads`` (None: this process's), all closed on leaving."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        param_file = Path(tmp) / "net.pb"
+        param_file.write_bytes(param.SerializeToString())
+        workers = {}
+        try:
+            for name, (framework, kind) in specs.items():
+                workers[name] = Worker(param_file, framework, kind, threads)
+            yield workers
+        finally:
+            for w in workers.values():
+                w.close()
+
+
 def serve(param_file, framework, kind) -> int:
     """A ``Worker``'s process: builds the step, says ``ready`` (its pid), then answers ``step``
     (seconds, CPU seconds and minor page faults of one training step), ``loss`` (the first loss, before any
@@ -761,34 +779,27 @@ def time_pair(param, modes, torch_variants, warmup, iterations, batch, extras=Tr
     """images/s of sncaffe (each mode) and PyTorch (each variant of ``pytorch_trainers``) on the same
     net, weights and batch, each in a process of its own (``Worker``), steps interleaved; with
     ``extras``, also the first losses and where each framework's time goes."""
-    import tempfile
     torch_variants = torch_variants_for(graph_of(param), torch_variants) if torch_variants else []
-    with tempfile.TemporaryDirectory() as tmp:
-        param_file = Path(tmp) / "net.pb"
-        param_file.write_bytes(param.SerializeToString())
-        workers = {f"sncaffe {m}": Worker(param_file, "sncaffe", m) for m in modes}
-        workers.update((f"pytorch {v}", Worker(param_file, "pytorch", v)) for v in torch_variants)
-        out = {}
-        try:
-            if extras and modes:        # the same weights and batch: the first losses agree
-                out["loss"] = {("sncaffe" if k.startswith("sncaffe") else k): w.ask("loss")["loss"]
-                               for k, w in workers.items() if k == f"sncaffe {modes[0]}" or k.startswith("pytorch")}
-            for k, (s, fastest, faults) in interleaved({k: w.step for k, w in workers.items()}, warmup, iterations,
-                                                       pause=SETTLE_S if THREADS > 1 else 0.0).items():
-                out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest, "faults": faults,
-                          "pid": workers[k].pid, "torch_loaded": workers[k].info["torch"]}
-            if extras and modes:
-                out.setdefault("split", {})["sncaffe"] = split = workers[f"sncaffe {modes[0]}"].ask("split")["split"]
-                out["conv_share"] = conv_share(split)
-            if extras:
-                for k, w in workers.items():
-                    if k.startswith("pytorch"):
-                        v = k[len("pytorch "):]
-                        out.setdefault("split", {})[k] = split = w.ask("split")["split"]
-                        out.setdefault("torch_conv_share", {})[v] = conv_share(split)
-        finally:
-            for w in workers.values():
-                w.close()
+    specs = {f"sncaffe {m}": ("sncaffe", m) for m in modes}
+    specs.update((f"pytorch {v}", ("pytorch", v)) for v in torch_variants)
+    out = {}
+    with workers_on(param, specs) as workers:
+        if extras and modes:        # the same weights and batch: the first losses agree
+            out["loss"] = {("sncaffe" if k.startswith("sncaffe") else k): w.ask("loss")["loss"]
+                           for k, w in workers.items() if k == f"sncaffe {modes[0]}" or k.startswith("pytorch")}
+        for k, (s, fastest, faults) in interleaved({k: w.step for k, w in workers.items()}, warmup, iterations,
+                                                   pause=SETTLE_S if THREADS > 1 else 0.0).items():
+            out[k] = {"s_per_iter": s, "images_per_s": batch / s, "s_best": fastest, "faults": faults,
+                      "pid": workers[k].pid, "torch_loaded": workers[k].info["torch"]}
+        if extras and modes:
+            out.setdefault("split", {})["sncaffe"] = split = workers[f"sncaffe {modes[0]}"].ask("split")["split"]
+            out["conv_share"] = conv_share(split)
+        if extras:
+            for k, w in workers.items():
+                if k.startswith("pytorch"):
+                    v = k[len("pytorch "):]
+                    out.setdefault("split", {})[k] = split = w.ask("split")["split"]
+                    out.setdefault("torch_conv_share", {})[v] = conv_share(split)
     return out
 
 
@@ -916,36 +927,30 @@ def scaling_suite(suite, say) -> dict:
     thread and on all of them by turns (sncaffe: ``threads.held``; PyTorch: ``set_num_threads``),
     the two frameworks interleaved: both scale on the same machine in the same minutes, so where a
     shared machine gives a second thread less (its memory bandwidth, a neighbour), it shows in both."""
-    import tempfile
     cfg = suite["scaling"]
     n = int(cfg.get("threads", 2))
     want = torch is not None and "pytorch" in suite["frameworks"]
+    forms = cfg.get("pytorch", "idiomatic")
+    forms = [forms] if isinstance(forms, str) else list(forms)
+    mode = cfg.get("sncaffe_mode", "none")
     rows = []
     for run in cfg["runs"]:
         name, batch = run["net"], run["batch"]
         param = net_param(suite, name, batch)
-        variants = torch_variants_for(graph_of(param), [cfg.get("pytorch", "idiomatic")]) if want else []
-        with tempfile.TemporaryDirectory() as tmp:
-            param_file = Path(tmp) / "net.pb"
-            param_file.write_bytes(param.SerializeToString())
-            workers = {f"sncaffe {cfg.get('sncaffe_mode', 'none')}":
-                       Worker(param_file, "sncaffe", cfg.get("sncaffe_mode", "none"), threads=n)}
-            workers.update((f"pytorch {v}", Worker(param_file, "pytorch", v, threads=n)) for v in variants)
-            ran_on = {}         # the threads each worker says its steps ran on
+        specs = {f"sncaffe {mode}": ("sncaffe", mode)}
+        specs.update((f"pytorch {v}", ("pytorch", v)) for v in (torch_variants_for(graph_of(param), forms) if want else []))
+        ran_on = {}         # the threads each worker says its steps ran on
 
-            def step(key, w, t):
-                got = w.step(t)
-                ran_on[key] = w.last["threads"]
-                return got
-            try:
-                steps = {f"{k} @{t}": (lambda k=k, w=w, t=t: step(f"{k} @{t}", w, t))
-                         for k, w in workers.items() for t in (1, n)}
-                timed = interleaved(steps, cfg.get("warmup", 1), cfg["iterations"], pause=SETTLE_S)
-            finally:
-                for w in workers.values():
-                    w.close()
+        def step(key, w, t):
+            got = w.step(t)
+            ran_on[key] = w.last["threads"]
+            return got
+        with workers_on(param, specs, threads=n) as workers:
+            steps = {f"{k} @{t}": (lambda k=k, w=w, t=t: step(f"{k} @{t}", w, t))
+                     for k, w in workers.items() for t in (1, n)}
+            timed = interleaved(steps, cfg.get("warmup", 1), cfg["iterations"], pause=SETTLE_S)
         row = {"net": name, "batch": batch, "threads": n}
-        for k in workers:
+        for k in specs:
             (one, one_best, _), (many, many_best, _) = timed[f"{k} @1"], timed[f"{k} @{n}"]
             row[k] = {"s_one": one, "s_many": many, "speedup": one / many, "speedup_best": one_best / many_best,
                       "ran_on": [ran_on[f"{k} @1"], ran_on[f"{k} @{n}"]]}

@@ -39,6 +39,7 @@ class Geometry:
                             # (reorders through the workspace where not NCHW)
     forward_layout: str = ""    # a Convolution's forward pass, where it runs in another (``forward_layout``)
     weights_layout: str = ""    # its weight gradient's pass on one thread, where another (``weights_layout``)
+    weights_every_budget: bool = False  # ... and on any number of threads (the NHWC rule of ``weights_layout``)
 
     def conv(self, n, kind="", one_thread=None) -> onednn.Conv:
         """The primitives at n images in ``layout`` (the input gradient's pass), or in the layout of
@@ -47,7 +48,7 @@ class Geometry:
         own = self.forward_layout if kind == "forward" else ""
         if kind == "weights" and self.weights_layout:
             one = _threads.current().threads == 1 if one_thread is None else one_thread
-            own = self.weights_layout if one else ""
+            own = self.weights_layout if one or self.weights_every_budget else ""
         return onednn.conv(n, self.channels, self.num_output, self.group, self.size, self.kernel, self.stride,
                            self.pad, self.dilation, own or self.layout)
 
@@ -69,10 +70,11 @@ def geometry(layer, plan, size):
     if not layer.deconv and native(plan):
         return None
     chosen = layout(plan)
+    weights = "" if layer.deconv else weights_layout(plan, chosen)
     return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
                     (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), layout=chosen,
                     forward_layout="" if layer.deconv else forward_layout(plan, chosen),
-                    weights_layout="" if layer.deconv else weights_layout(plan, chosen))
+                    weights_layout=weights, weights_every_budget=weights == NHWC)
 
 
 NCHW, BLOCKED, NHWC = "nchw", "blocked", "nhwc"
@@ -146,8 +148,18 @@ def forward_layout(plan, chosen) -> str:
 
 
 def weights_layout(plan, chosen) -> str:
-    """The layout of a Convolution's weight-gradient pass on one thread, where it differs from
-    ``chosen`` (the input gradient's), else "": on a CPU without AVX-512, NCHW (oneDNN's GEMM kernel,
+    """The layout of a Convolution's weight-gradient pass, where it differs from ``chosen`` (the
+    input gradient's), else "".
+
+    On an AMD CPU without AVX-512, NHWC on every budget for a layer on NCHW with one input channel
+    per group and several outputs (``blocked``: a grayscale first layer such as LeNet's conv1): x
+    is its own NHWC copy (one channel), dy alone is reordered, and the brgemm kernel beats NCHW's
+    GEMM kernel (measured on an AMD EPYC with AVX2, weights pass alone, reorders included, batch
+    64, NCHW / NHWC ms, one thread and two: LeNet's 1 -> 20 5x5 on 28x28 2.05-2.22 / 1.59-1.93 and
+    2.07-2.18 / 1.02-1.20; 1 -> 32 5x5 2.62 / 2.69 and 2.43 / 1.90; 1 -> 20 3x3 1.39 / 1.43 and
+    1.29 / 0.62; 1 -> 16 3x3 on 64x64 5.89 / 5.84 and 5.91 / 4.18).
+
+    On one thread, on a CPU without AVX-512, NCHW (oneDNN's GEMM kernel,
     x and dy read as they are) for a layer with at least 256 input and 256 output channels per group.
     On two threads the blocked kernels keep it (``Geometry.conv`` reads the budget at each call):
     there the GEMM kernel gains less and NumPy's add of its gradient (one thread) costs more.
@@ -163,9 +175,18 @@ def weights_layout(plan, chosen) -> str:
     batch 8 1.015x on one thread; at batch 2 on two threads 0.980x, hence one thread only. The GEMM
     kernel's gradient bits follow the thread count (the blocked kernels' do not), as a threaded
     GEMM's may."""
+    if _one_channel_on_amd_avx2(plan):
+        return NHWC if chosen == NCHW and plan.kernel != (1, 1) else ""
     if chosen == NCHW or _avx512() or plan.Cg < 256 or plan.Mg < 256:
         return ""
     return NCHW
+
+
+def _one_channel_on_amd_avx2(plan) -> bool:
+    """One input channel per group and several outputs (not depthwise), on a CPU neither Intel's
+    nor with AVX-512: NCHW's kernels there (``blocked``), the weight gradient NHWC's
+    (``weights_layout``)."""
+    return plan.Cg == 1 and plan.Mg > 1 and not _intel() and not _avx512()
 
 
 def blocked(plan) -> bool:
@@ -191,9 +212,15 @@ def blocked(plan) -> bool:
     with all three passes NCHW looks faster (ResNet-50's conv1 101 ms against 134), but a first
     layer computes no data gradient, and forward + weight gradient alone is faster blocked (53.4
     against 67.0 ms; 3x3/2 3 -> 32 on 224x224 6.4 and 10.1) or about the same (3x3 3 -> 64 on
-    224x224 56.7 and 55.0)."""
+    224x224 56.7 and 55.0). But one input channel per group (not depthwise) runs NCHW there: padded
+    to a block of 8, the blocked kernels took 1.0-1.3x NCHW's time forward and 2.6-3.6x in each
+    backward pass (one thread, batch 64, NCHW / blocked ms, forward, data, weights: 1 -> 32 5x5 on
+    28x28 1.76 / 1.80, 2.25 / 8.53, 2.62 / 7.70; 1 -> 64 3x3 on 32x32 3.46 / 4.37, 4.88 / 12.90,
+    3.63 / 12.71; 1 -> 16 3x3 on 64x64 5.67 / 4.11, 5.62 / 12.72, 5.89 / 13.07; two threads alike)."""
     if plan.kernel == (1, 1):
         return not _avx512() and plan.Mg % 8 == 0 and plan.Cg >= 4 * plan.h.size * plan.w.size
+    if _one_channel_on_amd_avx2(plan):
+        return False
     return plan.Cg == 1 and (plan.Mg == 1 or _intel()) or plan.Mg % 8 == 0
 
 

@@ -410,6 +410,42 @@ def test_weight_gradient_in_nchw_with_many_channels_without_avx512(avx512, kind,
 
 
 @needs_onednn
+@pytest.mark.parametrize("cpu", [("AuthenticAMD", False), ("AuthenticAMD", True), ("GenuineIntel", False)],
+                         ids=["amd-avx2", "amd-avx512", "intel-avx2"])
+@pytest.mark.parametrize("shape, M, kw", [((2, 1, 12, 12), 20, dict(kernel_size=5)),        # LeNet's conv1
+                                          ((2, 1, 10, 10), 32, dict(kernel_size=3, pad=1))])
+def test_one_input_channel_runs_nchw_and_its_weight_gradient_nhwc_on_amd_avx2(cpu, shape, M, kw, monkeypatch):
+    """On an AMD CPU without AVX-512 a Convolution with one input channel per group (not depthwise)
+    runs NCHW, whatever its outputs (blocked padded its one channel), and its weight gradient NHWC
+    on one thread and on two (``conv_onednn.weights_layout``); elsewhere the rules as they were.
+    ConvPlan's float64 results either way, and on two threads the weight gradient is the bytes of a
+    Conv built NHWC alone (added onto the zeroed diff)."""
+    from sncaffe.backend import threads
+    monkeypatch.setattr(conv_onednn, "_CPU", [cpu])
+    monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
+    ref, *want_out = _run("Convolution", shape, M, kw, np.float64)
+    layer, *got = _run("Convolution", shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
+    g, n = layer.dnn, shape[0]
+    amd_avx2 = cpu == ("AuthenticAMD", False)
+    intel = cpu[0] == "GenuineIntel"         # one input channel blocked there (the test above)
+    assert g.layout == ("nchw" if amd_avx2 or (M % 8 and not intel) else "blocked")
+    assert (g.weights_layout, g.weights_every_budget) == (("nhwc", True) if amd_avx2 else ("", False))
+    for w, v in zip(got[:2] + got[2], want_out[:2] + want_out[2]):
+        np.testing.assert_allclose(w, v, rtol=1e-4, atol=1e-4 * np.abs(v).max())
+    if amd_avx2:
+        nhwc = onednn.conv(n, g.channels, g.num_output, g.group, g.size, g.kernel, g.stride, g.pad, g.dilation,
+                           "nhwc")
+        assert g.conv(n, "weights") is nhwc and g.conv(n, "weights", one_thread=True) is nhwc    # any budget
+        assert g.conv(n) is not nhwc
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)      # _run's inputs
+        dy = np.random.default_rng(1).standard_normal(got[0].shape).astype(np.float32)
+        dw = np.zeros_like(got[2][0])
+        adds = nhwc.adds("y")
+        nhwc.run("weights", np.zeros(nhwc.nbytes("weights", "y", adds), np.uint8), accumulate=adds, x=x, w=dw, y=dy)
+        assert dw.tobytes() == got[2][0].tobytes()
+
+
+@needs_onednn
 def test_a_strided_argument_is_refused():
     """oneDNN reads raw memory: a view with other strides must not reach it."""
     conv = onednn.conv(2, 4, 4, 1, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1))

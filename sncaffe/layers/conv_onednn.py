@@ -213,10 +213,12 @@ def blocked(plan) -> bool:
     layer computes no data gradient, and forward + weight gradient alone is faster blocked (53.4
     against 67.0 ms; 3x3/2 3 -> 32 on 224x224 6.4 and 10.1) or about the same (3x3 3 -> 64 on
     224x224 56.7 and 55.0). But one input channel per group (not depthwise) runs NCHW there: padded
-    to a block of 8, the blocked kernels took 1.0-1.3x NCHW's time forward and 2.6-3.6x in each
+    to a block of 8, the blocked kernels took 0.7-1.3x NCHW's time forward and 2.2-3.8x in each
     backward pass (one thread, batch 64, NCHW / blocked ms, forward, data, weights: 1 -> 32 5x5 on
     28x28 1.76 / 1.80, 2.25 / 8.53, 2.62 / 7.70; 1 -> 64 3x3 on 32x32 3.46 / 4.37, 4.88 / 12.90,
-    3.63 / 12.71; 1 -> 16 3x3 on 64x64 5.67 / 4.11, 5.62 / 12.72, 5.89 / 13.07; two threads alike)."""
+    3.63 / 12.71; 1 -> 16 3x3 on 64x64 5.67 / 4.11, 5.62 / 12.72, 5.89 / 13.07; on two threads
+    0.6-1.4x forward, 2.0-4.3x backward), so NCHW wins a first layer's forward and weight gradient
+    together in each (1 -> 16 on 64x64: 11.6 against 17.2 ms)."""
     if plan.kernel == (1, 1):
         return not _avx512() and plan.Mg % 8 == 0 and plan.Cg >= 4 * plan.h.size * plan.w.size
     if _one_channel_on_amd_avx2(plan):

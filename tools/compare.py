@@ -93,6 +93,7 @@ sys.path.insert(0, str(TOOLS))
 import gen_resnet  # noqa: E402
 
 from sncaffe.backend import blas  # noqa: E402
+from sncaffe.backend import threads as policy  # noqa: E402
 from sncaffe.backend.cpu import CPUDevice  # noqa: E402
 from sncaffe.graph import build_graph  # noqa: E402
 from sncaffe.mem.planner import make_plan  # noqa: E402
@@ -669,7 +670,7 @@ def serve(param_file, framework, kind) -> int:
             gc.collect()
             step, split = trainer.step, (lambda: torch_split(trainer.step))
             loss = lambda: float(trainer.loss().detach())       # noqa: E731
-        on = _threads_held if framework == "sncaffe" else _torch_threads_held
+        on = policy.held if framework == "sncaffe" else _torch_threads_held
         say(ready=os.getpid(), torch="torch" in sys.modules)
         for line in sys.stdin:
             cmd, _, n = line.strip().partition(" ")
@@ -696,16 +697,7 @@ def serve(param_file, framework, kind) -> int:
 
 def _threads_now(framework) -> int:
     """The threads a step of ``framework`` runs on now (sncaffe's budget; PyTorch's intra-op threads)."""
-    if framework == "sncaffe":
-        from sncaffe.backend import threads as policy
-        return policy.current().threads
-    return torch.get_num_threads()
-
-
-def _threads_held(n):
-    """sncaffe's GEMMs, oneDNN's team and compiled kernels on ``n`` threads of the budget."""
-    from sncaffe.backend import threads as policy
-    return policy.held(n)
+    return policy.current().threads if framework == "sncaffe" else torch.get_num_threads()
 
 
 @contextlib.contextmanager
@@ -1349,6 +1341,11 @@ def plots(results, out: Path) -> list:
     return written
 
 
+# The suites in the order they run, by their name in the suite file.
+SUITES = {"memory": memory_suite, "throughput": throughput_suite, "scaling": scaling_suite,
+          "deepest": deepest_suite}
+
+
 def run(suite, out: Path, say=print) -> dict:
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -1358,8 +1355,7 @@ def run(suite, out: Path, say=print) -> dict:
     say("threads: " + ", ".join(f"{k}={v}" for k, v in th.items()))
     if torch is None:
         say("PyTorch is not installed (pip install torch==2.13.0): its columns are left out")
-    for key, fn in (("memory", memory_suite), ("throughput", throughput_suite), ("scaling", scaling_suite),
-                    ("deepest", deepest_suite)):
+    for key, fn in SUITES.items():
         if suite.get(key):
             t1 = time.perf_counter()
             say(f"{key}:")
@@ -1379,9 +1375,6 @@ def run(suite, out: Path, say=print) -> dict:
     say("\n" + text)
     say("written: " + ", ".join(str(p) for p in [out / "tables.md", out / "results.json", *written]))
     return results
-
-
-SUITES = ("memory", "throughput", "scaling", "deepest")
 
 
 def main(argv=None) -> int:

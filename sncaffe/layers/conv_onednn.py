@@ -39,7 +39,11 @@ class Geometry:
                             # (reorders through the workspace where not NCHW)
     forward_layout: str = ""    # a Convolution's forward pass, where it runs in another (``forward_layout``)
     weights_layout: str = ""    # its weight gradient's pass on one thread, where another (``weights_layout``)
-    weights_every_budget: bool = False  # ... and on any number of threads (the NHWC rule of ``weights_layout``)
+
+    @property
+    def weights_every_budget(self) -> bool:
+        """Whether ``weights_layout`` holds on any number of threads (its NHWC rule), not on one only."""
+        return self.weights_layout == NHWC
 
     def conv(self, n, kind="", one_thread=None) -> onednn.Conv:
         """The primitives at n images in ``layout`` (the input gradient's pass), or in the layout of
@@ -70,11 +74,10 @@ def geometry(layer, plan, size):
     if not layer.deconv and native(plan):
         return None
     chosen = layout(plan)
-    weights = "" if layer.deconv else weights_layout(plan, chosen)
     return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
                     (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), layout=chosen,
                     forward_layout="" if layer.deconv else forward_layout(plan, chosen),
-                    weights_layout=weights, weights_every_budget=weights == NHWC)
+                    weights_layout="" if layer.deconv else weights_layout(plan, chosen))
 
 
 NCHW, BLOCKED, NHWC = "nchw", "blocked", "nhwc"

@@ -305,8 +305,15 @@ def _signal_effects(solver, sigint, sighup):
     if current_thread() is not main_thread():
         yield
         return
+    from threading import Thread
     actions = {"stop": solver.request_stop, "snapshot": solver.request_snapshot, "none": None}
     stopping = []
+
+    def say(msg, name):
+        # Not from the handler itself: it runs between two bytecodes of the main thread, which may be
+        # inside a write to the log's stream (a nested write there raises "reentrant call" and the
+        # line is lost, with a logging error on stderr). A thread of its own waits for the handler's lock.
+        Thread(target=log.info, args=(msg, name), name="sncaffe-signal-log").start()
 
     def handler(signum, frame):
         effect = sighup if signum == getattr(signal, "SIGHUP", None) else sigint   # SIGTERM: as SIGINT
@@ -314,14 +321,14 @@ def _signal_effects(solver, sigint, sighup):
         if effect == "stop" and stopping:
             raise KeyboardInterrupt         # a second stop aborts; snapshots are written atomically
         if actions[effect] is None:
-            log.info("%s ignored (its effect is none)", name)
+            say("%s ignored (its effect is none)", name)
             return
         actions[effect]()
         if effect == "stop":
             stopping.append(signum)
-            log.info("%s: snapshotting and stopping after this iteration (again to abort)", name)
+            say("%s: snapshotting and stopping after this iteration (again to abort)", name)
         else:
-            log.info("%s: snapshotting after this iteration", name)
+            say("%s: snapshotting after this iteration", name)
 
     # SIGTERM (a scheduler's kill) does what Ctrl-C does, so its job keeps a snapshot.
     wanted = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])

@@ -223,6 +223,50 @@ def test_sighup_snapshots_and_goes_on(work, capsys, monkeypatch):
                                                                          "t_iter_5.solverstate"]
 
 
+def test_a_signal_during_a_log_write_logs_its_line_after_it(monkeypatch):
+    """A signal's handler runs between two bytecodes of the main thread, which may be inside a write to
+    the log's stream; its line must not be written from there (a nested write to a buffered stream
+    raises "reentrant call" and the line was lost: a flaky test_sigint_snapshots_and_exits_cleanly)."""
+    import logging
+    import threading
+    from types import SimpleNamespace
+    from sncaffe import cli
+    got, nested = [], []
+
+    class Stream(logging.Handler):
+        inside = False
+
+        def emit(self, record):
+            if self.inside:                          # the write the interrupted one was in the middle of
+                nested.append(record.getMessage())
+                return
+            self.inside = True
+            try:
+                if record.getMessage() == "writing":
+                    os.kill(os.getpid(), signal.SIGHUP)     # the handler runs before the next bytecode
+                    for _ in range(1000):
+                        pass
+                got.append(record.getMessage())
+            finally:
+                self.inside = False
+    stream = Stream()
+    log = logging.getLogger("sncaffe")
+    monkeypatch.setattr(log, "level", logging.INFO)
+    log.addHandler(stream)
+    solver = SimpleNamespace(request_stop=lambda: None, snapshots=[])
+    solver.request_snapshot = lambda: solver.snapshots.append(1)
+    try:
+        with cli._signal_effects(solver, "stop", "snapshot"):
+            log.info("writing")
+            for t in threading.enumerate():
+                if t.name == "sncaffe-signal-log":
+                    t.join(10)
+    finally:
+        log.removeHandler(stream)
+    assert nested == [] and solver.snapshots == [1]
+    assert got == ["writing", "SIGHUP: snapshotting after this iteration"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "missing.prototxt"], "missing.prototxt: cannot read: No such file or directory"),
     (["train", "bad_solver.prototxt"], 'bad_solver.prototxt:4: unknown field "base_lrr" (in SolverParameter)'),

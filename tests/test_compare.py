@@ -280,12 +280,31 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
     # two threads against one: each framework's worker ran its turns on one thread and on two
     row = results["scaling"]["runs"][0]
     frameworks = ["sncaffe none"] + (["pytorch idiomatic"] if compare.torch is not None else [])
+    frameworks += ["machine gemm"] + (["machine copy"] if compare._onednn_in_use() else [])    # by turns with them
     assert [k for k in row if isinstance(row[k], dict)] == frameworks
     for k in frameworks:
         assert row[k]["ran_on"] == [1, 2], k
         assert row[k]["s_one"] > 0 and row[k]["s_many"] > 0
         assert row[k]["speedup"] == pytest.approx(row[k]["s_one"] / row[k]["s_many"])
     assert "2 threads against one, by turns" in text and "scaling LeNet (batch 4): sncaffe 2 threads / 1" in text
+    assert "the machine's in the same minutes: gemm's" in text and "| machine gemm |" in text
+
+
+def test_machine_probes_compute_what_they_say_and_unknown_ones_are_named():
+    # the scaling suite's ceiling: a GEMM and a copy, each a real computation on the turn's budget
+    rng = np.random.default_rng(0)
+    a, b = (rng.random((1024, 1024), dtype=np.float32) for _ in range(2))
+    got = compare.machine_probe("gemm")()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5)
+    if compare._onednn_in_use():
+        src = np.random.default_rng(0).random(32 << 20, dtype=np.float32)
+        assert np.array_equal(compare.machine_probe("copy")(), src)
+    with pytest.raises(ValueError, match="unknown machine probe 'disk'"):
+        compare.machine_probe("disk")
+    suite = compare.load_suite()
+    suite["scaling"] = {"runs": [], "probes": ["gemm", "disk"]}
+    with pytest.raises(ValueError, match=r"scaling: unknown probes \['disk'\]"):
+        compare.scaling_suite(suite, say=lambda s: None)
 
 
 def test_each_framework_steps_in_a_process_of_its_own():

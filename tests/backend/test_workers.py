@@ -41,11 +41,16 @@ def test_split_covers_the_range_once_on_both_threads(monkeypatch):
     monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
     monkeypatch.setattr(workers, "KERNEL_THREADS", 2)
     seen, names = [], set()
+    main = threading.current_thread()
+    arrived = {True: threading.Event(), False: threading.Event()}       # by "is the caller"
 
     def fn(rows):
         seen.extend(range(rows.start, rows.stop))
         names.add(threading.current_thread().name)
-        threading.Event().wait(0.001)         # let the other thread take a piece
+        mine = threading.current_thread() is main
+        if not arrived[mine].is_set():      # each thread's first piece lasts until the other has
+            arrived[mine].set()             # taken one, however late a loaded machine starts it
+            arrived[not mine].wait(60)
     workers.split(37, 37 * workers.ELEMENTS_PER_THREAD, fn)
     assert sorted(seen) == list(range(37))
     assert len(names) == 2

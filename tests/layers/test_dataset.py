@@ -460,7 +460,10 @@ def test_prefetcher_runs_ahead_on_a_daemon_thread_bounded_by_depth():
     for expected in range(5):
         with p.batch() as buf:
             assert buf[0] == expected
-    time.sleep(0.2)
+    deadline = time.monotonic() + 60            # the thread's 3 ahead, however slow the machine
+    while len(made) < 5 + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)                             # time to run further ahead, were it not bounded
     assert len(made) == 5 + 3                  # 5 taken, 3 ready: never more than depth ahead
     assert threads and threading.get_ident() not in threads
     p.close()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import re
 import signal
@@ -872,6 +873,8 @@ def main(argv=None) -> int:
     for flag in ("iterations", "max_iter", "batch"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             _parser().error(f"--{flag.replace('_', '-')} must be positive")
+    if getattr(args, "base_lr", None) is not None and not math.isfinite(args.base_lr):
+        _parser().error(f"--base-lr {args.base_lr}: give a finite number")
     try:
         if hasattr(args, "threads"):      # before anything loads the BLAS (which takes MKL's
             from .backend import threads   # sequential layer for a budget of one)

@@ -323,6 +323,29 @@ def test_train_refuses_a_solver_whose_net_file_is_empty(tmp_path, capsys):
     assert not list(tmp_path.glob("s_iter_*"))
 
 
+@pytest.mark.parametrize("setting", ["base_lr: inf", "base_lr: nan", "momentum: nan", "weight_decay: -inf"])
+def test_a_solver_setting_that_is_not_finite_is_refused_naming_it(tmp_path, capsys, setting):
+    # it trained NaN, and the error blamed the net's first layer
+    write(tmp_path, TINY)
+    field, value = setting.split(": ")
+    lr = "" if field == "base_lr" else "base_lr: 0.1\n"
+    text = f'net: "{tmp_path / "net.prototxt"}"\n{lr}lr_policy: "fixed"\nmax_iter: 2\n{setting}\n' \
+           f'snapshot_prefix: "{tmp_path / "s"}"\n'
+    solver = write(tmp_path, text, "solver.prototxt")
+    err = cli_error(capsys, "train", solver)
+    assert f"{solver}: {field} is {float(value)}: it must be a finite number" in err
+    assert not list(tmp_path.glob("s_iter_*"))
+
+
+def test_a_base_lr_flag_that_is_not_finite_is_a_usage_error(tmp_path, capsys):
+    path = write(tmp_path, TINY)
+    for value in ("nan", "inf"):
+        with pytest.raises(SystemExit) as e:
+            main(["train", str(path), "--base-lr", value, "--snapshot-prefix", str(tmp_path / "s")])
+        assert e.value.code == 2
+        assert f"--base-lr {float(value)}: give a finite number" in capsys.readouterr().err
+
+
 def test_an_output_with_many_elements_is_summarised_in_the_log(tmp_path, capsys):
     text = ('name: "n"\n' + INPUT.format(dims=dims(2, 3)) +
             'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "prob" inner_product_param { num_output: 1000 } }\n')

@@ -174,6 +174,11 @@ class Solver:
     # -- construction (Solver::Init, InitTrainNet, InitTestNets) --------------
     def _check_settings(self):
         p = self.param
+        for field in p.DESCRIPTOR.fields:      # base_lr, momentum, ...: NaN or infinity would train NaN,
+            if field.type in (field.TYPE_FLOAT, field.TYPE_DOUBLE):     # blamed on the first layer
+                value = getattr(p, field.name)
+                if not math.isfinite(value):
+                    raise SolverParamError(f"{field.name} is {value}: it must be a finite number")
         if p.average_loss < 1:
             raise SolverParamError(f"average_loss must be >= 1, got {p.average_loss}")
         if p.iter_size < 1:

@@ -156,9 +156,11 @@ def write_atomic(path, chunks) -> None:
             for chunk in ([chunks] if isinstance(chunks, (bytes, bytearray)) else chunks):
                 f.write(chunk)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.filename == tmp:
+            e.filename = path           # the file the user named, not our temporary one
         raise
 
 

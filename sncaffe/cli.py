@@ -166,7 +166,7 @@ def _read_solver_or_net(path):
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        return parse_text(text, pb.SolverParameter(), str(path)), None
+        solver = parse_text(text, pb.SolverParameter(), str(path))
     except PrototxtError as solver_error:
         try:
             net = parse_text(text, pb.NetParameter(), str(path))
@@ -175,6 +175,10 @@ def _read_solver_or_net(path):
             # [ \t]*, not \s*: \s* spans newlines, so a run of blank lines is scanned quadratically.
             raise (net_error if re.search(r"^[ \t]*(layers?[ \t]*:?\s*\{|input[ \t]*:)", text, re.M)
                    else solver_error) from None
+    else:
+        if solver.ListFields():
+            return solver, None
+        net = pb.NetParameter()     # an empty file (or comments only): neither, not a solver lacking lr_policy
     if not (net.layer or net.layers or net.input):
         raise PrototxtError(f"{path}: neither a solver nor a net with layers")
     return None, net

@@ -346,6 +346,14 @@ def test_a_base_lr_flag_that_is_not_finite_is_a_usage_error(tmp_path, capsys):
         assert f"--base-lr {float(value)}: give a finite number" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text", ["", "# a comment only\n\n"])
+def test_train_on_a_file_that_sets_nothing_says_so(tmp_path, capsys, text):
+    # it was read as a solver and refused for its lr_policy
+    path = write(tmp_path, text, "empty.prototxt")
+    err = cli_error(capsys, "train", path)
+    assert f"{path}: neither a solver nor a net with layers" in err and "lr_policy" not in err
+
+
 def test_an_output_with_many_elements_is_summarised_in_the_log(tmp_path, capsys):
     text = ('name: "n"\n' + INPUT.format(dims=dims(2, 3)) +
             'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "prob" inner_product_param { num_output: 1000 } }\n')

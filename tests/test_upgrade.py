@@ -121,6 +121,10 @@ def test_cli_upgrade_prints_v2_text(tmp_path, capsys):
         ["Input", "Convolution", "Pooling", "InnerProduct", "Dropout"]
     assert main(["upgrade", str(tmp_path / "missing.prototxt")]) == 1
     assert "missing.prototxt: cannot read" in capsys.readouterr().err
+    target = tmp_path / "no" / "such" / "v2.prototxt"          # the user's name, not the temporary one
+    assert main(["upgrade", str(tmp_path / "v0.prototxt"), str(target)]) == 1
+    err = capsys.readouterr().err
+    assert f"{target}: No such file or directory" in err and ".tmp" not in err
     assert main(["plan", str(tmp_path / "v0.prototxt"), "--batch", "3", "--png", str(tmp_path / "p.png")]) == 0
     assert "batch 3, 5 layers" in capsys.readouterr().out           # other commands read V0 nets too
 

@@ -169,8 +169,12 @@ def plot(log_path, out_png):
     loss_ax.set_title(os.path.basename(log_path))
     fig.tight_layout()
     os.makedirs(os.path.dirname(out_png) or ".", exist_ok=True)
-    fig.savefig(out_png, dpi=80)
-    plt.close(fig)
+    try:
+        fig.savefig(out_png, dpi=80)
+    except ValueError as e:             # matplotlib's "Format 'xyz' is not supported ...": name the file
+        raise ValueError(f"{out_png}: {e}") from None
+    finally:
+        plt.close(fig)
 
 
 def main(argv=None) -> int:

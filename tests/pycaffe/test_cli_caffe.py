@@ -149,6 +149,8 @@ def test_plot_writes_a_png(run, capsys, tmp_path):
     (tmp_path / "empty.log").write_text("nothing here\n")
     assert main(["plot", str(tmp_path / "empty.log")]) == 1
     assert "no display or test lines" in capsys.readouterr().err
+    assert main(["plot", str(run / "train.log"), "-o", str(tmp_path / "curves.xyz")]) == 1
+    assert f"{tmp_path / 'curves.xyz'}: Format 'xyz' is not supported" in capsys.readouterr().err
 
 
 def test_extract_features(lenet, trained, tmp_path, capsys):

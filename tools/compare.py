@@ -698,11 +698,12 @@ def serve(param_file, framework, kind) -> int:
     return 0
 
 
-# The machine's own two-thread speed-up, probed beside the nets (``scaling``): a 2 x 1024^3 float32
-# GEMM on sncaffe's BLAS (compute: 57 ms on one thread of the AMD EPYC, 80 GFLOP/s, its AVX2 peak)
-# and a copy of 128 MiB on oneDNN's binary kernel (memory bandwidth), each on the thread budget of
-# the turn. On that VM a GEMM's two-thread speed-up moved from 1.02x to 1.97x between runs a
-# minute apart (no CPU steal): where the host places the second vCPU sets what any program gets.
+# The machine's own two-thread speed-up, probed beside the nets (``scaling``): two 1024^3 float32
+# GEMMs on sncaffe's BLAS (compute: 4.3 GFLOP, 54 ms at the 80 GFLOP/s one AVX2 core of the AMD
+# EPYC gives) and a copy of 128 MiB on oneDNN's binary kernel (memory bandwidth), each on the
+# thread budget of the turn. On that VM PyTorch's GEMM gained 1.02x from a second thread in one
+# run and 1.97x in another a minute later (no CPU steal): where the host places the second vCPU
+# sets what any program gets (docs/benchmarks.md, "Throughput, stop 37").
 PROBES = {"gemm": "GEMM 2 x 1024^3 (BLAS)", "copy": "copy of 128 MiB (oneDNN)"}
 
 

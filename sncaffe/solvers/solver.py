@@ -174,8 +174,9 @@ class Solver:
     # -- construction (Solver::Init, InitTrainNet, InitTestNets) --------------
     def _check_settings(self):
         p = self.param
-        for field in p.DESCRIPTOR.fields:      # base_lr, momentum, ...: NaN or infinity would train NaN,
-            if field.type in (field.TYPE_FLOAT, field.TYPE_DOUBLE):     # blamed on the first layer
+        # base_lr, momentum, ...: NaN or infinity trained NaN, and the error blamed the first layer
+        for field in p.DESCRIPTOR.fields:
+            if field.type in (field.TYPE_FLOAT, field.TYPE_DOUBLE) and field.label != field.LABEL_REPEATED:
                 value = getattr(p, field.name)
                 if not math.isfinite(value):
                     raise SolverParamError(f"{field.name} is {value}: it must be a finite number")

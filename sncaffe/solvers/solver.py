@@ -176,9 +176,9 @@ class Solver:
         p = self.param
         # base_lr, momentum, ...: NaN or infinity trained NaN, and the error blamed the first layer
         for field in p.DESCRIPTOR.fields:
-            if field.type in (field.TYPE_FLOAT, field.TYPE_DOUBLE) and field.label != field.LABEL_REPEATED:
+            if field.type in (field.TYPE_FLOAT, field.TYPE_DOUBLE):
                 value = getattr(p, field.name)
-                if not math.isfinite(value):
+                if isinstance(value, float) and not math.isfinite(value):     # a repeated field's: a container
                     raise SolverParamError(f"{field.name} is {value}: it must be a finite number")
         if p.average_loss < 1:
             raise SolverParamError(f"average_loss must be >= 1, got {p.average_loss}")

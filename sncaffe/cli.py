@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .mem.pool import fmt_bytes
+from .sizes import fmt_bytes
 
 log = logging.getLogger("sncaffe")
 
@@ -491,7 +491,7 @@ def _train(args, comm=None) -> int:
                             solver.iter - 1)
             wall = time.perf_counter() - t0
             done = solver.iter - (progress.start if progress.start is not None else solver.iter)
-            from .mem.budget import process_memory
+            from .runtime.budget import process_memory
             log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s, host pool peak %s, "
                      "%speak resident memory %s%s", solver.iter, wall,
                      done * progress.images / max(wall, 1e-9), _peak(device, solver.net),
@@ -587,7 +587,7 @@ def cmd_time(args) -> int:
     if net.device.name == "cpu":
         from .backend import threads
         print(f"CPU threads: {threads.current().describe()}", flush=True)
-    from .mem.report import plan_line
+    from .plan.report import plan_line
     print(plan_line(net.plan, net.memory == "auto", net.name), flush=True)
     try:
         net.forward()                          # warm-up, as caffe time does
@@ -635,9 +635,9 @@ MEMORY_MODES = ("none", "liveness", "offload", "recompute", "all", "auto")
 def cmd_plan(args) -> int:
     """The memory of one iteration in every mode, simulated: nothing is allocated or computed."""
     from .graph import build_graph
-    from .mem.planner import MODES, auto_plan, make_plan
-    from .mem.pool import parse_bytes
-    from .mem.report import draw_timelines, plan_table
+    from .plan.planner import MODES, auto_plan, make_plan
+    from .sizes import parse_bytes
+    from .plan.report import draw_timelines, plan_table
     from .prototxt import prepare_net
     from .solvers.solver import history_bytes
     from .solvers.update import RULES
@@ -688,13 +688,14 @@ def cmd_plan(args) -> int:
         # on the CPU both pools on one RAM, and the disk tier (nothing is allocated: the pools'
         # arenas are virtual until touched).
         from .backend.cpu import CPUDevice
-        from .mem.report import plan_line
-        from .mem.spill import spill_room
+        from .plan.report import plan_line
+        from .runtime.budget import process_memory
+        from .runtime.spill import spill_room
         dev = CPUDevice(args.device_memory, args.host_memory)
         chosen = auto_plan(graph, dev.pool.capacity, reserve, host_capacity=dev.host_pool.capacity, ram=dev.ram,
                            spill=spill_room(args.spill))
         verdict = "fits" if chosen.fits else "does NOT fit; the leanest plan is shown"
-        print(f"auto ({verdict}): {plan_line(chosen, True, graph.param.name)}")
+        print(f"auto ({verdict}): {plan_line(chosen, True, graph.param.name, process_memory()['rss'])}")
     elif args.memory:
         chosen = next(p for p in plans if p.mode == args.memory)
         print(f"mode '{chosen.mode}': peak {fmt_bytes(chosen.peak)}, {len(chosen.offloaded)} tensors offloaded, "
@@ -868,7 +869,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(translate(sys.argv[1:] if argv is None else argv, parser))   # Caffe's -flags too
     args.console = console()
     if getattr(args, "device_memory", None):
-        from .mem.pool import parse_bytes
+        from .sizes import parse_bytes
         try:
             if parse_bytes(args.device_memory) <= 0:
                 raise ValueError

@@ -9,15 +9,13 @@ writes. The graph is plain data: nothing here allocates memory or computes.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
+from .tensor import Tensor, workspace_tensors
 from .validate import check_fields, check_shape, located
 from .layers import create_layer
-from .backend import is_gpu
 from .layers.base import Layer, LayerError
 from .sharing import append_params, frozen_shared
 
@@ -93,27 +91,6 @@ class EltwiseReLU(_Pair):
 
 class GraphError(ValueError):
     """A net that cannot be built: unknown blobs, shape mismatches, bad settings."""
-
-
-@dataclass(eq=False)
-class Tensor:
-    name: str
-    shape: tuple
-    dtype: np.dtype
-    kind: str                       # data | diff | param | param_diff | scratch | workspace
-    base: "Tensor | None" = None    # shares base's memory (aliasing layers)
-    location: str = ""              # the device it lives on ("": the net's default device)
-
-    @cached_property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
-
-    @property
-    def root(self) -> "Tensor":
-        return self if self.base is None else self.base.root
-
-    def __repr__(self):
-        return f"Tensor({self.name!r}, {self.shape}, {self.kind})"
 
 
 @dataclass(eq=False, repr=False)
@@ -296,9 +273,9 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
                         for k, (s, d) in layer.scratch_specs.items()}
         _share_scratch(node, [last_writer.get(b) for b in lp.bottom])
         last_writer.update((t, node) for t in lp.top)
-        node.workspace = _workspace(lp.name, layer.workspace_specs, dtype, lp.location)
+        node.workspace = workspace_tensors(lp.name, layer.workspace_specs, dtype, lp.location)
         bspecs = layer.backward_workspace_specs
-        node.backward_workspace = node.workspace if bspecs is None else _workspace(lp.name, bspecs, dtype, lp.location)
+        node.backward_workspace = node.workspace if bspecs is None else workspace_tensors(lp.name, bspecs, dtype, lp.location)
         nodes.append(node)
     _decide_backward(nodes, param.force_backward)
     fusions = _fuse_batch_norm_scale(nodes) + _fuse_eltwise_relu(nodes)
@@ -309,11 +286,6 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
     return graph
 
 
-def _workspace(name, specs, dtype, location="") -> dict:
-    return {k: Tensor(f"{name}#{k}", tuple(s), np.dtype(d or dtype), "workspace", location=location)
-            for k, (s, d) in specs.items()}
-
-
 def _frozen_diff_workspaces(nodes, dtype) -> None:
     """A backward workspace for each shared parameter a layer does not learn while a sharer does."""
     frozen_shared(nodes)
@@ -321,7 +293,7 @@ def _frozen_diff_workspaces(nodes, dtype) -> None:
         if node.frozen_diffs:
             specs = {k: (node.params[i][1].shape, None) for i, k in node.frozen_diffs.items()}
             node.backward_workspace = {**node.backward_workspace,
-                                       **_workspace(node.name, specs, dtype, node.layer.param.location)}
+                                       **workspace_tensors(node.name, specs, dtype, node.layer.param.location)}
 
 
 def _set_loss_weights(node: LayerNode, lp) -> None:
@@ -445,7 +417,7 @@ def _fuse_eltwise_relu(nodes) -> list:
     for k, el in enumerate(nodes):
         layer = el.layer
         if el.type != "Eltwise" or layer.op != "SUM" or len(el.bottoms) != 2 or any(c != 1 for c in layer.coeffs) \
-                or is_gpu(layer.target) or el.tops[0] in el.bottoms:
+                or layer.on_gpu or el.tops[0] in el.bottoms:
             continue
         y = el.tops[0]
         relu = next((n for n in nodes[k + 1:] if y in n.bottoms or y in n.tops), None)

@@ -22,6 +22,8 @@ from .layers.base import Blob, array_module
 from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
+from .runtime.budget import process_memory
+from .runtime.dispatcher import Dispatcher
 
 log = logging.getLogger("sncaffe")
 
@@ -44,7 +46,7 @@ class Net:
     ``memory_param`` and, without one, ``auto`` (``none`` when it fits, else the cheapest
     mode that fits). ``reserve`` is pool bytes that others take beside the net (the
     solver's history), so the plan accounts for them. ``defer``: build the graph only; the
-    caller plans and calls ``place(plan)`` (mem/joint.py plans a solver's nets together)."""
+    caller plans and calls ``place(plan)`` (plan/joint.py plans a solver's nets together)."""
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
                  weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
@@ -86,7 +88,7 @@ class Net:
         self.plan = plan
         self.host_params = bool(plan.host_params)      # auto may have chosen them
         if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening
-            from .mem.pool import fmt_bytes
+            from .sizes import fmt_bytes
             n = sum(int(np.prod(d.shape, dtype=np.int64)) for node in self.graph.layers for d, _ in node.params)
             log.info("binding %s: %s of persistent tensors, %.1f M parameters filled", self.name or "the net",
                      fmt_bytes(plan.persistent_bytes), n / 1e6)
@@ -95,8 +97,8 @@ class Net:
 
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve, host_reserve=0):
-        from .mem.planner import MODES, PlanError, _shared_ram_plan, auto_plan, check_fits
-        from .mem.report import plan_line
+        from .plan.planner import MODES, PlanError, shared_ram_plan, auto_plan, check_fits
+        from .plan.report import plan_line
         capacity, kw = self.budgets()
         kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
@@ -104,15 +106,15 @@ class Net:
         elif memory not in MODES:
             raise PlanError(f"unknown memory mode {memory!r} (one of {', '.join(MODES)}, auto)")
         else:                       # the mode given, fitted to the host tier (and disk) where it can be
-            plan = _shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
+            plan = shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
         check_fits(self.graph, plan, capacity, reserve)
         for loc, peak in plan.peaks.items():
             pool = self.devices[loc].pool
             if loc and peak > pool.capacity - pool.in_use:
-                from .mem.planner import MemoryExhausted
+                from .plan.planner import MemoryExhausted
                 raise MemoryExhausted(f'location "{loc}" needs {peak} bytes, its device has '
                                       f"{pool.capacity - pool.in_use} free")
-        log.info("%s", plan_line(plan, memory == "auto", self.name))
+        log.info("%s", plan_line(plan, memory == "auto", self.name, process_memory()["rss"]))
         return plan
 
     def make_plan(self, memory=None, reserve=0, host_reserve=0):
@@ -121,7 +123,7 @@ class Net:
 
     def budgets(self):
         """(device capacity, planner keywords for the host tier): what the pools have free now,
-        and on the CPU the RAM both share (see mem/budget.py)."""
+        and on the CPU the RAM both share (see runtime/budget.py)."""
         dev = self.device
         capacity = dev.pool.capacity - dev.pool.in_use
         host = getattr(dev, "host_pool", None)
@@ -129,7 +131,7 @@ class Net:
         if getattr(dev, "ram", None) is not None:
             kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0)
         if getattr(dev, "spills", False):       # a disk tier: the free space where the spill file goes
-            from .mem.spill import spill_room
+            from .runtime.spill import spill_room
             kw["spill"] = spill_room(getattr(dev, "spill_dir", None))
         return capacity, kw
 
@@ -157,7 +159,6 @@ class Net:
 
     def _bind(self):
         """Blobs for every tensor; the plan's persistent tensors allocated (zeroed) now."""
-        from .mem.executor import Executor
         self.shapes = DynamicShapes(self.graph, self.device)
         self.blobs = OrderedDict((name, Blob(name)) for name in self.graph.blobs)
         self.params = OrderedDict()
@@ -169,7 +170,7 @@ class Net:
             node.top_blobs = [self.blobs[t.name] for t in node.tops]
             if layer.blobs:
                 self.params[node.name] = layer.blobs
-        self.executor = Executor(self.device, self._binders(), self._run_op, self.devices)
+        self.executor = Dispatcher(self.device, self._binders(), self._run_op, self.devices)
         for root in self.plan.persistent:
             self.executor.alloc(root, fill=0, persistent=True)
         for root in self.plan.host_params:
@@ -179,7 +180,7 @@ class Net:
     def alloc_state(self, shape, dtype, name, spillable=False):
         """An array for state beside the net (the solver's history): in the device pool, or in
         the host pool when the parameters live on the host, or (``spillable``) in the spill
-        file with them where the host pool cannot hold them (mem/spill.py)."""
+        file with them where the host pool cannot hold them (runtime/spill.py)."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if spillable and self.host_params and getattr(self.plan, "param_disk", False):

@@ -1,9 +1,12 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# The runtime tests reuse the mode tests' nets and checks (tests/plan/test_modes.py).
+sys.path.insert(0, str(ROOT / "tests" / "plan"))
 
 
 def shared_dir():

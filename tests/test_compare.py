@@ -22,7 +22,7 @@ import gen_inception_v4  # noqa: E402
 
 from sncaffe import Net  # noqa: E402
 from sncaffe.backend.cpu import CPUDevice  # noqa: E402
-from sncaffe.mem.budget import physical_ram  # noqa: E402
+from sncaffe.runtime.budget import physical_ram  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import parse_text, read_text, set_batch  # noqa: E402
 

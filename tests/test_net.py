@@ -4,7 +4,7 @@ import pytest
 from sncaffe import Net
 from sncaffe.backend.cpu import CPUDevice
 from sncaffe.graph import GraphError
-from sncaffe.mem.pool import align
+from sncaffe.sizes import align
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
 
@@ -137,7 +137,7 @@ def test_unsupported_type_and_shape_mismatch_name_the_layers():
 
 def smallest_fit(graph, mode):
     """The smallest capacity (to 256 bytes) at which ``mode``'s plan fits, by bisection."""
-    from sncaffe.mem.planner import make_plan
+    from sncaffe.plan.planner import make_plan
     lo, hi = 256, make_plan(graph, mode).peak + 256
     while not make_plan(graph, mode, hi).fits:     # fragmentation: its peak may not be enough
         lo, hi = hi, hi + (64 << 10)
@@ -152,7 +152,7 @@ def test_a_plan_that_does_not_fit_is_refused_with_what_would_fit(monkeypatch):
     # (oneDNN's scratchpad and 16-channel blocks for this 3-channel conv make the workspace the peak)
     monkeypatch.setenv("SNCAFFE_CONV", "native")
     net_param = parse_text(SMALL % "", pb.NetParameter())
-    from sncaffe.mem.planner import make_plan
+    from sncaffe.plan.planner import make_plan
     graph = Net(net_param, "TRAIN", device=CPUDevice(64 << 20)).graph
     capacity = smallest_fit(graph, "liveness")      # (convolutions chunk their batch to get there)
     assert not make_plan(graph, "none", capacity).fits

@@ -6,7 +6,7 @@ import pytest
 from sncaffe import Net
 from sncaffe.backend.cpu import CPUDevice
 from sncaffe.graph import GraphError
-from sncaffe.mem.pool import align
+from sncaffe.sizes import align
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
 from sncaffe.solver import Solver

@@ -232,7 +232,7 @@ def stage_modes(args, ctx):
 
 
 def stage_resnet2500(args, ctx):
-    from sncaffe.mem.planner import MemoryExhausted
+    from sncaffe.plan.planner import MemoryExhausted
     from sncaffe.solvers.solver import history_bytes
     ctx.close()
     device = ctx.device(args.device_memory_2500, host=args.host_memory_2500)

@@ -106,7 +106,7 @@ class Planner:
         with ``capacity``, as ``Net`` plans it (placement, LRU cache, chunked workspaces); without,
         the schedule's own need. ``ram``: device and host pools on one RAM of that size (the CPU),
         fitted as ``Net`` fits them (the host tier, with ``spill`` bytes of disk tier if given)."""
-        from sncaffe.mem.planner import _shared_ram_plan, make_plan
+        from sncaffe.plan.planner import shared_ram_plan, make_plan
         from sncaffe.solvers.solver import history_blocks
         from sncaffe.solvers.update import SGD
         key = (blocks, mode, capacity, ram, spill)
@@ -115,7 +115,7 @@ class Planner:
             if ram is None:
                 p = make_plan(g, mode, capacity, history_blocks(g, SGD.n_history))
             else:
-                p = _shared_ram_plan(g, mode, capacity, history_blocks(g, SGD.n_history), ram=ram, spill=spill)
+                p = shared_ram_plan(g, mode, capacity, history_blocks(g, SGD.n_history), ram=ram, spill=spill)
             t = p.timeline
             at = max(range(len(t.device)), key=t.device.__getitem__)
             self.plans[key] = SimpleNamespace(
@@ -170,7 +170,7 @@ def deepest(fits, hint, tol=1, k_max=100_000):
 
 
 def depth_table(planner, capacity, quick):
-    from sncaffe.mem.pool import fmt_bytes
+    from sncaffe.sizes import fmt_bytes
     cap = fmt_bytes(capacity)
     print(f"## 1. Deepest bottleneck ResNet whose plan fits {cap} "
           f"(batch {planner.batch}, {planner.size}x{planner.size}, blocks [3,4,k,3], SGD history counted)")
@@ -211,8 +211,8 @@ def ram_table(planner, spill):
     """Issue 12: the deepest ResNet trainable on this machine with the host counted: device and host
     pools on the CPU's one RAM (the budget sncaffe takes by default: available RAM less a margin),
     without and with the disk tier."""
-    from sncaffe.mem.budget import available_ram, ram_budget
-    from sncaffe.mem.pool import fmt_bytes
+    from sncaffe.runtime.budget import available_ram, ram_budget
+    from sncaffe.sizes import fmt_bytes
     ram = ram_budget()
     print(f"## 1b. Deepest bottleneck ResNet trainable on this machine, host RAM counted (batch {planner.batch}, "
           f"{planner.size}x{planner.size}, [3,4,k,3], SGD history): device + host pools within "
@@ -237,7 +237,7 @@ def ram_table(planner, spill):
 
 
 def ratio_table(planner, capacity):
-    from sncaffe.mem.pool import fmt_bytes
+    from sncaffe.sizes import fmt_bytes
     print(f"## 2. Planned need per mode (GiB), batch {planner.batch}, {planner.size}x{planner.size}, "
           f"SGD history counted; '*' fits {fmt_bytes(capacity)}")
     t0 = time.perf_counter()
@@ -263,8 +263,8 @@ def speed(args, np):
     from sncaffe import Net
     from sncaffe.backend import CPUDevice
     from sncaffe.graph import build_graph
-    from sncaffe.mem.planner import MemoryExhausted, make_plan
-    from sncaffe.mem.pool import fmt_bytes
+    from sncaffe.plan.planner import MemoryExhausted, make_plan
+    from sncaffe.sizes import fmt_bytes
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import parse_text, prepare_net
 
@@ -478,7 +478,7 @@ def main(argv=None):
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tools"))
     import numpy as np
-    from sncaffe.mem.pool import parse_bytes
+    from sncaffe.sizes import parse_bytes
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     t0 = time.perf_counter()
     print(machine(args.threads))
@@ -490,7 +490,7 @@ def main(argv=None):
         if "depth" not in skip:
             depth_table(planner, capacity, args.quick)
         if "ram" not in skip:
-            from sncaffe.mem.spill import spill_room
+            from sncaffe.runtime.spill import spill_room
             ram_table(planner, spill_room() if args.disk else None)
         if "ratio" not in skip:
             ratio_table(planner, capacity)

@@ -25,7 +25,7 @@ For each net, each configuration runs in a process of its own (the venv's
   cpu:0's comm stream, each location on its own worker thread;
 - ``2 loc, general``: the same with the dispatcher's general path (every
   operator issued from the calling thread, ``Dispatcher.programs`` off), where
-  ``2 locations`` runs each location's program on its worker (mem/dispatcher.py);
+  ``2 locations`` runs each location's program on its worker (runtime/dispatcher.py);
 - ``1 rank, 2B``: one process at the summed batch on one thread, what the
   2 locations are measured against (``vs 2B``: its time over theirs).
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 from gen_resnet import blocks_for_depth, generate  # noqa: E402
 
 from sncaffe.graph import build_graph  # noqa: E402
-from sncaffe.mem.planner import MODES, auto_plan, make_plan  # noqa: E402
-from sncaffe.mem.pool import fmt_bytes, parse_bytes  # noqa: E402
+from sncaffe.plan.planner import MODES, auto_plan, make_plan  # noqa: E402
+from sncaffe.sizes import fmt_bytes, parse_bytes  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import parse_text, prepare_net  # noqa: E402
 from sncaffe.solvers.solver import history_blocks  # noqa: E402

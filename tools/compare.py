@@ -32,7 +32,7 @@ Net's weights and batch, so the first losses agree.
 What is counted
   sncaffe   the device pool's peak: parameters, parameter diffs, SGD history and the
             solver's two work buffers, and every activation, diff, layer scratch and
-            workspace the plan places (sncaffe.mem.planner.make_plan, no compute). The
+            workspace the plan places (sncaffe.plan.planner.make_plan, no compute). The
             runtime allocates exactly what the plan places, so the pool peak of a real
             step equals the plan; `verify` runs check it. "all+host" is mode all with
             parameters, diffs and history in host memory (--host-params). For a machine
@@ -97,8 +97,8 @@ from sncaffe.backend import blas, onednn  # noqa: E402
 from sncaffe.backend import threads as policy  # noqa: E402
 from sncaffe.backend.cpu import CPUDevice  # noqa: E402
 from sncaffe.graph import build_graph  # noqa: E402
-from sncaffe.mem.planner import make_plan  # noqa: E402
-from sncaffe.mem.pool import fmt_bytes, parse_bytes  # noqa: E402
+from sncaffe.plan.planner import make_plan  # noqa: E402
+from sncaffe.sizes import fmt_bytes, parse_bytes  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import parse_text, prepare_net, read_text, replace_data_layers, set_batch  # noqa: E402
 from sncaffe.solvers.solver import Solver, history_bytes  # noqa: E402
@@ -235,7 +235,7 @@ def fill_inputs(net, seed=0):
 def sncaffe_true_peak(param, mode, capacity, exact=True) -> int:
     """The pool peak of one real training step (solver history included) on a device of
     ``capacity`` bytes (not ``exact``: a little more where the plan's blocks do not pack into it)."""
-    from sncaffe.mem.planner import MemoryExhausted
+    from sncaffe.plan.planner import MemoryExhausted
     for slack in (1.0,) if exact else (1.0, 1.02, 1.1, 1.25):
         try:
             solver = make_solver(param, mode, int(capacity * slack) + (0 if exact else 4096))
@@ -1019,11 +1019,11 @@ def disk_plan(graph, mode, ram):
     """The plan of ``mode + DISK`` in ``ram`` bytes; ``auto+disk``: `sncaffe train`'s own choice
     (the cheapest mode that fits, then ``all`` with parameters, gradients and history on the host,
     then on disk)."""
-    from sncaffe.mem.planner import _shared_ram_plan, auto_plan
+    from sncaffe.plan.planner import shared_ram_plan, auto_plan
     base = mode[:-len(DISK)]
     if base == "auto":
         return auto_plan(graph, None, history_bytes(graph, 1), ram=ram, spill=1 << 50)
-    return _shared_ram_plan(graph, base, None, history_bytes(graph, 1), ram=ram, spill=1 << 50)
+    return shared_ram_plan(graph, base, None, history_bytes(graph, 1), ram=ram, spill=1 << 50)
 
 
 def machine_within(graph, mode, budget, overhead) -> int:

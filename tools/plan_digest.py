@@ -10,8 +10,8 @@ and prints every case whose digest differs (exit status 1 if any does).
     python tools/plan_digest.py --compare /tmp/plans.json       # after each step
     python tools/plan_digest.py --compare /tmp/plans.json --big # with ResNet-2500 (slow)
 
-Nets: prototxt/ and ../shared/zoo, shrunk as tests/mem/test_modes.py runs them (batch 2),
-and LeNet's solver with its test net (planned as one, mem/joint.py) at tight capacities.
+Nets: prototxt/ and ../shared/zoo, shrunk as tests/plan/test_modes.py runs them (batch 2),
+and LeNet's solver with its test net (planned as one, plan/joint.py) at tight capacities.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "mem"), str(ROOT / "tools")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "plan"), str(ROOT / "tools")]
 
-from sncaffe.mem.planner import MODES, _shared_ram_plan, auto_plan, make_plan  # noqa: E402
+from sncaffe.plan.planner import MODES, shared_ram_plan, auto_plan, make_plan  # noqa: E402
 from sncaffe.solvers.solver import history_blocks  # noqa: E402
 
 MiB = 1 << 20
@@ -85,7 +85,7 @@ def net_cases(path):
                                                            host_room=off.host_peak // 3, spill=1 << 40)))
     out.append(("auto-ram", lambda: auto_plan(graph, none, history, ram=at(free["offload"], 0.7) + off.host_peak // 2,
                                               host_capacity=off.host_peak // 2, spill=1 << 40)))
-    out.append(("all-paramdisk", lambda: _shared_ram_plan(graph, "all", none // 2, 0, host_params=True,
+    out.append(("all-paramdisk", lambda: shared_ram_plan(graph, "all", none // 2, 0, host_params=True,
                                                           host_extra=history, host_capacity=none // 50,
                                                           spill=1 << 40)))
     return out

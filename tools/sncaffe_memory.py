@@ -43,7 +43,7 @@ def measure(blocks, batch, image_size, mode, plan_only=False) -> dict:
     from sncaffe.backend import threads
     from sncaffe.backend.cpu import CPUDevice
     from sncaffe.graph import build_graph
-    from sncaffe.mem.planner import make_plan
+    from sncaffe.plan.planner import make_plan
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import parse_text, prepare_net
     from sncaffe.solvers.solver import Solver, history_bytes
@@ -61,7 +61,7 @@ def measure(blocks, batch, image_size, mode, plan_only=False) -> dict:
                             max_iter=1 << 30, display=0, random_seed=0, snapshot_after_train=False)
     sp.net_param.CopyFrom(param)
     sp.memory_param.mode, sp.memory_param.host_params = mode, host
-    from sncaffe.mem.budget import ram_budget
+    from sncaffe.runtime.budget import ram_budget
     room = ram_budget()                             # untouched pages of the arenas cost nothing
     solver = Solver(sp, device=CPUDevice(room, host_capacity=room))
     SyntheticInputs(0)(solver.net)

@@ -6,28 +6,30 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..mem.pool import Pool, parse_bytes
-from ..mem.streams import Stream
+from ..runtime.pool import Pool
+from ..sizes import parse_bytes
+from ..runtime.streams import Stream
 
 
 def default_capacity() -> int:
     """Half of physical RAM (what the CUDA device's pinned host pool is sized from)."""
-    from ..mem.budget import physical_ram
+    from ..runtime.budget import physical_ram
     return physical_ram() // 2
 
 
 class CPUDevice:
     name = kind = "cpu"
+    host_streams = True     # operators run on this device's own host streams (runtime/dispatcher.py)
     xp = np
     spills = True           # a disk tier: offloads the host pool cannot hold go to a spill file
     spill_dir = None        # where (None: the system's temporary directory)
 
     def __init__(self, capacity=None, host_capacity=None):
         # Device and host pools are one RAM here. Unless both are given, each may take the RAM
-        # this machine can give now (available RAM less a margin, see mem/budget.py) and the
+        # this machine can give now (available RAM less a margin, see runtime/budget.py) and the
         # plan keeps their peaks together under it (``ram``). The arenas are virtual until
         # touched, so their size costs nothing up front.
-        from ..mem.budget import ram_budget
+        from ..runtime.budget import ram_budget
         budget = ram_budget()
         self.ram = budget if capacity is None or host_capacity is None else None
         capacity = budget if capacity is None else parse_bytes(capacity)

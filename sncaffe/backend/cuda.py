@@ -4,7 +4,7 @@
 of ``CPUDevice`` (sncaffe/backend/cpu.py), so the executor runs unchanged:
 
 - ``alloc(shape, dtype, name, zero) -> (offset, array)``: a CuPy array viewing
-  a block of the one device arena, placed by ``sncaffe.mem.pool.Pool``
+  a block of the one device arena, placed by ``sncaffe.runtime.pool.Pool``
   (``device.pool``: in_use, peak, to the byte); ``free(offset)``. The whole
   arena is ``device.arena`` (uint8), at device address ``device.base``.
 - ``host_alloc(nbytes, name) -> (offset, uint8 numpy view)`` / ``host_free``:
@@ -15,7 +15,7 @@ of ``CPUDevice`` (sncaffe/backend/cpu.py), so the executor runs unchanged:
   async copies on the ``d2h`` / ``h2d`` streams, returning a ``CUDAEvent``.
   A copy is ordered after the work already issued to the compute stream
   (what produced, or last used, its device block) and after ``after``.
-- ``CUDAEvent.query()`` / ``.wait()``: as sncaffe.mem.streams.Event; ``wait``
+- ``CUDAEvent.query()`` / ``.wait()``: as sncaffe.runtime.streams.Event; ``wait``
   blocks the host. ``device.wait_event(event)`` instead makes the compute
   stream wait without blocking the host (what the executor does for every
   copy a kernel depends on); ``device.record()`` marks the compute stream.
@@ -53,7 +53,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..mem.pool import OutOfMemory, Pool, fmt_bytes, parse_bytes
+from ..runtime.pool import OutOfMemory, Pool
+from ..sizes import fmt_bytes, parse_bytes
 from .cpu import default_capacity
 
 INSTALL_HINT = "pip install 'sncaffe[cuda13]' (CUDA 13 driver) or 'sncaffe[cuda12]' (CUDA 12 driver)"
@@ -145,7 +146,7 @@ class Clock:
 
 
 class CUDAEvent:
-    """A CUDA event recorded on a stream, with the interface of sncaffe.mem.streams.Event.
+    """A CUDA event recorded on a stream, with the interface of sncaffe.runtime.streams.Event.
     With ``begin`` (a timing event recorded before the work) and a ``clock``, ``start`` and
     ``end`` say when the GPU ran it (perf_counter seconds), once it is done."""
     __slots__ = ("event", "begin", "clock", "error")

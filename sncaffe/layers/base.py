@@ -77,9 +77,14 @@ class Layer:
     backward_needs = ("bottom", "top")
     # What the graph is built for, set by build_graph before setup: the target device (or a
     # planning target; None: the CPU) and the blobs' dtype. A GPU layer sizes its workspaces
-    # for it (backend.is_gpu(self.target)).
+    # for it (on_gpu).
     target = None
     dtype = np.dtype(np.float32)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the target runs on a GPU (the target's kind, as backend.is_gpu reads it)."""
+        return getattr(self.target, "kind", "cpu") == "cuda"
 
     def __init__(self, param, phase=TRAIN):
         self.param = param      # the LayerParameter

@@ -26,8 +26,8 @@ def _log_base(layer, base):
 
 
 class _Cheap(NeuronLayer):
-    cheap = True                # memory runtime: recompute rather than keep (mem/recompute.py)
-    flops_per_output = 4        # forward FLOPs per element (mem/planner.layer_flops): a few each
+    cheap = True                # memory runtime: recompute rather than keep (plan/recompute.py)
+    flops_per_output = 4        # forward FLOPs per element (plan/planner.layer_flops): a few each
 
 
 @register

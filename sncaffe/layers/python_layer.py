@@ -105,7 +105,7 @@ class PythonLayerBase:
     """The base class pycaffe calls ``caffe.Layer``: a Python layer derives from it."""
     type = "Python"
     # True: forward depends on the bottoms and blobs alone, and costs little, so the memory
-    # runtime may drop the tops after forward and run forward again in backward (mem/recompute.py).
+    # runtime may drop the tops after forward and run forward again in backward (plan/recompute.py).
     recomputable = False
 
     def __init__(self, param=None):
@@ -167,7 +167,7 @@ class Python(Layer):
             obj.blobs = BlobVec()
         obj.param_str, obj.phase = param.python_param.param_str, phase
         self.obj = obj
-        self.cheap = bool(getattr(obj, "recomputable", False))     # read by mem/recompute.is_cheap
+        self.cheap = bool(getattr(obj, "recomputable", False))     # read by plan/recompute.is_cheap
         if self.cheap and not param.bottom:
             raise LayerError(f"{self.label}: recomputable = True, but a layer without bottoms (a data layer) "
                              f"would draw new data when forward runs again")

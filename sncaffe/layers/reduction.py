@@ -60,7 +60,7 @@ class MVN(Layer):
     view: at most 4 axes, and the top is (num, channels, height, width)."""
     type = "MVN"
     exact_bottoms = exact_tops = 1
-    flops_per_output = 6        # forward FLOPs per top element (mem/planner.layer_flops)
+    flops_per_output = 6        # forward FLOPs per top element (plan/planner.layer_flops)
 
     def setup(self, bottom_shapes):
         p, shape = self.param.mvn_param, tuple(bottom_shapes[0])

@@ -34,7 +34,7 @@ import zlib
 
 import numpy as np
 
-from ..mem.schedule import Instr
+from ..plan.schedule import Instr
 from .buckets import BUCKET_BYTES, describe, make_buckets
 from .mpi import MPIReducer, allreduce_max
 from .sync_bn import rank_batch_norms

@@ -6,7 +6,7 @@ batch in three stages: per-image sums of x; mean, x - mean and per-image sums
 of its squares; variance and normalization. Backward: per-image sums of dy
 and dy * x_norm; dx. Between two stages the per-image sums are added image
 after image. ``CrossReplicaBatchNorm`` splits each replica's forward and
-backward operator at those points (``split_op``, mem/parts.py): after the
+backward operator at those points (``split_op``, runtime/parts.py): after the
 last replica's stage, an exchange operator on the ``exchange`` stream of the
 first location (its own worker: never queued behind a gradient sum on
 ``comm``) adds every replica's per-image sums in location order, which is
@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layers.normalization import sum_over_images
-from ..mem.parts import Later, Part
+from ..runtime.parts import Later, Part
 
 STAGES = {"forward": ("sums", "center", "normalize"), "backward": ("grad sums", "grad input")}
 SUMMED = {"forward": ("batch sums", "batch squares"), "backward": ("gradient sums",)}

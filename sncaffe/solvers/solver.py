@@ -118,7 +118,7 @@ def history_blocks(graph, n_history, dtype=np.float32) -> list:
 
 
 def history_bytes(graph, n_history, dtype=np.float32) -> int:
-    from ..mem.pool import align
+    from ..sizes import align
     return sum(align(b) for b in history_blocks(graph, n_history, dtype))
 
 
@@ -208,19 +208,21 @@ class Solver:
                    host_params=host_params and train, defer=True)      # planned in _place_nets
 
     def _place_nets(self):
-        """Plan the train net, the test nets and the history together (mem/joint.py), then bind
+        """Plan the train net, the test nets and the history together (plan/joint.py), then bind
         them in the order the plans assume: train net, test nets; the history comes after."""
         history = self._history_bytes(self.net.graph)
         if not self.test_nets:
             hosted = self.net.host_params
             self.net.place(self.net.make_plan(None, [] if hosted else history, history if hosted else 0))
             return
-        from ..mem.joint import plan_nets
-        from ..mem.report import plan_line
+        from ..plan.joint import plan_nets
+        from ..plan.report import plan_line
+        from ..runtime.budget import process_memory
         capacity, kw = self.net.budgets()
         plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
         for net, p in [(self.net, plan)] + list(zip(self.test_nets, test_plans)):
-            log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else "")))
+            log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else ""),
+                                    process_memory()["rss"]))
             net.place(p)
 
     def _history_bytes(self, graph) -> list:

@@ -13,7 +13,7 @@ from sncaffe.backend.cuda import unusable_reason as cuda_unusable_reason
 from sncaffe.backend import CPUDevice, make_device
 from sncaffe.backend import cuda
 from sncaffe.backend.cuda import CUDADevice, CUDAEvent
-from sncaffe.mem.pool import OutOfMemory
+from sncaffe.runtime.pool import OutOfMemory
 
 
 def _gpu_reason():
@@ -271,7 +271,7 @@ def _elapsed_ms(a, b):
 
 def test_copy_events_have_start_and_end_for_the_trace():
     """--trace records copies as (stream, name, start, end): a CUDAEvent has them once done."""
-    from sncaffe.mem.executor import Executor
+    from sncaffe.runtime.dispatcher import Dispatcher
     cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_FakeEvent, get_elapsed_time=_elapsed_ms))
     clock = cuda.Clock(cp)
     begin = _FakeEvent()
@@ -281,7 +281,7 @@ def test_copy_events_have_start_and_end_for_the_trace():
     assert clock.t0 <= event.start < event.end <= time.perf_counter()
     untimed = CUDAEvent(cp, None)
     assert untimed.start is None and untimed.end is None and not untimed.event.timing
-    ex = Executor(CPUDevice("1MiB", host_capacity="1MiB"), {}, lambda *a: None)
+    ex = Dispatcher(CPUDevice("1MiB", host_capacity="1MiB"), {}, lambda *a: None)
     ex.trace = []
     ex.traced("offload x", "d2h", event)
     ex.traced("prefetch y", "h2d", untimed)

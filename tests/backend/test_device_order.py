@@ -11,7 +11,7 @@ import pytest
 
 from sncaffe import Net
 from sncaffe.backend.cpu import CPUDevice
-from sncaffe.mem.executor import Executor
+from sncaffe.runtime.dispatcher import Dispatcher
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text, place
 
@@ -91,13 +91,13 @@ def test_copy_dependencies_are_waited_for_on_the_device(monkeypatch):
     frees) is waited for with device.wait_event, so the host goes on queueing kernels; the host
     itself waits only to reuse host blocks (drop, reset)."""
     host_waits = []
-    real = Executor._wait
+    real = Dispatcher._wait
 
     def record(self, event):
         if event is not None:
             host_waits.append(sys._getframe(1).f_code.co_name)
         real(self, event)
-    monkeypatch.setattr(Executor, "_wait", record)
+    monkeypatch.setattr(Dispatcher, "_wait", record)
     device = RecordingDevice("", 64 << 20)
     net = Net(parse_text(NET, pb.NetParameter()), "TRAIN", device=device, memory="offload")
     assert net.plan.offloaded, "the plan should offload something for this test to mean anything"

@@ -30,7 +30,7 @@ from sncaffe.backend import CPUDevice, cudnn, cudnn_conv, kernels
 from sncaffe.gradcheck import Harness, make_layer
 from sncaffe.layers import conv, conv_gpu, loss_gpu
 from sncaffe.layers.base import TEST, TRAIN, Blob, array_module
-from sncaffe.mem.planner import MODES, MemoryExhausted
+from sncaffe.plan.planner import MODES, MemoryExhausted
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import DATA_LAYERS, read_text, replace_data_layers, set_batch
 from conftest import ROOT, SHARED, needs_shared
@@ -831,7 +831,7 @@ DATA_SHAPES = {"bvlc_alexnet": (3, 227, 227), "bvlc_googlenet": (3, 224, 224), "
 def net_param(path, batch=2, hw=None):
     """A training net at ``batch``: Input layers for data layers, force_backward. With ``hw``:
     inputs hw x hw, every num_output / 16 and 7x7 average pooling made global (a small net with
-    every layer and connection of the big one, as tests/mem/test_modes.py shrinks them)."""
+    every layer and connection of the big one, as tests/plan/test_modes.py shrinks them)."""
     param = read_text(path, pb.NetParameter())
     if any(layer.type in DATA_LAYERS for layer in param.layer):
         chw = next(v for k, v in DATA_SHAPES.items() if k in path.name)
@@ -935,7 +935,7 @@ if SHARED:
 
 
 def train(backend, param, mode, iters=2):
-    """As tests/mem/test_modes.py, on a fresh device: per iteration the pool peak and every
+    """As tests/plan/test_modes.py, on a fresh device: per iteration the pool peak and every
     parameter, gradient and input gradient, on the host."""
     device = backend.new_device("2GiB")
     net = backend.net(param, "TRAIN", device=device, memory=mode, seed=1)

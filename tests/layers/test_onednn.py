@@ -9,7 +9,7 @@ from sncaffe import Net
 from sncaffe.backend import CPUDevice, onednn
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
 from sncaffe.layers.base import LayerError
-from sncaffe.mem.planner import MemoryExhausted
+from sncaffe.plan.planner import MemoryExhausted
 from sncaffe.layers import conv_onednn
 from sncaffe.layers.conv_onednn import layout
 from sncaffe.proto import sncaffe_pb2 as pb

@@ -50,7 +50,7 @@ def test_the_pass_puts_each_all_reduce_after_its_last_producer_in_bucket_order()
     the same collectives in the same order)."""
     from types import SimpleNamespace
 
-    from sncaffe.mem.schedule import Instr, Schedule
+    from sncaffe.plan.schedule import Instr, Schedule
     from sncaffe.parallel.data_parallel import insert_allreduce
 
     def run(name):

@@ -159,11 +159,11 @@ def test_a_collective_that_does_not_finish_times_out():
 
     from sncaffe.backend import CPUDevice
     from sncaffe.graph import Tensor
-    from sncaffe.mem.executor import Executor
-    from sncaffe.mem.schedule import Instr
+    from sncaffe.runtime.dispatcher import Dispatcher
+    from sncaffe.plan.schedule import Instr
     from sncaffe.parallel.data_parallel import CommTimeout, comm_timeout
     device = CPUDevice("1MiB")
-    ex = Executor(device, {}, lambda *a: None)
+    ex = Dispatcher(device, {}, lambda *a: None)
     grad = Tensor("g", (4,), np.dtype(np.float32), "param_diff")
     ex.alloc(grad, fill=0, persistent=True)
 

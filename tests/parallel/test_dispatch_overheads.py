@@ -3,9 +3,9 @@ concurrently, and freed blocks found by bisection (each reuse still waits for th
 import sys
 import threading
 
-from sncaffe.mem import executor  # noqa: F401  (loads the dispatcher; importing it first is circular)
-from sncaffe.mem.dispatcher import SWITCH_INTERVAL
-from sncaffe.mem.streams import Event, Stream
+
+from sncaffe.runtime.dispatcher import SWITCH_INTERVAL
+from sncaffe.runtime.streams import Event, Stream
 from sncaffe.parallel.replicas import Replicas, replicate
 
 from test_replicas import LOCATIONS, make_solver, net_param

@@ -1,5 +1,5 @@
 """Programs: where a schedule holds only allocations, frees, operators and collectives, each
-location's worker runs its own instructions in the plan's order (mem/dispatcher.py), the issuing
+location's worker runs its own instructions in the plan's order (runtime/dispatcher.py), the issuing
 thread only walking the schedule. The same bits and peaks as the general path, each location's
 work on its own worker, and a split operator's part on another stream kept between its
 neighbours."""
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from sncaffe.mem.parts import Part
+from sncaffe.runtime.parts import Part
 from sncaffe.parallel.replicas import Replicas, replicate
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
@@ -214,7 +214,7 @@ def _params(net):
 
 def test_a_replayed_pass_gives_the_walked_passes_bits_until_its_operators_split_otherwise():
     """From the second pass of a schedule on, its programs are replayed from the first pass's
-    recording (mem/dispatcher.py, _Recording): the same weights, running statistics and history
+    recording (runtime/dispatcher.py, _Recording): the same weights, running statistics and history
     as walking every pass. Once the cross-replica BatchNorms are detached (their operators no
     longer split), the recording no longer fits: the next passes are walked again, and give the
     bits of a walked run detached at the same iteration."""

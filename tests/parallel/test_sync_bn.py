@@ -255,7 +255,7 @@ def test_two_ranks_batch_norm_statistics_are_one_ranks_at_twice_the_batch(tmp_pa
 
 def test_the_dispatchers_record_of_pending_work_stays_bounded():
     """Two locations: every operator goes to a worker and joins the dispatcher's list of work that
-    may be pending (mem/dispatcher.py); the list is pruned as it grows, not kept for ever."""
+    may be pending (runtime/dispatcher.py); the list is pruned as it grows, not kept for ever."""
     solver = make_solver(ELEMENTWISE, True, iters=40)
     reps = Replicas(solver)
     solver.solve()

@@ -1,0 +1,233 @@
+"""The planner: one iteration's schedule for a memory mode, simulated without compute.
+
+Modes combine the techniques of SuperNeurons:
+
+- ``none``       every tensor allocated once, as Caffe does
+- ``liveness``   a tensor lives from its first use to its last
+- ``offload``    liveness, and tensors backward needs are copied to host after
+                 forward produces them, released, and prefetched before backward
+- ``recompute``  liveness, and what cheap layers produce is dropped after
+                 forward and replayed from the segment's checkpoint in backward
+- ``all``        recompute and offload together (checkpoints go to host)
+
+Given a capacity, offloaded tensors stay cached on the device while they fit
+(LRU eviction), and ``auto`` picks the cheapest mode whose plan fits.
+
+A plan is made by passes that return data (passes.py: liveness, host parameters,
+recomputation, need times, offload), walked by the builder (builder.py), which
+replays the iteration on that data and writes the schedule the executor replays;
+what depends on what is resident at each step is decided during the walk by one
+policy module each: the LRU cache (cache.py), the tier of each offloaded copy
+(tiers.py: host, or disk where the host is full), block placement on the
+device's allocator (placement.py), workspaces whole or in chunks (chunks.py). Parameters kept on the host
+(``host_params``) go, with their gradients and the solver's history, to the disk tier
+where the host pool cannot hold them (``param_disk``): the spill file's base.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from . import passes
+from .builder import Builder
+from .result import MemoryExhausted, Plan, PlanError, layer_flops  # noqa: F401  (the planner's API)
+from ..sizes import align, fmt_bytes
+
+MODES = ("none", "liveness", "offload", "recompute", "all")
+# Cheapest first: what ``auto`` tries in order.
+AUTO_ORDER = ("none", "liveness", "recompute", "offload", "all")
+
+
+def advice(graph, capacity, reserve=0) -> str:
+    """Which memory mode fits ``capacity``, or how much memory the leanest plan needs."""
+    peaks = {}
+    for mode in AUTO_ORDER:
+        plan = make_plan(graph, mode, capacity, reserve)
+        peaks[mode] = plan.peak
+        if plan.fits:
+            return f"memory mode '{mode}' fits ({fmt_bytes(plan.peak)})"
+    lean = min(peaks, key=peaks.get)
+    if peaks[lean] <= capacity:
+        return (f"the leanest plan ('{lean}', {fmt_bytes(peaks[lean])}) cannot be placed in "
+                f"{fmt_bytes(capacity)} because free memory is fragmented: give the device a little more")
+    return (f"no memory mode fits; the leanest ('{lean}') needs {fmt_bytes(peaks[lean])}: "
+            f"give the device at least that much (--device-memory) or use a smaller batch")
+
+
+def check_fits(graph, plan, capacity, reserve=0) -> None:
+    """Refuse, before anything runs, a plan whose peak exceeds the (default) device, or whose
+    host tier exceeds the host pool or, with the device, the RAM both share."""
+    if plan.disk_peak and plan.disk_capacity is not None and plan.disk_peak > plan.disk_capacity:
+        raise MemoryExhausted(
+            f"memory mode '{plan.mode}' needs {fmt_bytes(plan.disk_peak)} on disk for what the host cannot hold, "
+            f"but the spill directory's disk has {fmt_bytes(plan.disk_capacity)} to give (--spill DIR: "
+            f"a directory with more room), or use a smaller batch")
+    if not plan.host_fits:
+        room = plan.host_capacity if plan.host_capacity is not None else plan.ram
+        where = (f"the host pool has {fmt_bytes(plan.host_capacity)}"
+                 if plan.host_capacity is not None and plan.host_peak > plan.host_capacity else
+                 f"with the device's {fmt_bytes(plan.peak)} that is over the {fmt_bytes(plan.ram)} of RAM "
+                 f"this machine has available (less a margin)")
+        raise MemoryExhausted(
+            f"memory mode '{plan.mode}' needs {fmt_bytes(plan.host_peak)} of host memory but {where} "
+            f"({fmt_bytes(room or 0)}); use a smaller batch, or give --host-memory/--device-memory "
+            f"where the machine has more")
+    if plan.peaks.get("", plan.peak) <= capacity and not plan.overflow:
+        return
+    if plan.peak <= capacity:
+        raise MemoryExhausted(f"memory mode '{plan.mode}' cannot place every tensor in {fmt_bytes(capacity)} "
+                              f"(fragmentation) {plan.overflow}; {advice(graph, capacity, reserve)}")
+    t = plan.timeline
+    i = max(range(len(t.device)), key=t.device.__getitem__)
+    step = next((name for at, name in reversed(t.steps) if at <= i), "the start")
+    raise MemoryExhausted(
+        f"memory mode '{plan.mode}' needs {fmt_bytes(plan.peak)} but the device has {fmt_bytes(capacity)} free "
+        f"({fmt_bytes(plan.peak - capacity)} short) at step {step}, {t.labels[i]}; {advice(graph, capacity, reserve)}")
+
+
+def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
+              host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
+              host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
+              forward_only=False, param_disk=False, disk_extra=0) -> Plan:
+    """``host_params``: parameters and their gradients live in host memory and each layer's are
+    brought in for its forward and backward (the solver then updates them on the host).
+    ``cost_aware``: recomputation is used only where it lowers the plan's cost.
+    ``built``: plans already made with the same arguments, by mode (auto's), reused.
+    ``before``: pool blocks allocated before this net's persistent tensors (the nets placed
+    earlier, see joint.py); ``extra_bytes`` (an int or blocks) come after them.
+    ``host_room``: host pool bytes offloaded copies may take (with what is there already);
+    what does not fit goes to the disk tier, whose room is ``spill`` bytes.
+    ``memory_centric``: True replays every recomputed segment from its checkpoint for each
+    backward step that needs it (SuperNeurons' memory-centric strategy) instead of once,
+    keeping the results (speed-centric); None tries it per segment (those with at least 3
+    dropped tensors) where a capacity-bound plan does not fit (by at most a quarter), and keeps
+    it if it costs less. ``forward_only``: a net that only runs forward (a solver's test net):
+    each value lives until its last forward use, and with nothing needed after forward, no
+    mode offloads or recomputes (the plan of ``liveness`` under the mode's name).
+    ``param_disk``: with ``host_params``, the parameters, their gradients and the solver's
+    history (``host_extra``'s blocks but its last two, the solver's work buffers) live in the
+    spill file, not the host pool (the host cannot hold them): the disk tier's base.
+    ``disk_extra``: spill-file bytes held beside this net (another net's parameters there)."""
+    if mode not in MODES:
+        raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
+    args = (capacity, extra_bytes, lookahead, min_gap, host_params,
+            (host_capacity, ram, host_extra, spill, host_room), before)
+    plan = Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only,
+                   param_disk=param_disk, disk_extra=disk_extra).build()
+    if forward_only:
+        return plan
+    # (Tried only near a fit: it trades replays for a few segments' values, not for multiples.)
+    if mode in ("recompute", "all") and memory_centric is None and capacity is not None and not plan.fits \
+            and plan.peak <= capacity * 5 // 4:
+        lean = Builder(graph, mode, *args, memory_centric="some", param_disk=param_disk,
+                       disk_extra=disk_extra).build()
+        if lean.memory_centric and _cost(lean) < _cost(plan):
+            lean.note = f"memory-centric recomputation in {lean.memory_centric} segments"
+            plan = lean
+    if mode in ("recompute", "all") and cost_aware:
+        # Cost-aware: recomputation keeps a segment's checkpoint alive until its replay, which
+        # on some nets costs more than it saves; then the plan without it is the better one.
+        other = {"recompute": "liveness", "all": "offload"}[mode]
+        alt = (built or {}).get(other)
+        if alt is None and quick_bound(graph, other, extra_bytes, host_params) > plan.peak:
+            return plan                 # the plan without recomputation cannot have a lower peak
+        alt = alt or Builder(graph, other, *args, param_disk=param_disk, disk_extra=disk_extra).build()
+        if _cost(alt) < _cost(plan):
+            alt = replace(alt, mode=mode, note="recomputation would not lower the peak: not used")
+            return alt
+    return plan
+
+
+def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
+    """A lower bound of ``mode``'s peak at any capacity, without building its plan: for
+    ``none`` every tensor at once, for ``liveness`` the most bytes whose lives overlap (its
+    workspaces left out: a plan under a capacity may chunk them); 0 for the others."""
+    if mode not in ("none", "liveness") or host_params:
+        return 0
+    extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
+    key = ("_quick_bound", mode)
+    if key not in graph.__dict__:
+        ops = graph.forward_ops + graph.backward_ops
+        roots, uses = passes.liveness(graph, ops, "liveness")
+        always = sum(align(r.nbytes) for r in roots)
+        if mode == "none":
+            bound = always + sum(align(r.nbytes) for r, _ in uses.values())
+        else:
+            delta = [0] * (len(ops) + 1)
+            for r, u in uses.values():
+                steps = u.reads + u.writes
+                delta[min(steps)] += align(r.nbytes)
+                delta[max(steps) + 1] -= align(r.nbytes)
+            live = most = 0
+            for d in delta:
+                live += d
+                most = max(most, live)
+            bound = always + most
+        graph.__dict__[key] = bound
+    return graph.__dict__[key] + extra
+
+
+def _cost(plan):
+    return (not plan.fits, plan.peak, plan.d2h_bytes + plan.h2d_bytes)
+
+
+def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
+    """The cheapest mode whose plan fits ``capacity`` (and the host tier, ``host_capacity`` and
+    ``ram``); then ``all`` with parameters on the host. Modes that cannot fit by a cheap bound
+    are not planned (ResNet-2500: a plan takes seconds)."""
+    built, plan = {}, None
+    limit = min(x for x in (capacity, kw.get("ram"), 1 << 62) if x is not None)
+    for mode in AUTO_ORDER:
+        if quick_bound(graph, mode, extra_bytes, kw.get("host_params")) > limit:
+            continue
+        _progress(graph, f"planning memory: trying mode '{mode}'")
+        plan = built[mode] = shared_ram_plan(graph, mode, capacity, extra_bytes, built=built, **kw)
+        if plan.fits:
+            return plan
+    if not kw.get("host_params"):
+        _progress(graph, "planning memory: trying mode 'all' with parameters on the host")
+        kw["host_params"] = True
+        kw["host_extra"] = extra_bytes          # the solver's history goes to the host with them
+        return shared_ram_plan(graph, "all", capacity, 0, **kw)
+    return plan if plan is not None else make_plan(graph, "all", capacity, extra_bytes, **kw)
+
+
+def shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
+    """``mode``'s plan, fitted to the host tier where the first plan is not. On one RAM (the
+    CPU) what an offloading plan keeps cached on the device is held twice: plan the device
+    smaller so the host's peak has room. Where the host still cannot hold what the device
+    offloads, and a disk tier is given (``spill``), the device gets what its plan needs, the
+    host what RAM has left (or its pool), and the rest goes to the spill file."""
+    plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
+    if kw.get("host_params") and not kw.get("param_disk") and kw.get("spill") is not None \
+            and plan.device_fits and not plan.host_fits:
+        # The host cannot hold the parameter state: it goes to the disk tier, read per layer.
+        _progress(graph, f"planning memory: mode '{mode}' with the parameters on disk")
+        kw = {k: v for k, v in kw.items() if k != "built"}
+        return shared_ram_plan(graph, mode, capacity, extra_bytes, **kw, param_disk=True)
+    if plan.fits or not plan.device_fits or not plan.d2h_bytes:
+        return plan
+    kw.pop("built", None)
+    ram, host_capacity = kw.get("ram"), kw.get("host_capacity")
+    if ram is not None and ram - plan.host_peak > plan.lower_bound:
+        smaller = make_plan(graph, mode, min(ram - plan.host_peak, capacity or ram), extra_bytes, **kw)
+        if smaller.fits:
+            return smaller
+    if kw.get("spill") is None:
+        return plan
+    _progress(graph, f"planning memory: mode '{mode}' with a disk tier")
+    plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room", "param_disk")}
+    need = make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
+    for slack in (1.02, 1.1, 1.3):
+        device = int(need * slack) if capacity is None else min(int(need * slack), capacity)
+        room = min(x for x in (host_capacity, None if ram is None else ram - device, 1 << 62) if x is not None)
+        tiered = make_plan(graph, mode, device, extra_bytes, host_room=room, **kw)
+        if tiered.device_fits:
+            return tiered
+    return plan
+
+
+def _progress(graph, message):
+    """A log line for nets whose plans take seconds (thousands of layers)."""
+    if len(graph.layers) >= 1000:
+        logging.getLogger("sncaffe").info("%s (%d layers)", message, len(graph.layers))

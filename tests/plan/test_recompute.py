@@ -1,0 +1,168 @@
+"""Recomputation: segments split at checkpoints, cross-segment in-place writes, BatchNorm's
+running statistics moved once, Dropout's mask kept, each segment replayed once."""
+import numpy as np
+import pytest
+
+from sncaffe import Net
+from sncaffe.backend import CPUDevice
+from sncaffe.gradcheck import Harness, make_layer
+from sncaffe.plan.liveness import op_tensors, persistent_roots
+from sncaffe.plan.planner import make_plan
+from sncaffe.plan.recompute import is_cheap, segments
+from sncaffe.proto import sncaffe_pb2 as pb
+from sncaffe.prototxt import parse_text
+from test_liveness import TEXT, graph_of
+from test_modes import assert_peaks, assert_same_bits, train
+
+CONV = 'weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "constant" value: 0.1 }'
+# relu_x runs in place on pool1, a value of conv1's segment, from inside conv2's segment.
+CROSS = f'''
+name: "cross"
+layer {{ name: "data" type: "Input" top: "data" top: "label"
+        input_param {{ shape {{ dim: 2 dim: 3 dim: 8 dim: 8 }} shape {{ dim: 2 }} }} }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {CONV} }} }}
+layer {{ name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param {{ pool: MAX kernel_size: 2 stride: 2 }} }}
+layer {{ name: "conv2" type: "Convolution" bottom: "data" top: "conv2"
+        convolution_param {{ num_output: 4 kernel_size: 2 stride: 2 {CONV} }} }}
+layer {{ name: "relu_x" type: "ReLU" bottom: "pool1" top: "pool1" }}
+layer {{ name: "sum" type: "Eltwise" bottom: "conv2" bottom: "pool1" top: "sum" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "sum" top: "ip"
+        inner_product_param {{ num_output: 2 {CONV} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+'''
+# BatchNorm (batch statistics) and Dropout between checkpoints.
+BN_DROP = f'''
+name: "bn_drop"
+layer {{ name: "data" type: "Input" top: "data" top: "label"
+        input_param {{ shape {{ dim: 4 dim: 3 dim: 6 dim: 6 }} shape {{ dim: 4 }} }} }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 5 kernel_size: 3 pad: 1 {CONV} }} }}
+layer {{ name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }}
+layer {{ name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }}
+layer {{ name: "drop1" type: "Dropout" bottom: "conv1" top: "drop1" dropout_param {{ dropout_ratio: 0.5 }} }}
+layer {{ name: "pool1" type: "Pooling" bottom: "drop1" top: "pool1" pooling_param {{ pool: AVE kernel_size: 2 stride: 2 }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_param {{ num_output: 3 {CONV} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+'''
+
+
+def param_of(text):
+    param = parse_text(text, pb.NetParameter())
+    param.force_backward = True
+    return param
+
+
+def segs_by_name(graph):
+    F = graph.forward_ops
+    segs, seg_of = segments(F, {id(r) for r in persistent_roots(graph)})
+    named = [(None if s.checkpoint is None else F[s.checkpoint].node.name,
+              [F[k].node.name for k in s.cheap]) for s in segs]
+    return named, segs, seg_of
+
+
+def test_segments_start_at_checkpoints():
+    graph = graph_of(TEXT)
+    named, segs, seg_of = segs_by_name(graph)
+    assert named == [("data", []), ("conv1", ["bn1", "scale1", "relu1", "conv1_relu1_0_split"]),
+                     ("conv2", []), ("sum", ["sum_sum_0_split"]), ("conv3", []), ("cat", ["pool"]),
+                     ("ip", []), ("loss", [])]
+    F = graph.forward_ops
+    for s in segs:
+        assert not is_cheap(F[s.checkpoint].node) and all(is_cheap(F[k].node) for k in s.cheap)
+        assert all(seg_of[k] == s.index for k in [s.checkpoint] + s.cheap)
+        assert s.cheap == list(range(s.checkpoint + 1, s.checkpoint + 1 + len(s.cheap)))   # contiguous
+
+
+def test_stochastic_pooling_is_not_cheap():
+    graph = graph_of(TEXT.replace("pool: MAX", "pool: STOCHASTIC"))
+    named, _, _ = segs_by_name(graph)
+    assert ("pool", []) in named
+
+
+def test_cheap_in_place_layer_on_another_segments_tensor_becomes_a_checkpoint():
+    graph = graph_of(CROSS)
+    named, _, _ = segs_by_name(graph)
+    # relu_x, and pool1 too: replaying pool1 would clobber relu_x's output, which relu_x's backward reads
+    assert ("relu_x", []) in named and ("pool1", []) in named and ("conv1", []) in named
+    plain = graph_of(CROSS.replace('bottom: "pool1" top: "pool1"', 'bottom: "pool1" top: "relu_x"')
+                     .replace('bottom: "conv2" bottom: "pool1"', 'bottom: "conv2" bottom: "relu_x"'))
+    assert ("conv1", ["pool1"]) in segs_by_name(plain)[0]   # out of place: nothing to break
+
+
+@pytest.mark.parametrize("mode", ["recompute", "all"])
+def test_cross_segment_net_trains_alike(mode):
+    ref_plan, ref = train(param_of(CROSS), "none")
+    plan, steps = train(param_of(CROSS), mode)
+    assert_peaks(steps, plan)
+    assert_same_bits(steps, ref)
+
+
+def test_segments_replayed_once_and_only_cheap_outputs_dropped():
+    graph = graph_of(TEXT)
+    plan = make_plan(graph, "recompute")
+    replays = [ins.op for ins in plan.schedule.backward if ins.kind == "run" and ins.recompute]
+    assert replays and len(replays) == len({id(op) for op in replays}) == plan.recomputed_ops
+    assert all(op.kind == "forward" and is_cheap(op.node) for op in replays)
+    assert plan.recompute_flops > 0 and not any(ins.recompute for ins in plan.schedule.forward)
+    # what is dropped was last written in forward by a cheap layer (a split's or an in-place layer's top)
+    F, dropped = graph.forward_ops, set(plan.dropped)
+    last_writer = {r.name: op for op in F for r, w in op_tensors(op) if w}
+    assert dropped and all(is_cheap(last_writer[name].node) for name in dropped)
+    assert make_plan(graph, "liveness").recomputed_ops == 0
+
+
+def test_in_place_chain_restores_the_checkpoint_value():
+    """bn1 overwrites conv1's output in place: replaying bn1 needs conv1's value kept aside."""
+    graph = graph_of(TEXT)
+    kinds = {m: [(i.kind, i.tensor.name) for i in make_plan(graph, m, cost_aware=False).schedule if i.kind != "run"]
+             for m in ("recompute", "all")}
+    assert ("snapshot", "conv1") in kinds["recompute"] and ("restore", "conv1") in kinds["recompute"]
+    assert ("offload", "conv1@checkpoint") in kinds["all"] and ("prefetch", "conv1@checkpoint") in kinds["all"]
+    assert ("drop", "conv1@checkpoint") in kinds["all"]
+
+
+def test_batchnorm_recompute_leaves_running_statistics_alone():
+    layer = make_layer('type: "BatchNorm"', inplace=True)
+    h = Harness(layer, [np.random.default_rng(0).standard_normal((4, 3, 5, 5))])
+    y = h.forward()[0]
+    stats = [b.data.copy() for b in layer.blobs]
+    assert stats[2][0] == 1                                  # moved once by forward
+    h.bottom[0].data[...] = h.inputs[0]
+    layer.recompute(h.bottom, h.top)
+    assert np.array_equal(h.top[0].data, y)
+    assert all(np.array_equal(b.data, s) for b, s in zip(layer.blobs, stats))
+
+
+def test_dropout_recompute_keeps_its_mask():
+    layer = make_layer('type: "Dropout" dropout_param { dropout_ratio: 0.5 }')
+    h = Harness(layer, [np.random.default_rng(0).standard_normal((4, 50))], dtype=np.float32)
+    y = h.forward()[0]
+    state = layer.rng.bit_generator.state
+    layer.recompute(h.bottom, h.top)
+    assert np.array_equal(h.top[0].data, y) and layer.rng.bit_generator.state == state
+
+
+@pytest.mark.parametrize("mode", ["recompute", "all"])
+def test_batchnorm_and_dropout_nets_recompute_exactly(mode, monkeypatch):
+    # ConvPlan: the planner replays bn1 and drop1 where that lowers the peak, which its conv1
+    # workspace leaves them to do (oneDNN's smaller one moves the peak elsewhere)
+    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    plan, steps = train(param_of(BN_DROP), mode, iters=2)
+    replayed = {ins.op.node.name for ins in plan.schedule.backward if ins.kind == "run" and ins.recompute}
+    assert {"bn1", "drop1"} <= replayed
+    assert_peaks(steps, plan)
+    _, ref = train(param_of(BN_DROP), "none", iters=2)
+    assert_same_bits(steps, ref)
+    assert steps[0][1]["bn1[2]"][0] == 1 and steps[1][1]["bn1[2]"][0] == np.float32(0.999) + 1   # once per pass
+
+
+def test_dropout_draws_once_per_iteration():
+    nets = {}
+    for mode in ("none", "recompute"):
+        net = Net(param_of(BN_DROP), "TRAIN", device=CPUDevice("64MiB"), memory=mode, seed=5)
+        net.forward()
+        net.backward()
+        nets[mode] = net
+    layers = {m: next(n.layer for n in net.graph.layers if n.name == "drop1") for m, net in nets.items()}
+    assert layers["none"].rng.bit_generator.state == layers["recompute"].rng.bit_generator.state

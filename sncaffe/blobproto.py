@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from .proto import sncaffe_pb2 as pb
+from .upgrade import upgrade_net
 
 
 def blob_shape(blob) -> tuple:
@@ -110,7 +111,6 @@ def read_binary(path, message):
 
 def read_caffemodel(path) -> "pb.NetParameter":
     """A .caffemodel, V0/V1 ones upgraded as Caffe's ReadNetParamsFromBinaryFileOrDie does."""
-    from .upgrade import upgrade_net
     return upgrade_net(read_binary(path, pb.NetParameter()), str(path), binary=True)
 
 

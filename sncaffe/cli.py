@@ -726,7 +726,7 @@ def cmd_upgrade(args) -> int:
     """Caffe's upgrade_net_proto_text/binary: a V0/V1 net or caffemodel in the current format."""
     from google.protobuf import text_format
 
-    from .upgrade import upgrade_file, write_upgraded
+    from .prototxt import upgrade_file, write_upgraded
     param, binary = upgrade_file(args.net)
     if args.out:
         write_upgraded(param, args.out, binary)

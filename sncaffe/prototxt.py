@@ -14,14 +14,12 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
+from . import blobproto
 from .proto import sncaffe_pb2 as pb
-from .validate import located
+from .upgrade import upgrade_net, upgrade_solver
+from .validate import PrototxtError, located
 
 TRAIN, TEST = pb.TRAIN, pb.TEST
-
-
-class PrototxtError(ValueError):
-    """A file that does not parse or does not make sense, located in its text."""
 
 
 def _phase(phase) -> int:
@@ -185,7 +183,6 @@ def read_text(path, message):
 
 
 def read_solver(path) -> "pb.SolverParameter":
-    from .upgrade import upgrade_solver
     return upgrade_solver(read_text(path, pb.SolverParameter()), str(path))
 
 
@@ -372,7 +369,6 @@ def place(param, placement: dict):
 def prepare_net(param, phase=TRAIN, stages=(), level=None):
     """What Caffe's Net::Init does to a NetParameter before building it, and the Copy
     layers where a blob crosses locations."""
-    from .upgrade import upgrade_net
     net = filter_net(upgrade_inputs(upgrade_net(param)), phase, stages, level)
     if any(layer.location for layer in net.layer):
         net = insert_copies(net)
@@ -381,7 +377,6 @@ def prepare_net(param, phase=TRAIN, stages=(), level=None):
 
 def load_net(path, phase=TRAIN, stages=(), level=None):
     """Read a net prototxt and prepare it for ``phase`` (filter, inputs, splits)."""
-    from .upgrade import upgrade_net     # V0/V1 files, as Caffe's UpgradeNetAsNeeded
     return prepare_net(upgrade_net(read_text(path, pb.NetParameter()), str(path)), phase, stages, level)
 
 
@@ -413,7 +408,6 @@ def replace_data_layers(param, shapes: dict):
 
 def set_batch(param, n: int):
     """A copy of ``param`` with batch size ``n`` in every Input, DummyData and data layer."""
-    from .upgrade import upgrade_net
     out = pb.NetParameter()
     out.CopyFrom(upgrade_inputs(upgrade_net(param)))
     for layer in out.layer:
@@ -433,3 +427,27 @@ def set_batch(param, n: int):
                 if layer.HasField(field):
                     getattr(layer, field).batch_size = n
     return out
+
+
+# -- `sncaffe upgrade` (Caffe's upgrade_net_proto_text and upgrade_net_proto_binary) ------------
+
+def upgrade_file(path):
+    """(the upgraded NetParameter with net-level inputs as an Input layer, whether ``path`` is binary).
+    A .caffemodel (or any file that is not UTF-8 text) is read as binary."""
+    path = Path(path)
+    binary = path.suffix in (".caffemodel", ".binaryproto")
+    if not binary:
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            binary = True
+        except OSError as e:
+            raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
+    param = blobproto.read_caffemodel(path) if binary else upgrade_net(read_text(path, pb.NetParameter()), str(path))
+    return upgrade_inputs(param), binary
+
+
+def write_upgraded(param, out, binary) -> None:
+    """Write ``param`` to ``out`` as Caffe's upgrade tools do: binary for a caffemodel, else text."""
+    blobproto.write_atomic(out, param.SerializeToString() if binary else
+                           text_format.MessageToString(param).encode())

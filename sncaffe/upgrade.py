@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from .proto import sncaffe_pb2 as pb
-from .prototxt import PrototxtError
+from .validate import PrototxtError
 
 log = logging.getLogger("sncaffe")
 
@@ -295,34 +295,3 @@ def _v0_layer(conn, source):
         else:
             setattr(sub, name, value)
     return v1
-
-
-# -- `sncaffe upgrade` (Caffe's upgrade_net_proto_text and upgrade_net_proto_binary) ------------
-
-def upgrade_file(path):
-    """(the upgraded NetParameter with net-level inputs as an Input layer, whether ``path`` is binary).
-    A .caffemodel (or any file that is not UTF-8 text) is read as binary."""
-    from pathlib import Path
-
-    from . import blobproto
-    from .prototxt import read_text, upgrade_inputs
-    path = Path(path)
-    binary = path.suffix in (".caffemodel", ".binaryproto")
-    if not binary:
-        try:
-            path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            binary = True
-        except OSError as e:
-            raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
-    param = blobproto.read_caffemodel(path) if binary else upgrade_net(read_text(path, pb.NetParameter()), str(path))
-    return upgrade_inputs(param), binary
-
-
-def write_upgraded(param, out, binary) -> None:
-    """Write ``param`` to ``out`` as Caffe's upgrade tools do: binary for a caffemodel, else text."""
-    from google.protobuf import text_format
-
-    from . import blobproto
-    blobproto.write_atomic(out, param.SerializeToString() if binary else
-                           text_format.MessageToString(param).encode())

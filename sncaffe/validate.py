@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import math
 
+
+class PrototxtError(ValueError):
+    """A file that does not parse or does not make sense, located in its text."""
+
+
 INT_MAX = 2**31 - 1
 
 

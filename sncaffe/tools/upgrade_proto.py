@@ -30,7 +30,8 @@ def _net(binary):
         from .. import blobproto
         from ..prototxt import read_text, upgrade_inputs
         from ..proto import sncaffe_pb2 as pb
-        from ..upgrade import upgrade_net, write_upgraded
+        from ..prototxt import write_upgraded
+        from ..upgrade import upgrade_net
         param = blobproto.read_caffemodel(src) if binary else upgrade_net(read_text(src, pb.NetParameter()), str(src))
         write_upgraded(upgrade_inputs(param), out, binary)
     convert.__doc__ = f"a V0/V1 net {'binary proto (.caffemodel)' if binary else 'prototxt'} in the current format"

@@ -17,6 +17,7 @@ microseconds of each form, with the thread count and the load average. The forms
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import os
 import statistics
 import sys
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     import numpy as np
+
+    from sncaffe import config
 
     from sncaffe.backend import onednn, threads, workers
     threads.configure(args.threads)
@@ -63,12 +66,12 @@ def main(argv=None) -> int:
     def split(fn):
         """fn(cs) over the channels, on the kernel threads."""
         def run():
-            saved = workers.KERNEL_THREADS
-            workers.KERNEL_THREADS = args.threads
+            saved = config.settings
+            config.settings = replace(config.settings, kernel_threads=args.threads)
             try:
                 workers.split(C, 3 * x.size, fn)
             finally:
-                workers.KERNEL_THREADS = saved
+                config.settings = saved
         return run
 
     relu = onednn.relu(x.size, 0.0)

@@ -4,7 +4,7 @@
 
 One layer at a time (sncaffe.gradcheck.Harness: plain float32 arrays), on ResNet-50's (batch 8)
 and the CIFAR ResNet-20's (batch 128) activation shapes: forward and backward timed with the
-kernel threads off (the default) and on (backend/workers.KERNEL_THREADS), call by call in
+kernel threads off (the default) and on (config.settings.kernel_threads), call by call in
 turn, ``--repeat`` times each. Printed: the fastest and the median call of each and the ratio of
 the fastest (the least disturbed: other processes on the cores only ever slow a call), with the
 load average; no GEMM runs here.
@@ -12,6 +12,7 @@ load average; no GEMM runs here.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import os
 import sys
 import time
@@ -43,7 +44,8 @@ def main():
     sys.path.insert(0, str(ROOT / "tools"))
     import numpy as np
     from tables import table
-    from sncaffe.backend import threads, workers
+    from sncaffe import config
+    from sncaffe.backend import threads
     from sncaffe.gradcheck import Harness, make_layer
     threads.configure(args.threads)
     print(f"python tools/bench_kernels.py --threads {args.threads} --repeat {args.repeat}; {os.cpu_count()} cores, "
@@ -61,7 +63,7 @@ def main():
         times = {(p, on): [] for p in ("forward", "backward") for on in (False, True)}
         for _ in range(args.repeat):
             for on in (False, True):
-                workers.KERNEL_THREADS = args.threads if on else 1
+                config.settings = replace(config.settings, kernel_threads=args.threads if on else 1)
                 for p, call in (("forward", lambda: layer.forward(h.bottom, h.top)),
                                 ("backward", lambda: layer.backward(h.top, down, h.bottom))):
                     t0 = time.perf_counter()

@@ -20,6 +20,7 @@ the kernel threads alone: see ``alternate``.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import os
 import subprocess
@@ -41,7 +42,7 @@ def child(net, threads, kernels, iterations):
     sys.path.insert(0, str(ROOT))
     from sncaffe import Net
     from sncaffe.backend import threads as policy
-    from sncaffe.backend import workers
+    from sncaffe import config
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import read_text, set_batch
     decision = policy.configure(threads)
@@ -62,7 +63,7 @@ def child(net, threads, kernels, iterations):
     for i in range(iterations * len(modes)):
         mode = modes[i % len(modes)]        # "alt": kernel threads on and off, iteration by iteration
         if kernels != "turns":
-            workers.KERNEL_THREADS = decision.threads if mode else 1
+            config.settings = replace(config.settings, kernel_threads=decision.threads if mode else 1)
         ops = {}
         with policy.held(mode if kernels == "turns" else decision.threads):
             t0, c0 = time.perf_counter(), time.process_time()

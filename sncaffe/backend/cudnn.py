@@ -54,6 +54,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import config
+
 LIBRARY = "libcudnn.so.9"
 ENV = "SNCAFFE_CUDNN"
 INSTALL_HINT = ("pip install 'sncaffe[cuda13]' (CUDA 13 driver) or 'sncaffe[cuda12]' (CUDA 12), "
@@ -191,7 +193,7 @@ def _site_dirs() -> list[str]:
 
 def candidates() -> list[tuple[str, str]]:
     """(where, path or name) in the order tried: the override alone, else the wheels, then the system."""
-    env = os.environ.get(ENV)
+    env = config.settings.cudnn
     if env:
         return [(f"${ENV}", env)]
     found = [("nvidia-cudnn wheel", os.path.join(d, "nvidia", "cudnn", "lib", LIBRARY)) for d in _site_dirs()]

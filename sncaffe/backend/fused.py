@@ -30,11 +30,11 @@ not take launches from two threads at once.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
 
+from .. import config
 from . import threads as _threads
 
 _kernels = None
@@ -53,7 +53,7 @@ def kernels():
 
 
 def _compile():
-    if os.environ.get("SNCAFFE_NUMBA", "1") == "0":
+    if not config.settings.numba:
         return None
     try:
         import numba

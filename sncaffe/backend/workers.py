@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import config
 from . import threads as _threads
 
 # ~1 MiB of float32 per thread: ReLU runs it in ~40-80 us on one core, past a wake-up's cost.
@@ -42,18 +43,6 @@ ELEMENTS_PER_THREAD = 1 << 18
 PIECES_PER_THREAD = 4
 
 
-def _kernel_threads() -> int:
-    text = os.environ.get("SNCAFFE_KERNEL_THREADS", "1")
-    try:
-        return max(1, int(text))
-    except ValueError:
-        import logging
-        logging.getLogger("sncaffe").warning("SNCAFFE_KERNEL_THREADS=%r is not a number of threads: "
-                                             "the kernels run on the calling thread", text)
-        return 1
-
-
-KERNEL_THREADS = _kernel_threads()     # threads the kernels may use, within the process's budget
 
 _PREFIX = "sncaffe-kernel"
 _pool: ThreadPoolExecutor | None = None
@@ -72,9 +61,9 @@ def _executor(size: int) -> ThreadPoolExecutor:
 def threads_for(work: float, n: int) -> int:
     """Threads for ``work`` elements split into at most ``n`` pieces: sized to the work, at most
     the budget."""
-    if KERNEL_THREADS == 1:
+    if config.settings.kernel_threads == 1:
         return 1
-    budget = min(KERNEL_THREADS, _threads.current().threads)
+    budget = min(config.settings.kernel_threads, _threads.current().threads)
     return max(1, min(budget, n, int(work // ELEMENTS_PER_THREAD)))
 
 

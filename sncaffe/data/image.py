@@ -10,16 +10,17 @@ images differ. ``SNCAFFE_IMAGES=pillow`` forces Pillow; ``backend()`` names the 
 from __future__ import annotations
 
 import io
-import os
 
 import numpy as np
+
+from .. import config
 
 _GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
 
 
 def _cv2():
     """OpenCV, unless absent or SNCAFFE_IMAGES=pillow."""
-    if os.environ.get("SNCAFFE_IMAGES", "").lower() == "pillow":
+    if config.settings.images == "pillow":
         return None
     try:
         import cv2

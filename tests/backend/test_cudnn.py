@@ -3,12 +3,14 @@ answer without a GPU), and what needs a GPU (every call against a NumPy referenc
 import itertools
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from sncaffe.backend.cuda import unusable_reason as cuda_unusable_reason
 
+from sncaffe import config
 from sncaffe.backend import cudnn
 from sncaffe.layers.pooling import pooled_size
 
@@ -82,7 +84,7 @@ def test_every_known_status_has_its_name():
 
 def test_env_override_to_a_missing_file(fresh_load, monkeypatch, tmp_path):
     missing = str(tmp_path / "libcudnn.so.9")
-    monkeypatch.setenv(cudnn.ENV, missing)
+    monkeypatch.setattr(config, "settings", replace(config.settings, cudnn=missing))
     assert cudnn.candidates() == [("$SNCAFFE_CUDNN", missing)]
     with pytest.raises(cudnn.CudnnNotFound, match=r"\$SNCAFFE_CUDNN points to .*libcudnn.so.9, which does not exist"):
         cudnn.load()
@@ -94,13 +96,13 @@ def test_env_override_to_a_missing_file(fresh_load, monkeypatch, tmp_path):
 def test_env_override_to_a_file_that_is_no_library(fresh_load, monkeypatch, tmp_path):
     bad = tmp_path / "libcudnn.so.9"
     bad.write_bytes(b"not an ELF file")
-    monkeypatch.setenv(cudnn.ENV, str(bad))
+    monkeypatch.setattr(config, "settings", replace(config.settings, cudnn=str(bad)))
     with pytest.raises(cudnn.CudnnNotFound, match=r"tried \$SNCAFFE_CUDNN: .*libcudnn.so.9.*sncaffe\[cuda12\]"):
         cudnn.load()
 
 
 def test_discovery_order_wheel_then_system(fresh_load, monkeypatch, tmp_path):
-    monkeypatch.delenv(cudnn.ENV, raising=False)
+    monkeypatch.setattr(config, "settings", replace(config.settings, cudnn=""))
     lib = tmp_path / "nvidia" / "cudnn" / "lib"
     lib.mkdir(parents=True)
     (lib / "libcudnn.so.9").write_bytes(b"")

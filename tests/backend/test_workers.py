@@ -2,12 +2,13 @@
 the same bits on two threads as on one (pieces forced down to a few elements, so even these
 small tensors split)."""
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sncaffe import Net
+from sncaffe import Net, config
 from sncaffe.backend import threads, workers
 from sncaffe.backend.cpu import CPUDevice
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -30,7 +31,7 @@ def two_threads(monkeypatch):
 
     def use():
         monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
-        monkeypatch.setattr(workers, "KERNEL_THREADS", 2)
+        monkeypatch.setattr(config, "settings", replace(config.settings, kernel_threads=2))
         monkeypatch.setattr(workers, "ELEMENTS_PER_THREAD", 1)
         monkeypatch.setattr(workers, "threads_for", lambda work, n: counts.append(sized(work, n)) or counts[-1])
         return counts
@@ -39,7 +40,7 @@ def two_threads(monkeypatch):
 
 def test_split_covers_the_range_once_on_both_threads(monkeypatch):
     monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
-    monkeypatch.setattr(workers, "KERNEL_THREADS", 2)
+    monkeypatch.setattr(config, "settings", replace(config.settings, kernel_threads=2))
     seen, names = [], set()
     main = threading.current_thread()
     arrived = {True: threading.Event(), False: threading.Event()}       # by "is the caller"
@@ -63,23 +64,21 @@ def test_kernels_stay_on_the_calling_thread_unless_asked(monkeypatch):
     """The default (see workers' doc: on this machine a second kernel thread cost more than it
     gave): one call, on the calling thread, however large the work and the budget."""
     monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
-    monkeypatch.setattr(workers, "KERNEL_THREADS", 1)
+    monkeypatch.setattr(config, "settings", replace(config.settings, kernel_threads=1))
     calls = []
     workers.split(37, 37 * workers.ELEMENTS_PER_THREAD, lambda rows: calls.append((rows, threading.current_thread())))
     assert calls == [(slice(0, 37), threading.current_thread())]
 
 
-def test_kernel_threads_come_from_the_environment(monkeypatch):
+def test_kernel_threads_come_from_the_environment():
     for text, want in (("3", 3), ("0", 1), ("many", 1)):
-        monkeypatch.setenv("SNCAFFE_KERNEL_THREADS", text)
-        assert workers._kernel_threads() == want
-    monkeypatch.delenv("SNCAFFE_KERNEL_THREADS")
-    assert workers._kernel_threads() == 1
+        assert config.from_environment({"SNCAFFE_KERNEL_THREADS": text}).kernel_threads == want
+    assert config.from_environment({}).kernel_threads == 1
 
 
 def test_sizing_follows_the_budget_and_the_work(monkeypatch):
     monkeypatch.setattr(threads, "_decision", threads.Decision(4, 4, "--threads"))
-    monkeypatch.setattr(workers, "KERNEL_THREADS", 4)
+    monkeypatch.setattr(config, "settings", replace(config.settings, kernel_threads=4))
     step = workers.ELEMENTS_PER_THREAD
     assert [workers.threads_for(w, 100) for w in (0, step - 1, 2 * step, 3.5 * step, 100 * step)] == [1, 1, 2, 3, 4]
     assert workers.threads_for(100 * step, 2) == 2          # never more pieces than rows
@@ -88,7 +87,7 @@ def test_sizing_follows_the_budget_and_the_work(monkeypatch):
 
 def test_an_error_in_a_piece_reaches_the_caller_once_no_piece_runs(monkeypatch):
     monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
-    monkeypatch.setattr(workers, "KERNEL_THREADS", 2)
+    monkeypatch.setattr(config, "settings", replace(config.settings, kernel_threads=2))
     started, finished = [], []
 
     def fn(rows):
@@ -106,7 +105,7 @@ def test_a_split_inside_a_piece_runs_inline(monkeypatch):
     """A piece that splits again runs that split on its own thread: the pool's threads may all
     be busy with the outer pieces, and waiting on them would never end."""
     monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
-    monkeypatch.setattr(workers, "KERNEL_THREADS", 2)
+    monkeypatch.setattr(config, "settings", replace(config.settings, kernel_threads=2))
     seen = []
     piece = threading.Thread(target=workers.split, name=workers._PREFIX + "_0",
                              args=(4, 4 * workers.ELEMENTS_PER_THREAD, lambda rows: seen.append(rows)))
@@ -117,7 +116,7 @@ def test_a_split_inside_a_piece_runs_inline(monkeypatch):
 
 def test_elementwise_flattens_contiguous_arrays_and_passes_none(monkeypatch):
     monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))
-    monkeypatch.setattr(workers, "KERNEL_THREADS", 2)
+    monkeypatch.setattr(config, "settings", replace(config.settings, kernel_threads=2))
     monkeypatch.setattr(workers, "ELEMENTS_PER_THREAD", 1)
     x = np.arange(12, dtype=np.float32).reshape(1, 3, 4)       # a batch of one still splits
     y = np.empty_like(x)

@@ -1,9 +1,12 @@
 """caffe.io and Classifier as pycaffe scripts use them, and images as Caffe's OpenCV reads them."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from PIL import Image
 
 import sncaffe.pycaffe as caffe
+from sncaffe import config
 from sncaffe.data import image
 from pycaffe_fixtures import lenet_fixture, trained_fixture  # noqa: F401 (fixtures)
 
@@ -116,7 +119,7 @@ def test_opencv_mode_reproduces_cv_resize_and_imread_bgr(tmp_path):
 def test_pillow_fallback_differs_when_shrinking(tmp_path, monkeypatch):
     row = np.tile(np.array([255, 0, 0, 0], np.uint8), 8)
     path = write_png(tmp_path / "row.png", np.repeat(row[None], 4, 0))
-    monkeypatch.setenv("SNCAFFE_IMAGES", "pillow")
+    monkeypatch.setattr(config, "settings", replace(config.settings, images="pillow"))
     assert image.backend() == "pillow"
     x = image.load(path, 4, 8, False)
     assert x.shape == (1, 4, 8) and x.max() > 0       # Pillow averages the area: not Caffe's 0

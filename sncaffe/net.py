@@ -87,6 +87,7 @@ class Net:
         """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled."""
         self.plan = plan
         self.host_params = bool(plan.host_params)      # auto may have chosen them
+        self.device.pool.restrict(plan.arena)          # the arena the plan placed its blocks in
         if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening
             from .sizes import fmt_bytes
             n = sum(int(np.prod(d.shape, dtype=np.int64)) for node in self.graph.layers for d, _ in node.params)

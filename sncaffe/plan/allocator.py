@@ -41,6 +41,20 @@ class BestFit:
         self.in_use = 0
         self.peak = 0
 
+    def restrict(self, capacity: int | None) -> None:
+        """Place blocks within the first ``capacity`` bytes only (None: all of them again), as
+        a plan placed in a smaller arena than the pool's (plan/planner.make_plan). Only while
+        nothing is allocated: the free list is then one block, and the pool's state is that
+        of a pool made with this capacity."""
+        if self._used:
+            return
+        self._arena = getattr(self, "_arena", self.capacity)
+        size = self._arena if capacity is None else min(self._arena, capacity // self.alignment * self.alignment)
+        self.capacity = size
+        self._by_size = SortedList([(size, 0)] if size else [])
+        self._free_start = {0: size} if size else {}
+        self._free_end = {size: 0} if size else {}
+
     def alloc(self, nbytes: int, name: str | None = None) -> int:
         """Offset of a new block of at least ``nbytes`` (the smallest free block that fits)."""
         size = align(nbytes, self.alignment)

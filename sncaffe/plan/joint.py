@@ -76,7 +76,7 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
             for m in (TEST_ORDER if test.memory == "auto" else (test.memory,)):
                 mine = persistent_blocks(test.graph, m)[0]
                 # A test net only runs forward: planned so, whatever its mode.
-                p = shared_ram_plan(test.graph, m, capacity, later, before=before, forward_only=True,
+                p = shared_ram_plan(test.graph, m, plan.arena or capacity, later, before=before, forward_only=True,
                                      **beside, **kw)
                 last = (f"test net #{i}", test, p)
                 if p.fits and mine == test_own[i]:

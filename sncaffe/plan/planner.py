@@ -31,7 +31,7 @@ from dataclasses import replace
 from . import passes
 from .builder import Builder
 from .result import MemoryExhausted, Plan, PlanError, layer_flops  # noqa: F401  (the planner's API)
-from ..sizes import align, fmt_bytes
+from ..sizes import ALIGNMENT, align, fmt_bytes
 
 MODES = ("none", "liveness", "offload", "recompute", "all")
 # Cheapest first: what ``auto`` tries in order.
@@ -85,10 +85,32 @@ def check_fits(graph, plan, capacity, reserve=0) -> None:
         f"({fmt_bytes(plan.peak - capacity)} short) at step {step}, {t.labels[i]}; {advice(graph, capacity, reserve)}")
 
 
-def make_plan(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
-              host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
-              host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
-              forward_only=False, param_disk=False, disk_extra=0) -> Plan:
+def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
+    """``mode``'s plan under ``capacity`` (see ``plan_at``), placed on the pool's allocator.
+
+    Best fit is not monotone in the arena's size: a plan whose blocks all fit an arena of its
+    peak may fragment in a larger one. Where the blocks cannot be placed in ``capacity`` but the
+    peak is within it, the plan is made again for smaller arenas between its peak and
+    ``capacity``; the first that places every block is kept, with ``arena`` set to it: the
+    device's pool is held to that arena when the net binds (Net.place), so the run places every
+    block where the plan did. Only for a pool that holds nothing before the net (``before``)."""
+    plan = plan_at(graph, mode, capacity, extra_bytes, **kw)
+    if not plan.overflow or capacity is None or kw.get("before") or plan.peak > capacity:
+        return plan
+    kw.pop("built", None)
+    low = plan.peak
+    for arena in dict.fromkeys([capacity - (capacity - low) * k // 4 for k in (1, 2, 3)] + [low]):
+        tight = plan_at(graph, mode, arena, extra_bytes, **kw)
+        if not tight.overflow and tight.peak <= arena:
+            tight.capacity, tight.arena = capacity, arena // ALIGNMENT * ALIGNMENT
+            return tight
+    return plan
+
+
+def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
+            host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
+            host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
+            forward_only=False, param_disk=False, disk_extra=0) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.

@@ -24,6 +24,7 @@ class Plan:
     persistent_bytes: int
     extra_bytes: int                  # pool bytes held outside the graph (solver history)
     capacity: int | None
+    arena: int | None = None          # the pool's size the blocks were placed in, where not capacity
     overflow: str = ""                # the first allocation a capacity-bound plan could not place
     note: str = ""
     peak: int = 0

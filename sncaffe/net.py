@@ -88,6 +88,8 @@ class Net:
         self.plan = plan
         self.host_params = bool(plan.host_params)      # auto may have chosen them
         self.device.pool.restrict(plan.arena)          # the arena the plan placed its blocks in
+        if plan.extent and hasattr(self.device, "reserve"):
+            self.device.reserve(plan.extent)            # and what of it the plan reaches
         if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening
             from .sizes import fmt_bytes
             n = sum(int(np.prod(d.shape, dtype=np.int64)) for node in self.graph.layers for d, _ in node.params)

@@ -3,13 +3,15 @@
 On the CPU device the "device" pool and the host pool are the same physical RAM, so
 their peaks together, plus what the process holds outside them (the graph, Python,
 NumPy's temporaries), must stay under the RAM that is *available* (MemAvailable: free
-memory and the page cache the kernel can drop), not half of physical RAM as before.
-A margin of a tenth of physical RAM is left for the process's own growth and for
-the other programs on the machine.
+memory and the page cache the kernel can drop). Inside a memory cgroup (a container,
+cgroup v1 or v2) the RAM is the cgroup's limit, less what the cgroup holds that the kernel
+cannot drop. A margin of a tenth of that RAM is left for the process's own growth and for
+the other programs beside it.
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 MARGIN_FRACTION = 0.10
 MIN_MARGIN = 256 << 20
@@ -30,16 +32,69 @@ def meminfo() -> dict:
     return out
 
 
-def physical_ram() -> int:
+def _read_int(path):
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _stat(path) -> dict:
+    out = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if value.strip().isdigit():
+                out[key] = int(value)
+    except OSError:
+        pass
+    return out
+
+
+def cgroup_memory(proc="/proc/self/cgroup", root="/sys/fs/cgroup"):
+    """(limit, usage) in bytes of this process's memory cgroup, v2 or v1; (None, 0) where
+    there is no limit. The usage leaves out the inactive file cache the kernel can drop."""
+    try:
+        lines = Path(proc).read_text().splitlines()
+    except OSError:
+        return None, 0
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        path = path.lstrip("/")
+        if "memory" in controllers.split(","):               # v1
+            for base in (Path(root, "memory", path), Path(root, "memory")):
+                limit = _read_int(base / "memory.limit_in_bytes")
+                if limit is not None:
+                    usage = (_read_int(base / "memory.usage_in_bytes") or 0) \
+                        - _stat(base / "memory.stat").get("total_inactive_file", 0)
+                    return (limit if limit < 1 << 60 else None), max(0, usage)
+        if controllers == "":                                   # v2
+            for base in (Path(root, path), Path(root)):
+                if (base / "memory.max").exists():
+                    limit = _read_int(base / "memory.max")      # "max": none
+                    usage = (_read_int(base / "memory.current") or 0) \
+                        - _stat(base / "memory.stat").get("inactive_file", 0)
+                    return limit, max(0, usage)
+    return None, 0
+
+
+def physical_ram() -> int:
+    """The machine's RAM, or the memory cgroup's limit where that is lower."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 16 << 30
+        ram = 16 << 30
+    limit, _ = cgroup_memory()
+    return ram if limit is None else min(ram, limit)
 
 
 def available_ram() -> int:
-    """MemAvailable, else half of physical RAM where the kernel does not say."""
-    return meminfo().get("MemAvailable", physical_ram() // 2)
+    """MemAvailable (else half of physical RAM where the kernel does not say), and within a
+    memory cgroup no more than its limit less what it holds."""
+    avail = meminfo().get("MemAvailable", physical_ram() // 2)
+    limit, usage = cgroup_memory()
+    return avail if limit is None else max(0, min(avail, limit - usage))
 
 
 def margin() -> int:

@@ -1,0 +1,88 @@
+"""The RAM budget of the CPU device: the machine's, or a memory cgroup's (a container's)."""
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from sncaffe.backend.cpu import CPUDevice
+from sncaffe.runtime import budget
+
+GiB = 1 << 30
+
+
+def _tree(tmp_path, lines, files):
+    proc = tmp_path / "cgroup"
+    proc.write_text("\n".join(lines) + "\n")
+    for rel, text in files.items():
+        f = tmp_path / "fs" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return str(proc), str(tmp_path / "fs")
+
+
+def test_cgroup_v1_limit_and_usage_less_inactive_cache(tmp_path):
+    proc, root = _tree(tmp_path, ["4:memory:/job", "0::/"], {
+        "memory/job/memory.limit_in_bytes": str(3 * GiB), "memory/job/memory.usage_in_bytes": str(GiB),
+        "memory/job/memory.stat": "cache 5\ntotal_inactive_file 268435456\n"})
+    assert budget.cgroup_memory(proc, root) == (3 * GiB, GiB - (256 << 20))
+
+
+def test_cgroup_v1_without_a_limit(tmp_path):
+    proc, root = _tree(tmp_path, ["4:memory:/"], {"memory/memory.limit_in_bytes": "9223372036854771712"})
+    assert budget.cgroup_memory(proc, root) == (None, 0)
+
+
+def test_cgroup_v2_limit_and_max(tmp_path):
+    proc, root = _tree(tmp_path, ["0::/box"], {
+        "box/memory.max": str(2 * GiB), "box/memory.current": str(GiB // 2), "box/memory.stat": "inactive_file 0\n"})
+    assert budget.cgroup_memory(proc, root) == (2 * GiB, GiB // 2)
+    Path(root, "box", "memory.max").write_text("max\n")
+    assert budget.cgroup_memory(proc, root)[0] is None
+
+
+def test_device_memory_over_the_ram_is_said(caplog):
+    over = budget.ram_budget() + GiB
+    with caplog.at_level("WARNING", logger="sncaffe"):
+        device = CPUDevice(over)
+    assert device.pool.capacity == over // 256 * 256          # kept as given, never lowered silently
+    assert any("more than the" in r.getMessage() for r in caplog.records)
+
+
+def _memory_cgroup(limit):
+    base = Path("/sys/fs/cgroup/memory")
+    if not base.is_dir() or not os.access(base, os.W_OK):
+        v2 = Path("/sys/fs/cgroup")
+        if (v2 / "cgroup.controllers").exists() and os.access(v2, os.W_OK):
+            base = v2
+        else:
+            pytest.skip("no writable memory cgroup hierarchy (needs root and cgroupfs)")
+    group = base / f"sncaffe-test-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / ("memory.limit_in_bytes" if base.name == "memory" else "memory.max")).write_text(str(limit))
+    except OSError as e:
+        pytest.skip(f"cannot make a memory cgroup: {e}")
+    return group
+
+
+def test_a_container_limit_is_the_budget():
+    """Inside a 1 GiB memory cgroup, as a container sets it, the CPU device's RAM is within it and
+    LeNet's step runs there (the machine's MemAvailable would be many times that)."""
+    group = _memory_cgroup(GiB)
+    code = (f"import os; open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+            "from sncaffe.backend.cpu import CPUDevice\n"
+            "d = CPUDevice(); print(d.ram)\n"
+            "from sncaffe.cli import main\n"
+            "raise SystemExit(main(['time', 'prototxt/lenet_train_test.prototxt', '-n', '1', '--batch', '8']))\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    finally:
+        group.rmdir() if not (group / "cgroup.procs").read_text().strip() else None
+    assert out.returncode == 0, out.stderr[-2000:]
+    ram = int(out.stdout.splitlines()[0])
+    assert 0 < ram <= GiB

@@ -87,7 +87,9 @@ class Net:
         """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled."""
         self.plan = plan
         self.host_params = bool(plan.host_params)      # auto may have chosen them
-        self.device.pool.restrict(plan.arena)          # the arena the plan placed its blocks in
+        # The arena the plan placed its blocks in: the runtime's allocator then places each
+        # where the plan did (a pool that already holds blocks is left as it is).
+        self.device.pool.restrict(plan.arena or plan.capacity)
         if plan.extent and hasattr(self.device, "reserve"):
             self.device.reserve(plan.extent)            # and what of it the plan reaches
         if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening

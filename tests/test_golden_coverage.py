@@ -1,4 +1,4 @@
-"""Issue 14's golden coverage cases computed by real BVLC Caffe 1.0 (../shared/golden/coverage and
+"""Golden coverage cases computed by real BVLC Caffe 1.0 (tests/data/shared/golden/coverage and
 coverage-nets, see README-coverage.md), run through sncaffe.Net: loss, every blob's data and diff,
 every parameter's data and diff, at 1e-5 for layers and 1e-4 for nets."""
 import shutil

@@ -215,7 +215,7 @@ def test_all_is_no_worse_than_offload(r50):
     assert r50.plans["all"].peak == min(raw.peak, r50.plans["offload"].peak)
 
 
-@pytest.mark.skipif(SHARED is None, reason="../shared/zoo is not present")
+@pytest.mark.skipif(SHARED is None, reason="tests/data/shared/zoo is not present")
 @pytest.mark.parametrize("name", ["cifar10__cifar10_quick_train_test", "cifar10__cifar10_full_train_test"])
 def test_recompute_is_no_worse_than_liveness(name):
     graph = graph_of(net_param(SHARED / "zoo" / "bvlc" / f"{name}.prototxt"))

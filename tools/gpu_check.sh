@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (issues 5 and 16): environment, the static kernel/binding checks,
+# The one prepared GPU check: environment, the static kernel/binding checks,
 # the GPU tests, the golden cases, memory modes on ResNet-50, the benchmark, a summary.
 #
 # Run from the repository root on a machine with a GPU, CuPy (14, CUDA 13) and cuDNN 9 and no

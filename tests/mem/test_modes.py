@@ -1,4 +1,4 @@
-"""Issue 4's "done when": every net, every memory mode, trained on a small batch, gives the
+"""Every net, every memory mode, trained on a small batch, gives the
 planned pool peak to the byte and the results of mode ``none`` to the last bit.
 
 Nets come from prototxt/ and tests/data/shared/zoo. The big ones are shrunk (SHRINK) in ways that

@@ -231,8 +231,8 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "conv" bottom: "conv" top: "l
 
 
 def test_a_huge_batch_chunks_by_bisection(monkeypatch):
-    """Issue 13 item 2: --batch 1000000 tried every smaller chunk one by one (a million
-    workspace trials per convolution). The search is a bisection: at most log2(batch) + 1
+    """--batch 1000000 must not try every smaller chunk one by one (a million workspace
+    trials per convolution). The search is a bisection: at most log2(batch) + 1
     trials per choice, counted by the plan."""
     monkeypatch.setenv("SNCAFFE_CONV", "native")    # ConvPlan's workspace grows with the chunk
     import math

@@ -2,6 +2,8 @@
 checked, and the tree speaks of the project only (no process words, no timings in comments)."""
 import ast
 import io
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -80,6 +82,22 @@ def test_benchmark_result_files_name_command_and_machine(tmp_path):
     (tmp_path / "bad.json").write_text('{"title": "t", "question": "q", "columns": ["a"], "rows": [["1"]]}')
     with pytest.raises(SystemExit, match=r"bad\.json: missing field\(s\) command, machine, threads"):
         render_benchmarks.render(tmp_path)
+
+
+def test_a_benchmark_run_writes_a_result_file_the_page_renders(tmp_path):
+    """tools/tables.py records what a benchmark prints, with its command and machine."""
+    out = tmp_path / "run.json"
+    script = tmp_path / "bench_toy.py"
+    script.write_text(f"import sys; sys.path.insert(0, {str(ROOT / 'tools')!r})\n"
+                      "from tables import table\n"
+                      "table([['lenet', 1.5], ['resnet', 2]], ['net', 's'])\n")
+    env = {**os.environ, "SNCAFFE_BENCH_RESULTS": str(out), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(script), "--fast"], env=env, check=True, capture_output=True, timeout=60)
+    data = json.loads(out.read_text())
+    assert data["command"] == "python tools/bench_toy.py --fast" and "OMP_NUM_THREADS=1" in data["threads"]
+    assert data["tables"] == [{"columns": ["net", "s"], "rows": [["lenet", "1.5"], ["resnet", "2"]]}]
+    page = render_benchmarks.render(tmp_path)
+    assert "`python tools/bench_toy.py --fast` (machine: " in page and "| lenet | 1.5 |" in page
 
 
 def test_mkdocs_site_builds_strict(tmp_path):

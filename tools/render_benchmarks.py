@@ -2,8 +2,9 @@
 """Render docs/benchmarks.md from the result files in benchmarks/results/.
 
 Each result file (JSON) holds one table: the question it answers, the command that remakes it,
-the machine and thread count, its columns and rows, and notes. The page is generated, never
-edited by hand: change a result file and run
+the machine and thread count, its columns and rows, and notes; or, as a benchmark writes it
+(``SNCAFFE_BENCH_RESULTS=FILE.json``, see tools/tables.py), a run's ``tables``, each with its
+columns and rows. The page is generated, never edited by hand: change a result file and run
 
     python tools/render_benchmarks.py            # writes docs/benchmarks.md
     python tools/render_benchmarks.py --check    # exit status 1 where the page is out of date
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
-FIELDS = ("title", "question", "command", "machine", "threads", "columns", "rows")
+FIELDS = ("title", "command", "machine", "threads")
 
 HEADER = """# Benchmarks
 
@@ -26,6 +27,11 @@ The current figures, one table per question. Each says the command that remakes 
 machine and thread count it came from. Benchmarks are scripts under `tools/` that print tables;
 none is a timed test. Times on a shared VM move by a tenth or more from run to run: compare
 figures made on the same machine in the same session.
+
+To record a run as data, set `SNCAFFE_BENCH_RESULTS=run.json` (the scripts that print through
+`tools/tables.py` write every table, the command, the machine and the thread settings there);
+result files live in `benchmarks/results/`, and `python tools/render_benchmarks.py` remakes this
+page from them.
 """
 
 
@@ -36,12 +42,16 @@ def load(path):
     except json.JSONDecodeError as e:
         raise SystemExit(f"{path}: line {e.lineno}: {e.msg}")
     missing = [f for f in FIELDS if f not in table]
+    if "tables" not in table:
+        missing += [f for f in ("columns", "rows") if f not in table]
     if missing:
         raise SystemExit(f"{path}: missing field(s) {', '.join(missing)}")
-    width = len(table["columns"])
-    for i, row in enumerate(table["rows"]):
-        if len(row) != width:
-            raise SystemExit(f"{path}: row {i + 1} has {len(row)} cells, the table {width} columns")
+    for k, part in enumerate(table.get("tables", [table])):
+        width = len(part["columns"])
+        for i, row in enumerate(part["rows"]):
+            if len(row) != width:
+                where = f"table {k + 1}, " if "tables" in table else ""
+                raise SystemExit(f"{path}: {where}row {i + 1} has {len(row)} cells, the table {width} columns")
     return table
 
 
@@ -49,12 +59,18 @@ def cell(value):
     return str(value).replace("|", "\\|")
 
 
+def grid(part):
+    out = ["| " + " | ".join(cell(c) for c in part["columns"]) + " |", "|" + "---|" * len(part["columns"])]
+    return out + ["| " + " | ".join(cell(v) for v in row) + " |" for row in part["rows"]]
+
+
 def render_table(table):
-    out = [f"## {table['title']}", "", table["question"], "",
-           f"`{table['command']}` (machine: {table['machine']}; threads: {table['threads']})", "",
-           "| " + " | ".join(cell(c) for c in table["columns"]) + " |",
-           "|" + "---|" * len(table["columns"])]
-    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table["rows"]]
+    out = [f"## {table['title']}", ""]
+    if table.get("question"):
+        out += [table["question"], ""]
+    out += [f"`{table['command']}` (machine: {table['machine']}; threads: {table['threads']})", ""]
+    for k, part in enumerate(table.get("tables", [table])):
+        out += ([""] if k else []) + grid(part)
     notes = table.get("notes", [])
     if notes:
         out.append("")

@@ -10,13 +10,12 @@ sys.path.insert(0, str(ROOT / "tests" / "plan"))
 
 
 def shared_dir():
-    """The project's shared/ folder (real Caffe files), or None where it is absent."""
+    """Real Caffe files the tests compare against: tests/data/shared (golden outputs of BVLC Caffe,
+    the zoo's prototxt), or another copy named by SNCAFFE_SHARED; None where neither holds golden/."""
     env = os.environ.get("SNCAFFE_SHARED")
-    for cand in ([Path(env)] if env else []) + [ROOT.parent / "shared", ROOT / "tests" / "data" / "shared"]:
-        if (cand / "golden").is_dir():
-            return cand
-    return None
+    cand = Path(env) if env else ROOT / "tests" / "data" / "shared"
+    return cand if (cand / "golden").is_dir() else None
 
 
 SHARED = shared_dir()
-needs_shared = pytest.mark.skipif(SHARED is None, reason="../shared (golden Caffe data) is not present")
+needs_shared = pytest.mark.skipif(SHARED is None, reason="tests/data/shared (golden Caffe data) is not present")

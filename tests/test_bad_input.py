@@ -1,4 +1,4 @@
-"""Bad input gets an error naming file, line, layer and field (issue 13): shapes, weights, messages."""
+"""Bad input gets an error naming file, line, layer and field: shapes, weights, messages."""
 import os
 import re
 import subprocess

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of everything a user hands sncaffe (issue 13, item 11).
+"""Property-based fuzzing of everything a user hands sncaffe.
 
 Mutated prototxt text, binary NetParameter/.caffemodel, .solverstate, BlobProto mean files and
 Datum records must each end in a valid result or an error sncaffe raises on purpose (a class of

@@ -30,7 +30,7 @@ def comparable(layer):
     return out
 
 
-@pytest.mark.skipif(SHARED is None, reason="../shared (Kaiming's ResNet-50 deploy file) is not present")
+@pytest.mark.skipif(SHARED is None, reason="tests/data/shared (Kaiming's ResNet-50 deploy file) is not present")
 def test_deploy_resnet50_matches_kaiming():
     zoo = text_format.Parse((SHARED / "zoo" / "resnet" / "ResNet-50-deploy.prototxt").read_text(),
                             pb.NetParameter())

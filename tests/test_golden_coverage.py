@@ -1,4 +1,4 @@
-"""Issue 14's golden coverage cases computed by real BVLC Caffe 1.0 (../shared/golden/coverage and
+"""Golden coverage cases computed by real BVLC Caffe 1.0 (tests/data/shared/golden/coverage and
 coverage-nets, see README-coverage.md), run through sncaffe.Net: loss, every blob's data and diff,
 every parameter's data and diff, at 1e-5 for layers and 1e-4 for nets."""
 import shutil
@@ -10,7 +10,7 @@ import pytest
 from conftest import SHARED, needs_shared
 from layers.golden import run_golden_net
 
-# Cases of layer types built by other helpers of issue 14; their tests live with their layers.
+# Cases whose layer types are checked by their own layer tests instead; empty: every case runs here.
 OTHER_HELPERS = set()
 CASES = sorted(p.name for p in (SHARED / "golden" / "coverage").iterdir()
                if p.name not in OTHER_HELPERS) if SHARED else []

@@ -1,4 +1,4 @@
-"""Golden cases of issue 14 computed by real BVLC Caffe 1.0 (../shared/golden/coverage*): shared
+"""Golden cases computed by real BVLC Caffe 1.0 (tests/data/shared/golden/coverage*): shared
 parameters, V0/V1 files upgraded on load, N-d convolution; through sncaffe.Net (nets, 1e-4) and
 run_golden_layer (layers, 1e-5), forward and backward, every blob and parameter."""
 import h5py

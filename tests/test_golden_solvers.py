@@ -1,4 +1,4 @@
-"""The eight solver cases trained by real Caffe (../shared/golden/solvers), reproduced by Solver.
+"""The eight solver cases trained by real Caffe (tests/data/shared/golden/solvers), reproduced by Solver.
 
 Each case is trained from its solver.prototxt in a copy of its folder, from
 nets/lenet/weights.caffemodel as ``caffe train -weights`` does, and compared

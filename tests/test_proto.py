@@ -1,21 +1,18 @@
 """The schema: generated module up to date, Caffe's files parse, Caffe's defaults."""
 import importlib.util
 import math
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from conftest import ROOT, SHARED
 from sncaffe.proto import sncaffe_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("SNCAFFE_SHARED", ROOT.parent / "shared"))
-ZOO = SHARED / "zoo"
-GOLDEN = SHARED / "golden"
+ZOO = (SHARED or ROOT / "tests" / "data" / "shared") / "zoo"
+GOLDEN = (SHARED or ROOT / "tests" / "data" / "shared") / "golden"
 
 
 def files(folder, pattern):

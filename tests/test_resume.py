@@ -1,4 +1,4 @@
-"""Bit-exact resume for every data layer (issue 13, item 5): 2N iterations equal N, a snapshot,
+"""Bit-exact resume for every data layer: 2N iterations equal N, a snapshot,
 a resume and N more, to the last bit; the reader's cursor and every random stream are restored."""
 import h5py
 import numpy as np

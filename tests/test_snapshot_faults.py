@@ -1,4 +1,4 @@
-"""Snapshots under faults (issue 13, item 8): a pair is written as one unit, a failed write names
+"""Snapshots under faults: a pair is written as one unit, a failed write names
 its path and keeps the previous pair, leftovers are removed at the next start, SIGTERM snapshots."""
 import os
 import random

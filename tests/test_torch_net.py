@@ -129,7 +129,7 @@ NETS = {
     + layer("acc", "Accuracy", "x label", "acc acc_class", "accuracy_param { ignore_label: -1 }"),
 }
 
-# Issue 14's layer types. Inputs named in INPUT_VALUES get those values (indices, selectors,
+# The remaining BVLC layer types. Inputs named in INPUT_VALUES get those values (indices, selectors,
 # sequence indicators, similarity flags, infogain matrices), the rest as above.
 NETS.update({
     "neurons_more": "force_backward: true\n"

@@ -208,7 +208,7 @@ def depth_table(planner, capacity, quick):
 
 
 def ram_table(planner, spill):
-    """Issue 12: the deepest ResNet trainable on this machine with the host counted: device and host
+    """The deepest ResNet trainable on this machine with the host counted: device and host
     pools on the CPU's one RAM (the budget sncaffe takes by default: available RAM less a margin),
     without and with the disk tier."""
     from sncaffe.runtime.budget import available_ram, ram_budget

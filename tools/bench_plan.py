@@ -1,5 +1,5 @@
-"""How long planning takes against depth: ResNet-50 ... ResNet-2500 (issue 12: ResNet-2500
-in at most 10 s). For each depth: the graph's build, then what ``sncaffe train`` does before
+"""How long planning takes against depth: ResNet-50 ... ResNet-2500 (the target:
+ResNet-2500 in at most 10 s). For each depth: the graph's build, then what ``sncaffe train`` does before
 its first iteration, ``auto`` at a device capacity (default 12 GiB, a K40c's), and with
 --modes every mode without a capacity. Wall and CPU seconds (CPU time is what a loaded
 machine does not inflate); run it alone, on a quiet machine, for figures worth quoting.

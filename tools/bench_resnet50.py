@@ -9,7 +9,7 @@ tools/torch_net.TorchNet timed the same way and the ratio sncaffe / torch.
     .venv/bin/python tools/bench_resnet50.py [--threads 1] [--batch 8] [--iterations 3] [--quick] [--no-torch] [--torch-profile]
 
 The net is prototxt/resnet50.prototxt (with its loss), or else Kaiming He's
-deploy file from ../shared/zoo with batch statistics in its BatchNorms and a
+deploy file from tests/data/shared/zoo with batch statistics in its BatchNorms and a
 SoftmaxWithLoss in place of its Softmax.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tables import table  # tools/tables.py: python puts the script's folder on 
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ROOT / "prototxt" / "resnet50.prototxt"
-ZOO = ROOT.parent / "shared" / "zoo" / "resnet" / "ResNet-50-deploy.prototxt"
+ZOO = ROOT / "tests" / "data" / "shared" / "zoo" / "resnet" / "ResNet-50-deploy.prototxt"
 
 
 def parse_args():

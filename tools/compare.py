@@ -542,9 +542,7 @@ def torch_count(graph, checkpoint, style="twin") -> dict:
 
 # -- timing ----------------------------------------------------------------------------------------
 # Seconds between two workers' steps on more than one thread: the last step's OpenMP threads in
-# the other process stop spinning first. Measured by turns (LeNet at batch 64, two threads, three
-# workers, medians of 18 steps each): without the pause sncaffe 25.2 ms, PyTorch idiomatic 31.0,
-# twin 34.7; with 0.1 s 20.5, 24.9, 30.7 (ratio 1.23 and 1.22); on one thread no difference.
+# the other process stop spinning first, else every framework's steps at two threads run slower.
 SETTLE_S = 0.1
 
 
@@ -579,8 +577,8 @@ class Worker:
     Why not one process: the C library's allocator is the process's. In one process, the PyTorch
     twin's large blocks raised malloc's mmap and trim thresholds for the idiomatic model too, which
     then reused heap memory where it alone maps and faults in fresh pages at every step (the CIFAR
-    ResNet at batch 128, one thread: 0 page faults a step beside the twin, 32,000-37,000 alone; its
-    step 645-760 ms against 819-833 in the same minutes). Each worker builds sncaffe's solver (seed 0)
+    ResNet at batch 128 then ran faster beside the twin than alone, from tens of thousands fewer
+    page faults a step). Each worker builds sncaffe's solver (seed 0)
     and takes the weights and batch from it, so every framework starts from the same numbers."""
 
     def __init__(self, param_file, framework, kind, threads=None):
@@ -699,11 +697,9 @@ def serve(param_file, framework, kind) -> int:
 
 
 # The machine's own two-thread speed-up, probed beside the nets (``scaling``): two 1024^3 float32
-# GEMMs on sncaffe's BLAS (compute: 4.3 GFLOP, 54 ms at the 80 GFLOP/s one AVX2 core of the AMD
-# EPYC gives) and a copy of 128 MiB on oneDNN's binary kernel (memory bandwidth), each on the
-# thread budget of the turn. On that VM PyTorch's GEMM gained 1.02x from a second thread in one
-# run and 1.97x in another a minute later (no CPU steal): where the host places the second vCPU
-# sets what any program gets (docs/benchmarks.md, "Throughput, stop 37").
+# GEMMs on sncaffe's BLAS (compute-bound: 4.3 GFLOP) and a copy of 128 MiB on oneDNN's binary
+# kernel (memory bandwidth), each on the thread budget of the turn. On a VM where the host places
+# the second vCPU sets what any program gets (docs/benchmarks.md, "Two threads against one").
 PROBES = {"gemm": "GEMM 2 x 1024^3 (BLAS)", "copy": "copy of 128 MiB (oneDNN)"}
 
 
@@ -1188,7 +1184,7 @@ def ratios(results) -> list:
             ("", {k: v for k, v in theirs.items() if k == "pytorch eager"}, 4.0), ("best saver", savers, 1.5)])
         out += deepest_ratios(d, "machine", lambda theirs, savers: [("best saver", savers, 2.0)])
     t = results.get("throughput")
-    # issue 17: 1.1x PyTorch at one thread; at more, no slower than PyTorch at as many
+    # the targets: 1.1x PyTorch at one thread; at more, no slower than PyTorch at as many
     threads = ((results.get("machine") or {}).get("threads") or {}).get("sncaffe", 1) or 1
     goal = 1.1 if threads == 1 else 1.0
     for r in (t or {}).get("runs", []):
@@ -1199,7 +1195,7 @@ def ratios(results) -> list:
             out.append((f"throughput {r['net']} (batch {r['batch']}): sncaffe / fastest PyTorch ({variant})",
                         value, f">= {goal:g}", value >= goal))
     sc = results.get("scaling") or {}
-    for r in sc.get("runs", []):            # issue 17: 1.7x the one-thread throughput on two threads
+    for r in sc.get("runs", []):            # the target: 1.7x the one-thread throughput on two threads
         k = next((k for k in r if k.startswith("sncaffe ")), None)
         if k:
             value = r[k]["speedup"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (issues 5 and 16): environment, the static kernel/binding checks,
+# The one prepared GPU check: environment, the static kernel/binding checks,
 # the GPU tests, the golden cases, memory modes on ResNet-50, the benchmark, a summary.
 #
 # Run from the repository root on a machine with a GPU, CuPy (14, CUDA 13) and cuDNN 9 and no
@@ -12,7 +12,7 @@
 # missing there (pytest and its pluggy/iniconfig/packaging/pygments), wheels carried in ./.whl
 # (tools/gpu_wheels.sh fetches them; .whl is git-ignored: name it in the device tool's carry)
 # are installed offline into a temporary folder first.
-# Golden tests need the shared data: ../shared, ./shared or $SNCAFFE_SHARED. Every stage
+# Golden tests read tests/data/shared ($SNCAFFE_SHARED names another copy). Every stage
 # prints a header and its result; a failing stage does not stop the next. Exit status: 0 when
 # every stage passed.
 set -u
@@ -60,9 +60,6 @@ if [[ -d .whl ]] && ls .whl/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sncaffe-site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/sncaffe-site"
 fi
-if [[ -z "${SNCAFFE_SHARED:-}" && -d shared/golden ]]; then
-    export SNCAFFE_SHARED=$PWD/shared
-fi
 
 ENVIRONMENT='
 import platform, sys
@@ -108,7 +105,4 @@ echo
 echo "=================== summary ==================="
 printf '%s\n' "${RESULTS[@]}"
 [[ -n "${OUT:-}" ]] && printf '%s\n' "${RESULTS[@]}" > "$OUT/gpu_check_summary.txt"
-if [[ -z "${SNCAFFE_SHARED:-}" && ! -d ../shared/golden ]]; then
-    echo "note: no shared data (../shared, ./shared or \$SNCAFFE_SHARED): golden and zoo tests were skipped"
-fi
 exit $FAILED

@@ -10,7 +10,7 @@ and prints every case whose digest differs (exit status 1 if any does).
     python tools/plan_digest.py --compare /tmp/plans.json       # after each step
     python tools/plan_digest.py --compare /tmp/plans.json --big # with ResNet-2500 (slow)
 
-Nets: prototxt/ and ../shared/zoo, shrunk as tests/plan/test_modes.py runs them (batch 2),
+Nets: prototxt/ and tests/data/shared/zoo, shrunk as tests/plan/test_modes.py runs them (batch 2),
 and LeNet's solver with its test net (planned as one, plan/joint.py) at tight capacities.
 """
 from __future__ import annotations

@@ -7,18 +7,10 @@ run in parallel. The bits never change with the pieces: every element is compute
 code, and a caller splits a reduction only over the axis it keeps (BatchNorm's sums per channel
 are split over channels), so each sum adds in the same order.
 
-By default the kernels run whole on the calling thread. Measured in whole training steps
-(``sncaffe time``, 2 threads, 2026-12-01, load ~1, this 2-core EPYC VM): with the pieces dealt
-over two threads the CIFAR ResNet-20 at batch 128 took 346-392 ms an iteration, on the calling
-thread 229-236 ms (its BatchNorms 108 against 57 ms), MobileNet-v2 at batch 8 499 against
-439 ms, ResNet-50 at batch 8 even (1111 against 1067-1186 ms). On and off by turns in one process
-(``tools/bench_threads.py --alternate``): the CIFAR ResNet 0.73x with them, MobileNet-v2 0.76x,
-DenseNet-121 0.87x, ResNet-50 at batch 8 1.20x (its tensors' pieces are long rows; a CIFAR
-tensor's channel piece is 128 rows of 4 KiB), so off is the default. Alone, a cold 8 MiB subtract,
-reduction, copy or einsum runs 1.1-2x slower on two threads than on one: one core takes the
-memory bandwidth the VM has, and each piece's wake-up and GIL hand-off is paid on top. Cutting
-the tensors into cache-sized pieces on one thread did not pay either (a channel's rows are
-4 KiB apart: 1.2-1.8x slower; eight images at a time: even).
+By default the kernels run whole on the calling thread: these passes are bound by memory
+bandwidth, which one core already takes on a small VM, and each piece's wake-up and GIL hand-off
+is paid on top, so most nets' steps were slower with them (``tools/bench_threads.py
+--alternate``; docs/benchmarks.md, "Kernel threads").
 
 ``SNCAFFE_KERNEL_THREADS=N`` (or ``KERNEL_THREADS``) deals the pieces over up to N threads of
 the process's budget (``threads.current()``, the GEMMs' own: kernels and GEMMs run one after

@@ -154,9 +154,8 @@ def rank_batch_norms(net, comm) -> list:
     that bucket (measured: a CIFAR ResNet's all-reduce hid 0 % of itself behind backward).
     Collectives of two threads on one communicator could also be matched in different orders on
     different ranks; on two communicators each keeps its order. They run on the compute stream,
-    the calling thread, which waits for the all-gather anyway: on a stream of their own (a thread
-    woken and waited for 63 times an iteration for a CIFAR ResNet) two ranks at batch 8 took
-    60.0 ms an iteration against 58.0 here (medians of 6 by turns, 2 cores)."""
+    the calling thread, which waits for the all-gather anyway: a stream of their own would wake and
+    wait for a thread at every BatchNorm stage (``tools/bench_parallel.py`` shows the difference)."""
     size = comm.Get_size()
     nodes = [node for node in net.graph.layers if node.type == "BatchNorm" and not node.layer.use_global_stats
              and "partials" in node.layer.scratch_specs]
@@ -168,7 +167,7 @@ def rank_batch_norms(net, comm) -> list:
         local = np.ascontiguousarray(local)
         out = np.empty((size,) + local.shape, local.dtype)
         # blocking: the layer's next stage waits for it, and MPI waits without the GIL (polling a
-        # request from Python took the GIL from the compute thread: 2.4 -> 13 ms of exchanges)
+        # request from Python would take the GIL from the compute thread)
         own.Allgather(local, out)
         return out
     return [CrossReplicaBatchNorm(node.name, [node], gather, size, "compute") for node in nodes]

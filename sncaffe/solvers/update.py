@@ -61,10 +61,8 @@ class SGD(Rule):
         on all the threads (``onednn.flat``), each operation rounded as NumPy's calls above round
         it (so the same bytes), where NumPy takes six to eight passes on one: diff = ((data *
         decay) + diff) * rate; diff = (history * momentum) + diff; data = data - diff; history =
-        diff (``onednn.copy_on_team``). In this order (the new history written where diff was
-        just written, the copy last) the step of ResNet-50's large parameters took 24.5-26.7 ms
-        where history first, then the copy, took 26.7-29.3 (one thread, by turns; two threads:
-        19.9-22.3 against 20.4-22.3)."""
+        diff (``onednn.copy_on_team``). In this order the new history is written where diff was
+        just written, while it is still in cache, and the copy comes last."""
         if kind != "L2" and local_decay:
             return False
         (h,) = history

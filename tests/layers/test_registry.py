@@ -1,4 +1,4 @@
-"""sncaffe.layers.REGISTRY holds every layer type BVLC Caffe registers (master 9b89154, issue 14)."""
+"""sncaffe.layers.REGISTRY holds every layer type BVLC Caffe registers (BVLC/caffe master, Caffe 1.0)."""
 from sncaffe.layers import REGISTRY
 
 BVLC_TYPES = {
@@ -11,8 +11,7 @@ BVLC_TYPES = {
     "SigmoidCrossEntropyLoss", "Silence", "Slice", "Softmax", "SoftmaxWithLoss", "Split", "Swish", "TanH",
     "Threshold", "Tile", "WindowData",
 }
-# Built by other helpers of issue 14 on their own branches. The lead empties this set once
-# those branches are merged, so that the test then checks all 61 types.
+# Types registered elsewhere and not yet here; empty: the test checks all 61 types.
 OTHER_HELPERS = set()
 
 

@@ -1,4 +1,4 @@
-"""Issue 12 item 1: ``auto`` is the default memory mode of Net, the Solver and the CLI, and a
+"""``auto`` is the default memory mode of Net, the Solver and the CLI, and a
 net's or solver's own memory_param wins wherever it is read."""
 import numpy as np
 

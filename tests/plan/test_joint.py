@@ -1,4 +1,4 @@
-"""Issue 12 item 4: a solver's train net, test nets and history are planned as one. Under
+"""A solver's train net, test nets and history are planned as one. Under
 tight devices where the test net used to exhaust the pool at the iteration-0 test, auto
 trains, and the pool's measured peak (device and host) is the joint plan's."""
 import numpy as np

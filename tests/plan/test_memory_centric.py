@@ -1,4 +1,4 @@
-"""Issue 12 item 3: memory-centric recomputation (SuperNeurons' second strategy): a segment is
+"""Memory-centric recomputation (SuperNeurons' second strategy): a segment is
 replayed from its checkpoint for each backward step that needs it, and what the replay made
 is freed after that step, instead of one replay whose results are kept (speed-centric). It
 gives the bits of mode none and the planned peak; ``make_plan`` uses it per segment only

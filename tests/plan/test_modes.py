@@ -1,7 +1,7 @@
-"""Issue 4's "done when": every net, every memory mode, trained on a small batch, gives the
+"""Every net, every memory mode, trained on a small batch, gives the
 planned pool peak to the byte and the results of mode ``none`` to the last bit.
 
-Nets come from prototxt/ and ../shared/zoo. The big ones are shrunk (SHRINK) in ways that
+Nets come from prototxt/ and tests/data/shared/zoo. The big ones are shrunk (SHRINK) in ways that
 keep every layer and connection, so the memory runtime sees the same graph with smaller
 tensors. ResNet-2500 (0.9 billion parameters) is only planned: see test_planner.py.
 """
@@ -173,7 +173,7 @@ def assert_peaks(steps, plan):
 CASES = [pytest.param(p, id=f"prototxt/{p.name}") for p in OWN]
 CASES += [pytest.param(p, id=f"zoo/{p.name}") for p in ZOO]
 if not ZOO:
-    CASES.append(pytest.param(None, id="zoo", marks=pytest.mark.skip(reason="../shared/zoo is not present")))
+    CASES.append(pytest.param(None, id="zoo", marks=pytest.mark.skip(reason="tests/data/shared/zoo is not present")))
 
 
 def unchunked(plan):

@@ -1,4 +1,4 @@
-"""Issue 14's layers in every memory mode: a small net holding them trains to the same bits as
+"""The remaining BVLC layer types in every memory mode: a small net holding them trains to the same bits as
 mode ``none``, and the measured pool peak equals the plan, iteration by iteration."""
 import numpy as np
 import pytest

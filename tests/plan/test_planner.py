@@ -215,7 +215,7 @@ def test_all_is_no_worse_than_offload(r50):
     assert r50.plans["all"].peak == min(raw.peak, r50.plans["offload"].peak)
 
 
-@pytest.mark.skipif(SHARED is None, reason="../shared/zoo is not present")
+@pytest.mark.skipif(SHARED is None, reason="tests/data/shared/zoo is not present")
 @pytest.mark.parametrize("name", ["cifar10__cifar10_quick_train_test", "cifar10__cifar10_full_train_test"])
 def test_recompute_is_no_worse_than_liveness(name):
     graph = graph_of(net_param(SHARED / "zoo" / "bvlc" / f"{name}.prototxt"))
@@ -231,8 +231,8 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "conv" bottom: "conv" top: "l
 
 
 def test_a_huge_batch_chunks_by_bisection(monkeypatch):
-    """Issue 13 item 2: --batch 1000000 tried every smaller chunk one by one (a million
-    workspace trials per convolution). The search is a bisection: at most log2(batch) + 1
+    """--batch 1000000 must not try every smaller chunk one by one (a million workspace
+    trials per convolution). The search is a bisection: at most log2(batch) + 1
     trials per choice, counted by the plan."""
     monkeypatch.setenv("SNCAFFE_CONV", "native")    # ConvPlan's workspace grows with the chunk
     import math

@@ -1,4 +1,4 @@
-"""Issue 12 item 2: every tier is planned. The host pool's measured peak equals the plan's host
+"""Every tier is planned. The host pool's measured peak equals the plan's host
 peak (offloaded copies, parameters kept on the host, the solver's history there), and on the
 CPU, where device and host pools are one RAM, a plan fits only when both peaks together do."""
 import numpy as np

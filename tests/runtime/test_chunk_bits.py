@@ -1,4 +1,4 @@
-"""Issue 12: every mode gives mode none's bits also where its plan chunks convolutions over the
+"""Every mode gives mode none's bits also where its plan chunks convolutions over the
 batch. A chunk is a multiple of the layer's reduce_block, and the weight and bias gradients
 (and the CPU's GEMMs) are summed per reduction block in image order (layers/conv.py, the chunk
 contract), so a chunked pass runs the arithmetic of the whole batch.

@@ -1,4 +1,4 @@
-"""Issue 12 item 2: the disk tier. Offloads the host pool cannot hold go to a spill file on the
+"""The disk tier. Offloads the host pool cannot hold go to a spill file on the
 copy streams; results are the bits of mode none, the spill file's measured peak is the plan's,
 the file has no name once made (nothing is left behind), and a full disk is an error naming it."""
 import os

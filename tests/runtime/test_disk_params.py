@@ -1,4 +1,4 @@
-"""Issue 12: parameter state on the disk tier. Where the host pool cannot hold the parameters,
+"""Parameter state on the disk tier. Where the host pool cannot hold the parameters,
 their gradients and the solver's history (host_params), they live in the spill file, read per
 layer on the copy streams and written back after the update: the same bits as with enough
 host memory, and the device, host and spill-file peaks measured equal to the plan's."""

@@ -6,7 +6,10 @@ expect. Under a constrained mode (``liveness``, ``offload``, ``recompute``,
 ``all``, ``auto``) only the net's inputs, outputs and the blobs named in
 ``keep=[...]`` stay (``keep=True``: all); the plan counts them as persistent.
 ``forward(start=, end=)`` and ``backward(start=, end=)`` replay the planned
-schedule's memory instructions in full and run only the chosen layers.
+schedule's memory instructions in full and run only the chosen layers. After an
+input blob's ``reshape``, a forward sets up only the layers up to its end for
+the new shapes (as Caffe's Forward reshapes the layers it runs); the layers
+after keep their shapes until a forward runs them.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import net as _sn
-from ..layers.python_layer import BlobView
+from ..layers.python_layer import BlobVec, BlobView
 from ..layers.structure import transfer
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import _phase, read_text, upgrade_inputs
@@ -176,9 +179,9 @@ class Net:
         params = OrderedDict()
         for node in sn_net.graph.layers:
             if node.layer.blobs:
-                params[node.name] = [Blob(self, f"{node.name}[{i}]", lambda l=node.layer, i=i: l.blobs[i],
-                                          lambda node=node, i=i: node.params[i][0].shape)
-                                     for i in range(len(node.layer.blobs))]
+                params[node.name] = BlobVec(Blob(self, f"{node.name}[{i}]", lambda l=node.layer, i=i: l.blobs[i],
+                                                 lambda node=node, i=i: node.params[i][0].shape)
+                                            for i in range(len(node.layer.blobs)))
         self._params = params
 
     # -- pycaffe's properties -------------------------------------------------
@@ -204,7 +207,7 @@ class Net:
         for n in self._net.graph.layers:
             obj = getattr(n.layer, "obj", None)      # a Python layer is its own object, as in pycaffe
             out.append(obj if obj is not None else _LayerView(self, n.name, n.type))
-        return out
+        return _caffe.LayerVec(out)
 
     @property
     def layer_dict(self):

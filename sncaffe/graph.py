@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from .validate import check_fields, check_shape, located
-from .layers import create_layer
+from .layers import create_layer, unsupported
 from .backend import is_gpu
 from .layers.base import Layer, LayerError
 from .sharing import append_params, frozen_shared
@@ -238,6 +238,9 @@ def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None) 
     partial forward reshapes only the layers it runs; the others keep their shapes, as in Caffe)."""
     dtype = np.dtype(dtype)
     setup_shapes = setup_shapes or {}
+    lacking = unsupported.missing((lp.defined_at, lp.name, lp.type) for lp in param.layer)
+    if lacking:                                 # all of them at once, not the first alone
+        raise GraphError(unsupported.message(lacking))
     blobs: dict[str, BlobNode] = {}
     seen: dict[str, tuple] = {}                  # layer name -> (LayerParameter, has parameters)
     nodes: list[LayerNode] = []

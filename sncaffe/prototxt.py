@@ -119,12 +119,14 @@ def _open_block(text: str, line: int | None) -> int | None:
     return start if depth > 0 else None
 
 
-_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|#[^\n]*|[{}<>]|\blayer\b')
+_STRING = r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
+_TOKENS = re.compile(rf'{_STRING}|#[^\n]*|[{{}}<>]|\blayers?\b|\b(name|type)\s*:\s*({_STRING})')
 
 
-def layer_lines(text: str) -> list:
-    """The 1-based line of each top-level ``layer`` field, in order (strings and comments skipped;
-    several layers on one line, and ``<>`` blocks, counted right)."""
+def layer_blocks(text: str, field: str = "layer") -> list:
+    """[line, name, type] of each top-level ``field`` block (``layer``, or V1's ``layers``), in
+    order: its 1-based line, and its quoted name and type where given (strings and comments
+    skipped; several layers on one line, and ``<>`` blocks, counted right)."""
     out, depth, line, pos = [], 0, 1, 0
     for m in _TOKENS.finditer(text):
         tok = m.group()
@@ -132,11 +134,32 @@ def layer_lines(text: str) -> list:
             depth += 1
         elif tok == "}" or tok == ">":
             depth -= 1
-        elif tok == "layer" and depth == 0:
+        elif tok == field and depth == 0:
             line += text.count("\n", pos, m.start())
             pos = m.start()
-            out.append(line)
+            out.append([line, None, None])
+        elif m.group(1) and depth == 1 and out:
+            k = 2 if m.group(1) == "type" else 1
+            if out[-1][k] is None:
+                out[-1][k] = m.group(2)[1:-1]
     return out
+
+
+def layer_lines(text: str, field: str = "layer") -> list:
+    """The 1-based line of each top-level ``layer`` (or ``layers``) field, in order."""
+    return [b[0] for b in layer_blocks(text, field)]
+
+
+def _unsupported_at(text: str, line: int, filename: str) -> str | None:
+    """The unsupported-types error where the parse error at ``line`` lies in a layer of a type
+    sncaffe lacks (a fork's own parameter block): that type, not the field, is what to report."""
+    from .layers import unsupported
+    blocks = layer_blocks(text)
+    inside = [b for b in blocks if b[0] <= line]
+    if not inside or inside[-1][2] is None or not unsupported.missing([(None, None, inside[-1][2])]):
+        return None
+    return unsupported.message(unsupported.missing((f"{filename}:{n}", name or "", t)
+                                                   for n, name, t in blocks if t is not None))
 
 
 def parse_text(text: str, message, filename: str = "<string>"):
@@ -151,6 +174,9 @@ def parse_text(text: str, message, filename: str = "<string>"):
         column = None
         if m:
             line, column, msg = int(m.group(1)), int(m.group(2)), m.group(3)
+        lacking = _unsupported_at(text, line, filename) if line and isinstance(message, pb.NetParameter) else None
+        if lacking:
+            raise PrototxtError(lacking) from None
         where = f"{filename}:{line}" if line else filename
         layer = _enclosing_layer(text, line) if line else None
         who = f' layer "{layer}":' if layer else ""

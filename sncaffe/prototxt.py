@@ -162,9 +162,10 @@ def _unsupported_at(text: str, line: int, filename: str) -> str | None:
                                                    for n, name, t in blocks if t is not None))
 
 
-def parse_text(text: str, message, filename: str = "<string>"):
+def parse_text(text: str, message, filename: str = "<string>", upgrade: bool = False):
     """Parse prototxt ``text`` into ``message``; errors say file:line: layer "x": what.
-    A NetParameter's layers remember their file:line (``defined_at``)."""
+    A NetParameter's layers remember their file:line (``defined_at``); ``upgrade``: a V0/V1 net
+    is upgraded (as Caffe does on reading a file), its layers keeping their lines."""
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as e:
@@ -183,11 +184,15 @@ def parse_text(text: str, message, filename: str = "<string>"):
         raise PrototxtError(f"{where}:{who} {_explain(msg, text, line, column)}") from None
     except (ValueError, RecursionError) as e:      # protobuf's own checks (e.g. a message nested too deep)
         raise PrototxtError(f"{filename}: {' '.join(str(e).split()) or type(e).__name__}") from None
-    if isinstance(message, pb.NetParameter) and message.layer:
-        lines = layer_lines(text)
-        if len(lines) == len(message.layer):
-            for lp, n in zip(message.layer, lines):
-                lp.defined_at = f"{filename}:{n}"
+    if upgrade and isinstance(message, pb.NetParameter) and message.layers:
+        from .upgrade import upgrade_net        # as Caffe, a V0/V1 net is upgraded as it is read,
+        lines = layer_lines(text, "layers")     # here where its layers' lines are known
+        message.CopyFrom(upgrade_net(message, filename))
+    else:
+        lines = layer_lines(text) if isinstance(message, pb.NetParameter) and message.layer else []
+    if lines and len(lines) == len(message.layer):
+        for lp, n in zip(message.layer, lines):
+            lp.defined_at = f"{filename}:{n}"
     return message
 
 
@@ -207,7 +212,7 @@ def read_text(path, message):
         data = path.read_bytes()
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_text(decode(data, path), message, str(path))
+    return parse_text(decode(data, path), message, str(path), upgrade=True)
 
 
 def read_solver(path) -> "pb.SolverParameter":

@@ -403,3 +403,38 @@ def test_the_fork_table_never_names_a_registered_type(tmp_path, monkeypatch):
     # a field unknown to the schema in a layer of a registered type is still that field's error
     text = 'name: "n"\n' + INPUT.format(dims=dims(1, 4, 8, 8)) + FORK.replace("reorg_param", "relu_parm")
     assert 'unknown field "relu_parm"' in _lacking(write(tmp_path, text.replace('"Reorg"', '"ReLU"')), PrototxtError)
+
+
+# -- V1 nets and their mean files -------------------------------------------------------
+
+V1_NET = """name: "v1"
+input: "data"
+input_dim: 1 input_dim: 1 input_dim: 4 input_dim: 4
+layers {
+  name: "conv" type: CONVOLUTION bottom: "data" top: "conv"
+  convolution_param { num_output: 2 kernel_size: 3 } }
+layers { name: "relu" type: RELU bottom: "conv" top: "conv" }
+"""
+
+
+def test_errors_in_v1_nets_carry_the_file_and_line(tmp_path):
+    import sncaffe.pycaffe as caffe
+    path = write(tmp_path, V1_NET.replace('bottom: "conv" top: "conv"', 'bottom: "nothing" top: "x"'))
+    for make in (lambda: Net(path, device=cpu()), lambda: caffe.Net(str(path), caffe.TEST)):
+        with pytest.raises(ValueError) as e:
+            make()
+        assert str(e.value).startswith(f'{path}:7: layer "relu" (ReLU): unknown bottom blob "nothing"'), str(e.value)
+    mean = tmp_path / "missing_mean.binaryproto"
+    path = write(tmp_path, f'name: "m"\nlayers {{ name: "data" type: DATA top: "data" top: "label"\n'
+                           f'  data_param {{ source: "{tmp_path}" batch_size: 2 mean_file: "{mean}" }} }}\n')
+    with pytest.raises(ValueError) as e:
+        Net(path, device=cpu())
+    assert str(e.value).startswith(f'{path}:2: layer "data" (Data): {mean}: cannot read'), str(e.value)
+
+
+def test_pycaffe_reads_a_v1_net(tmp_path):
+    import sncaffe.pycaffe as caffe
+    from sncaffe.prototxt import parse_text
+    for source in (str(write(tmp_path, V1_NET)), parse_text(V1_NET, pb.NetParameter())):
+        net = caffe.Net(source, caffe.TEST)
+        assert net.forward(data=np.ones((1, 1, 4, 4), np.float32))["conv"].shape == (1, 2, 2, 2)

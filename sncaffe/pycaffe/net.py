@@ -25,6 +25,7 @@ from ..layers.structure import transfer
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import _phase, read_text, upgrade_inputs
 from .. import hdf5_weights as hdf5
+from ..upgrade import upgrade_net
 from . import _caffe
 
 
@@ -139,7 +140,7 @@ class Net:
             raw = network_file
         else:
             raw = read_text(network_file, pb.NetParameter())
-        self._raw = upgrade_inputs(raw)
+        self._raw = upgrade_inputs(upgrade_net(raw))
         self._opts = dict(phase=phase, stages=list(stages or ()), level=level, memory=memory, keep=keep)
         self._bind(self._build(self._raw))
         unknown = [] if keep is True else [b for b in keep or () if b not in self._net.blobs]

@@ -294,7 +294,8 @@ def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None) 
                                  f'produced by layer "{blobs[name].producer.name}"')
             else:
                 # (a layer set up for other shapes, see setup_shapes, keeps tops of its own)
-                base = bottoms[0].data if "data" in aliased and math.prod(shape) == math.prod(bottoms[0].shape) else None
+                alias = "data" in aliased and math.prod(shape) == math.prod(bottoms[0].shape)
+                base = bottoms[0].data if alias else None
                 blob = blobs[name] = BlobNode(name, Tensor(name, shape, dtype, "data", base, lp.location), node)
             node.tops.append(blob)
         _set_loss_weights(node, lp)

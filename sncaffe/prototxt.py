@@ -153,10 +153,11 @@ def layer_lines(text: str, field: str = "layer") -> list:
 def _unsupported_at(text: str, line: int, filename: str) -> str | None:
     """The unsupported-types error where the parse error at ``line`` lies in a layer of a type
     sncaffe lacks (a fork's own parameter block): that type, not the field, is what to report."""
-    from .layers import unsupported
+    from .layers import REGISTRY, unsupported
     blocks = layer_blocks(text)
     inside = [b for b in blocks if b[0] <= line]
-    if not inside or inside[-1][2] is None or not unsupported.missing([(None, None, inside[-1][2])]):
+    kind = inside[-1][2] if inside else None
+    if kind is None or kind in REGISTRY:
         return None
     return unsupported.message(unsupported.missing((f"{filename}:{n}", name or "", t)
                                                    for n, name, t in blocks if t is not None))

@@ -158,3 +158,41 @@ def test_deepdream_step_ascends_and_the_whole_net_runs_again(dream_net):
     src.data[...] = 0
     prob = net.forward()["prob"]
     assert prob.shape == (1, 1000) and np.isclose(prob.sum(), 1, atol=1e-4)
+
+
+SMALL = """name: "s"
+force_backward: true
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 12 dim: 12 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: AVE kernel_size: 12 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "max" type: "Pooling" bottom: "conv" top: "max" pooling_param { pool: MAX kernel_size: 12 } }
+"""
+
+
+def test_a_partial_forward_sets_up_only_the_layers_it_runs(tmp_path):
+    """conv's top feeds two pools (a Split after conv, its tops views of conv's): forward(end="conv")
+    at 5 x 7, where the pools' 12 x 12 kernels do not fit, sets up data and conv only."""
+    (tmp_path / "s.prototxt").write_text(SMALL)
+    net = caffe.Net(str(tmp_path / "s.prototxt"), caffe.TEST)
+    weights = [b.data.copy() for b in net.params["ip"]]
+    rng = np.random.default_rng(0)
+    for hw in ((5, 7), (20, 30)):
+        net.blobs["data"].reshape(1, 3, *hw)
+        net.blobs["data"].data[...] = rng.standard_normal((1, 3) + hw)
+        assert net.forward(end="conv")["conv"].shape == (1, 4) + hw
+        assert net.blobs["pool"].shape == (1, 4, 1, 1)             # set up at 12 x 12
+        net.blobs["conv"].diff[...] = 1
+        diff = net.backward(start="conv")["data"]
+        assert diff.shape == (1, 3) + hw and np.abs(diff).sum() > 0
+    with pytest.raises(ValueError, match=r'layer "ip" \(InnerProduct\): the new input shapes give it bottoms '
+                                         r'"pool" \(1, 4, 9, 19\), which need parameters of shapes'):
+        net.reshape()           # Caffe's Net::Reshape sets every layer up: the classifier cannot take it
+    assert net.forward(end="conv")["conv"].shape == (1, 4, 20, 30)  # the net is still usable
+    with pytest.raises(RuntimeError, match='backward from layer "max": the layers after "conv"'):
+        net.backward()
+    net.blobs["data"].reshape(1, 3, 12, 12)
+    assert net.forward()["ip"].shape == (1, 5)
+    assert all(np.array_equal(b.data, w) for b, w in zip(net.params["ip"], weights))

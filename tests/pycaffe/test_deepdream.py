@@ -67,6 +67,16 @@ def objective_L2(dst):
     dst.diff[:] = dst.data
 
 
+def objective_guide(dst, guide_features):
+    x = dst.data[0].copy()
+    y = guide_features
+    ch = x.shape[0]
+    x = x.reshape(ch, -1)
+    y = y.reshape(ch, -1)
+    A = x.T.dot(y)              # the dot-products of the image's and the guide's features
+    dst.diff[0].reshape(ch, -1)[:] = y[:, A.argmax(1)]     # the best-matching guide features
+
+
 def make_step(net, step_size=1.5, end=END, jitter=32, clip=True, objective=objective_L2, rng=np.random):
     """Basic gradient ascent step."""
     src = net.blobs["data"]     # input image is stored in Net's 'data' blob
@@ -158,6 +168,25 @@ def test_deepdream_step_ascends_and_the_whole_net_runs_again(dream_net):
     src.data[...] = 0
     prob = net.forward()["prob"]
     assert prob.shape == (1, 1000) and np.isclose(prob.sum(), 1, atol=1e-4)
+
+
+@needs_shared
+def test_guided_deepdream(dream_net):
+    """The notebook's guided dream: the guide's features at inception_3b, then the image's steps
+    toward them, each writing the objective into the end blob's diff through a reshaped view."""
+    net, end = dream_net, "inception_3b/output"
+    rng = np.random.RandomState(2)
+    guide = rng.randint(0, 256, (64, 64, 3)).astype(np.float32)
+    src, dst = net.blobs["data"], net.blobs[end]
+    src.reshape(1, 3, *guide.shape[:2])
+    src.data[0] = preprocess(net, guide)
+    net.forward(end=end)
+    guide_features = dst.data[0].copy()
+    img = rng.randint(0, 256, (80, 96, 3)).astype(np.float32)
+    dream = deepdream(net, img, iter_n=1, octave_n=1, end=end, rng=rng,
+                      objective=lambda d: objective_guide(d, guide_features))
+    assert dream.shape == img.shape and np.all(np.isfinite(dream)) and np.abs(dream - img).max() > 1
+    assert dst.shape[2:] == (10, 12) and np.any(dst.diff != 0)
 
 
 SMALL = """name: "s"

@@ -15,7 +15,7 @@ import numpy as np
 
 from .tensor import Tensor, workspace_tensors
 from .validate import check_fields, check_shape, located
-from .layers import create_layer
+from .layers import create_layer, unsupported
 from .layers.base import Layer, LayerError
 from .sharing import append_params, frozen_shared
 
@@ -208,10 +208,16 @@ def _describe(bottom: BlobNode) -> str:
     return f'"{bottom.name}" {tuple(bottom.shape)} from layer "{p.name}" ({p.type})'
 
 
-def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
+def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None) -> Graph:
     """The graph of ``param`` for ``target``: the device it will run on (or a planning target;
-    None: the CPU), which each layer's setup sizes its workspaces for."""
+    None: the CPU), which each layer's setup sizes its workspaces for. ``setup_shapes``: layer
+    name -> the bottom shapes to set that layer up for instead of its bottoms' (pycaffe's
+    partial forward reshapes only the layers it runs; the others keep their shapes, as in Caffe)."""
     dtype = np.dtype(dtype)
+    setup_shapes = setup_shapes or {}
+    lacking = unsupported.missing((lp.defined_at, lp.name, lp.type) for lp in param.layer)
+    if lacking:                                 # all of them at once, not the first alone
+        raise GraphError(unsupported.message(lacking))
     blobs: dict[str, BlobNode] = {}
     seen: dict[str, tuple] = {}                  # layer name -> (LayerParameter, has parameters)
     nodes: list[LayerNode] = []
@@ -232,7 +238,8 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
         try:
             check_fields(lp, layer.error)
             layer.check_counts(len(bottoms), len(lp.top))
-            top_shapes = [tuple(int(d) for d in s) for s in layer.setup([b.shape for b in bottoms])]
+            shapes = setup_shapes.get(lp.name) or [b.shape for b in bottoms]
+            top_shapes = [tuple(int(d) for d in s) for s in layer.setup(shapes)]
             for name, shape in zip(lp.top, top_shapes):
                 check_shape(shape, f'top "{name}"', layer.error)
             for i, shape in enumerate(layer.param_shapes):
@@ -256,14 +263,16 @@ def build_graph(param, phase, dtype=np.float32, target=None) -> Graph:
         for j, (name, shape) in enumerate(zip(lp.top, top_shapes)):
             if name in lp.bottom:
                 blob = blobs[name]
-                if tuple(blob.shape) != shape:
+                if tuple(blob.shape) != shape and lp.name not in setup_shapes:
                     raise GraphError(f'{where}layer "{lp.name}" ({lp.type}) runs in place on "{name}" '
                                      f"but changes its shape {tuple(blob.shape)} -> {shape}")
             elif name in blobs:
                 raise GraphError(f'{where}layer "{lp.name}" ({lp.type}): top blob "{name}" is already '
                                  f'produced by layer "{blobs[name].producer.name}"')
             else:
-                base = bottoms[0].data if "data" in aliased else None
+                # (a layer set up for other shapes, see setup_shapes, keeps tops of its own)
+                alias = "data" in aliased and math.prod(shape) == math.prod(bottoms[0].shape)
+                base = bottoms[0].data if alias else None
                 blob = blobs[name] = BlobNode(name, Tensor(name, shape, dtype, "data", base, lp.location), node)
             node.tops.append(blob)
         _set_loss_weights(node, lp)
@@ -366,7 +375,7 @@ def _make_diffs(nodes, blobs, dtype) -> None:
         if "diff" in ALIASING.get(node.type, ()):
             src = node.bottoms[0]
             for t in node.tops:
-                if t.diff is not None and src.diff is not None:
+                if t.diff is not None and src.diff is not None and t.diff.nbytes == src.diff.nbytes:
                     t.diff.base = src.diff
 
 

@@ -50,7 +50,7 @@ class Net:
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
                  weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
-                 devices=None, defer=False):
+                 devices=None, defer=False, setup_shapes=None):
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -66,7 +66,8 @@ class Net:
         if memory is None:              # standalone: the net's own memory_param, else auto
             memory = memory_mode(param)
             host_params = host_params or param.memory_param.host_params
-        self.graph = build_graph(param, phase, dtype, device)   # a GPU's layers size cuDNN's workspaces
+        # a GPU's layers size cuDNN's workspaces; setup_shapes: see build_graph
+        self.graph = build_graph(param, phase, dtype, device, setup_shapes)
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
         from .backend import make_device

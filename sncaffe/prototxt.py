@@ -117,12 +117,14 @@ def _open_block(text: str, line: int | None) -> int | None:
     return start if depth > 0 else None
 
 
-_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|#[^\n]*|[{}<>]|\blayer\b')
+_STRING = r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
+_TOKENS = re.compile(rf'{_STRING}|#[^\n]*|[{{}}<>]|\blayers?\b|\b(name|type)\s*:\s*({_STRING})')
 
 
-def layer_lines(text: str) -> list:
-    """The 1-based line of each top-level ``layer`` field, in order (strings and comments skipped;
-    several layers on one line, and ``<>`` blocks, counted right)."""
+def layer_blocks(text: str, field: str = "layer") -> list:
+    """[line, name, type] of each top-level ``field`` block (``layer``, or V1's ``layers``), in
+    order: its 1-based line, and its quoted name and type where given (strings and comments
+    skipped; several layers on one line, and ``<>`` blocks, counted right)."""
     out, depth, line, pos = [], 0, 1, 0
     for m in _TOKENS.finditer(text):
         tok = m.group()
@@ -130,16 +132,39 @@ def layer_lines(text: str) -> list:
             depth += 1
         elif tok == "}" or tok == ">":
             depth -= 1
-        elif tok == "layer" and depth == 0:
+        elif tok == field and depth == 0:
             line += text.count("\n", pos, m.start())
             pos = m.start()
-            out.append(line)
+            out.append([line, None, None])
+        elif m.group(1) and depth == 1 and out:
+            k = 2 if m.group(1) == "type" else 1
+            if out[-1][k] is None:
+                out[-1][k] = m.group(2)[1:-1]
     return out
 
 
-def parse_text(text: str, message, filename: str = "<string>"):
+def layer_lines(text: str, field: str = "layer") -> list:
+    """The 1-based line of each top-level ``layer`` (or ``layers``) field, in order."""
+    return [b[0] for b in layer_blocks(text, field)]
+
+
+def _unsupported_at(text: str, line: int, filename: str) -> str | None:
+    """The unsupported-types error where the parse error at ``line`` lies in a layer of a type
+    sncaffe lacks (a fork's own parameter block): that type, not the field, is what to report."""
+    from .layers import REGISTRY, unsupported
+    blocks = layer_blocks(text)
+    inside = [b for b in blocks if b[0] <= line]
+    kind = inside[-1][2] if inside else None
+    if kind is None or kind in REGISTRY:
+        return None
+    return unsupported.message(unsupported.missing((f"{filename}:{n}", name or "", t)
+                                                   for n, name, t in blocks if t is not None))
+
+
+def parse_text(text: str, message, filename: str = "<string>", upgrade: bool = False):
     """Parse prototxt ``text`` into ``message``; errors say file:line: layer "x": what.
-    A NetParameter's layers remember their file:line (``defined_at``)."""
+    A NetParameter's layers remember their file:line (``defined_at``); ``upgrade``: a V0/V1 net
+    is upgraded (as Caffe does on reading a file), its layers keeping their lines."""
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as e:
@@ -149,17 +174,24 @@ def parse_text(text: str, message, filename: str = "<string>"):
         column = None
         if m:
             line, column, msg = int(m.group(1)), int(m.group(2)), m.group(3)
+        lacking = _unsupported_at(text, line, filename) if line and isinstance(message, pb.NetParameter) else None
+        if lacking:
+            raise PrototxtError(lacking) from None
         where = f"{filename}:{line}" if line else filename
         layer = _enclosing_layer(text, line) if line else None
         who = f' layer "{layer}":' if layer else ""
         raise PrototxtError(f"{where}:{who} {_explain(msg, text, line, column)}") from None
     except (ValueError, RecursionError) as e:      # protobuf's own checks (e.g. a message nested too deep)
         raise PrototxtError(f"{filename}: {' '.join(str(e).split()) or type(e).__name__}") from None
-    if isinstance(message, pb.NetParameter) and message.layer:
-        lines = layer_lines(text)
-        if len(lines) == len(message.layer):
-            for lp, n in zip(message.layer, lines):
-                lp.defined_at = f"{filename}:{n}"
+    if upgrade and isinstance(message, pb.NetParameter) and message.layers:
+        from .upgrade import upgrade_net        # as Caffe, a V0/V1 net is upgraded as it is read,
+        lines = layer_lines(text, "layers")     # here where its layers' lines are known
+        message.CopyFrom(upgrade_net(message, filename))
+    else:
+        lines = layer_lines(text) if isinstance(message, pb.NetParameter) and message.layer else []
+    if lines and len(lines) == len(message.layer):
+        for lp, n in zip(message.layer, lines):
+            lp.defined_at = f"{filename}:{n}"
     return message
 
 
@@ -179,7 +211,7 @@ def read_text(path, message):
         data = path.read_bytes()
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_text(decode(data, path), message, str(path))
+    return parse_text(decode(data, path), message, str(path), upgrade=True)
 
 
 def read_solver(path) -> "pb.SolverParameter":

@@ -48,6 +48,8 @@ def open_lmdb(path) -> "lmdb.Environment":
             return _shared[key][0]
         if not p.exists():
             raise FileNotFoundError(f"LMDB {path} does not exist")
+        if p.is_dir() and not (p / "data.mdb").is_file():     # lmdb's own words: "No such file or directory"
+            raise ValueError(f"{path} is not an LMDB: the directory has no data.mdb")
         try:
             env = lmdb.open(str(p), readonly=True, lock=False, readahead=False, subdir=p.is_dir())
             entries = env.stat()["entries"]

@@ -11,8 +11,8 @@ def create_layer(param, phase=TRAIN) -> Layer:
     """Instantiate the class registered for ``param.type``; unknown types are an error."""
     cls = REGISTRY.get(param.type)
     if cls is None:
-        raise LayerError(f'layer "{param.name}": unsupported layer type "{param.type}" '
-                         f"(supported: {', '.join(sorted(REGISTRY))})")
+        from .unsupported import message
+        raise LayerError(message([("", param.name, param.type)]))
     return cls(param, phase)
 
 

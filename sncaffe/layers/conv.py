@@ -30,6 +30,7 @@ from ..fillers import fill
 from . import conv_gpu, conv_onednn
 from .base import Layer, array_module, register
 from .grouped import make_plan
+from ..validate import check_shape
 
 
 def _spatial(layer, p, name, default):
@@ -88,6 +89,7 @@ class _ConvolutionBase(Layer):
             out = tuple(s * (n - 1) + e - 2 * q for n, s, e, q in zip((H, W), stride, extent, pad))
             if min(out) < 1:
                 raise self.error(f"output size {out} < 1 (input {H}x{W}, kernel extent {extent}, pad {pad})")
+            check_shape((N, M) + out, f'top "{self.param.top[0]}"', self.error)    # before an engine sees it
             # conv view: the image side is top (M channels), the grid side is bottom (C)
             self.plan = make_plan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
             self.dnn = conv_onednn.geometry(self, self.plan, out)
@@ -97,6 +99,7 @@ class _ConvolutionBase(Layer):
                 raise self.error(f"kernel extent {extent} exceeds the padded input "
                                  f"{H + 2 * pad[0]}x{W + 2 * pad[1]}")
             self.plan = make_plan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
+            check_shape((N, M) + tuple(self.plan.out_shape), f'top "{self.param.top[0]}"', self.error)
             self.dnn = conv_onednn.geometry(self, self.plan, (H, W))
             out = self.plan.out_shape
             self.param_shapes = [(M, C // group) + kernel]

@@ -92,6 +92,18 @@ class _Shaped:
         return BlobView(self, set_shape)
 
 
+class RawBlobVec(list):
+    """The ``bottom`` and ``top`` a Python layer's calls get (pycaffe's ``caffe._caffe.RawBlobVec``)."""
+
+
+class Phase(int):
+    """A Python layer's ``self.phase``: 0 or 1 as in BVLC pycaffe, and ``str()`` gives "TRAIN" or
+    "TEST" as the Faster R-CNN fork's enum did (its layers look ``cfg[str(self.phase)]`` up)."""
+
+    def __str__(self):
+        return ("TRAIN", "TEST")[self]
+
+
 class BlobVec(list):
     """``self.blobs`` of a Python layer: ``add_blob(*shape)`` in setup adds a learnable blob."""
 
@@ -110,8 +122,8 @@ class PythonLayerBase:
 
     def __init__(self, param=None):
         self.param = param
-        self.param_str = param.python_param.param_str if param is not None else ""
-        self.phase = 0
+        self.param_str = self.param_str_ = param.python_param.param_str if param is not None else ""
+        self.phase = Phase(0)
         self.blobs = BlobVec()
 
     def setup(self, bottom, top):
@@ -165,7 +177,9 @@ class Python(Layer):
             raise LayerError(f"{self.label}: creating it raised {type(e).__name__}: {e}") from e
         if not isinstance(getattr(obj, "blobs", None), list):
             obj.blobs = BlobVec()
-        obj.param_str, obj.phase = param.python_param.param_str, phase
+        # param_str_: the name the Faster R-CNN fork's layers read
+        obj.param_str = obj.param_str_ = param.python_param.param_str
+        obj.phase = Phase(phase)
         self.obj = obj
         self.cheap = bool(getattr(obj, "recomputable", False))     # read by plan/recompute.is_cheap
         if self.cheap and not param.bottom:
@@ -182,9 +196,9 @@ class Python(Layer):
 
     def setup(self, bottom_shapes):
         dtype = np.float32
-        bottoms = [BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes)]
+        bottoms = RawBlobVec(BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes))
         tops = [_Shaped(n, None, dtype) for n in self.param.top]
-        top_views = [t.view() for t in tops]
+        top_views = RawBlobVec(t.view() for t in tops)
         self._call("setup", bottoms, top_views)
         self._call("reshape", bottoms, top_views)
         unset = [t.name for t in tops if t.data is None]
@@ -203,14 +217,14 @@ class Python(Layer):
         self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
 
     def _views(self, blobs):
-        return [BlobView(b) for b in blobs]
+        return RawBlobVec(BlobView(b) for b in blobs)
 
     def top_shapes(self, bottom):
         """This forward's top shapes: the object's reshape with this forward's bottoms (sncaffe.dynamic
         calls it before forward; forward then does not call reshape again)."""
         tops = [_Shaped(n, s, np.float32) for n, s in zip(self.param.top, self.shapes)]
         self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
-        self._call("reshape", self._views(bottom), [t.view() for t in tops])
+        self._call("reshape", self._views(bottom), RawBlobVec(t.view() for t in tops))
         for t, planned in zip(tops, self.shapes):
             n, room = int(np.prod(t.shape, dtype=np.int64)), int(np.prod(planned, dtype=np.int64))
             if n > room:
@@ -230,9 +244,9 @@ class Python(Layer):
                     raise self.error(f'forward reshaped top "{blob.name}" from {tuple(blob.shape)} to {shape}: '
                                      f"set top shapes in reshape(), which runs before every forward")
             return refuse
-        tops = [BlobView(b, in_forward(b)) for b in top]
+        tops = RawBlobVec(BlobView(b, in_forward(b)) for b in top)
         if not self._reshaped:          # not run by sncaffe.dynamic just before (the gradient checker)
-            self._call("reshape", bottoms, [BlobView(b) for b in top])
+            self._call("reshape", bottoms, self._views(top))
         self._reshaped = False
         self._call("forward", bottoms, tops)
 

@@ -1,12 +1,107 @@
-"""What pycaffe's C++ module ``_caffe`` holds: phases, the mode and device, the random seed.
+"""What pycaffe's C++ module ``_caffe`` holds: phases, the mode and device, the random seed, and
+the names published Python layers and scripts import from it (``RawBlobVec``, ``BlobVec``,
+``Blob``, ``Layer``, ``Net``, ``log``, the solver count and rank ...).
 
 All nets of a process share one device (as Caffe's singleton), so their tensors
 come from one pool and each net's plan sees what the others took.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 from ..layers.base import TRAIN, TEST  # noqa: F401
+from ..layers.python_layer import BlobVec, BlobView as Blob, Phase, RawBlobVec  # noqa: F401
 from ..layers.python_layer import PythonLayerBase as Layer  # noqa: F401
+from .. import __version__  # noqa: F401
+
+
+class LayerVec(list):
+    """``net.layers``."""
+
+
+class StringVec(list):
+    pass
+
+
+class IntVec(list):
+    pass
+
+
+class BoolVec(list):
+    pass
+
+
+class DtypeVec(list):
+    pass
+
+
+class NetVec(list):
+    pass
+
+
+class Timer:
+    """Caffe's Timer: ``start()``, ``stop()``, and ``ms`` between them."""
+
+    def __init__(self):
+        self._start, self._ms = None, 0.0
+
+    def start(self):
+        self._start = time.perf_counter()
+
+    def stop(self):
+        if self._start is not None:
+            self._ms = (time.perf_counter() - self._start) * 1e3
+
+    @property
+    def ms(self):
+        return self._ms
+
+
+def __getattr__(name):
+    """The classes of the Python side (pycaffe's net and solver modules), which import this one."""
+    from . import net, solver
+    for module in (net, solver):
+        if name in ("Net", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+                    "AdaDeltaSolver", "AdamSolver", "get_solver") and hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def log(message):
+    """Caffe's LOG(INFO), through sncaffe's logger."""
+    logging.getLogger("sncaffe").info("%s", message)
+
+
+def init_log(*args):
+    """Caffe's glog set-up; sncaffe logs through the ``logging`` module."""
+
+
+def has_nccl():
+    return False
+
+
+_solvers = {"count": 1, "rank": 0, "multiprocess": False}
+
+
+def solver_count():
+    return _solvers["count"]
+
+
+def set_solver_count(count):
+    _solvers["count"] = int(count)
+
+
+def solver_rank():
+    return _solvers["rank"]
+
+
+def set_solver_rank(rank):
+    _solvers["rank"] = int(rank)
+
+
+def set_multiprocess(multiprocess):
+    _solvers["multiprocess"] = bool(multiprocess)
 
 _state = {"mode": "cpu", "gpu": 0, "device": None, "seed": 0}
 

@@ -6,7 +6,10 @@ expect. Under a constrained mode (``liveness``, ``offload``, ``recompute``,
 ``all``, ``auto``) only the net's inputs, outputs and the blobs named in
 ``keep=[...]`` stay (``keep=True``: all); the plan counts them as persistent.
 ``forward(start=, end=)`` and ``backward(start=, end=)`` replay the planned
-schedule's memory instructions in full and run only the chosen layers.
+schedule's memory instructions in full and run only the chosen layers. After an
+input blob's ``reshape``, a forward sets up only the layers up to its end for
+the new shapes (as Caffe's Forward reshapes the layers it runs); the layers
+after keep their shapes until a forward runs them.
 """
 from __future__ import annotations
 
@@ -17,11 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import net as _sn
-from ..layers.python_layer import BlobView
+from ..layers.python_layer import BlobVec, BlobView
 from ..layers.structure import transfer
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import _phase, read_text, upgrade_inputs
 from .. import hdf5_weights as hdf5
+from ..upgrade import upgrade_net
 from . import _caffe
 
 
@@ -54,6 +58,19 @@ def _install_callbacks(sn_net):
             for run in callbacks.get(f"after_{op.kind}", ()):
                 run(i)
     sn_net.executor.run_op = with_callbacks
+
+
+def _check_param_shapes(old, new):
+    """A layer whose parameters the new input shapes would change (an InnerProduct after a larger
+    image): Caffe's own check, before the old net is let go."""
+    for node in new.graph.layers:
+        mine = [tuple(d.shape) for d, _ in node.params]
+        theirs = [tuple(b.data.shape) for b in old.params.get(node.name, [])]
+        if theirs and mine != theirs:
+            bottoms = ", ".join(f'"{b.name}" {tuple(b.shape)}' for b in node.bottoms)
+            raise ValueError(f'layer "{node.name}" ({node.type}): the new input shapes give it bottoms {bottoms}, '
+                             f"which need parameters of shapes {mine}, not its {theirs}; forward(end=...) "
+                             f"reshapes only the layers up to the end it is given")
 
 
 class Blob(BlobView):
@@ -123,7 +140,7 @@ class Net:
             raw = network_file
         else:
             raw = read_text(network_file, pb.NetParameter())
-        self._raw = upgrade_inputs(raw)
+        self._raw = upgrade_inputs(upgrade_net(raw))
         self._opts = dict(phase=phase, stages=list(stages or ()), level=level, memory=memory, keep=keep)
         self._bind(self._build(self._raw))
         unknown = [] if keep is True else [b for b in keep or () if b not in self._net.blobs]
@@ -141,25 +158,31 @@ class Net:
         self._bind(sn_net)
         return self
 
-    def _build(self, raw):
+    def _build(self, raw, **kw):
         o = self._opts
         return KeptNet(raw, o["phase"], device=_caffe.device(), stages=o["stages"], level=o["level"] or None,
-                       seed=_caffe.seed(), memory=o["memory"], keep=o["keep"])
+                       seed=_caffe.seed(), memory=o["memory"], keep=o["keep"], **kw)
 
-    def _bind(self, sn_net):
+    def _bind(self, sn_net, shaped=None):
+        """Wrap ``sn_net``; ``shaped``: the index of the last layer set up for the current input
+        shapes (None: all of them), the layers after it set up for ``_setup_shapes``."""
         self._net = sn_net
         self._staged = {}
         self._forwarded = False
         self._index = {n.name: i for i, n in enumerate(sn_net.graph.layers)}
+        self._shaped = len(self._index) - 1 if shaped is None else shaped
+        earlier = getattr(self, "_setup_shapes", {})
+        self._setup_shapes = {n.name: earlier[n.name] if i > self._shaped else [tuple(b.shape) for b in n.bottoms]
+                              for i, n in enumerate(sn_net.graph.layers)}
         self._blobs = OrderedDict((name, Blob(self, name, lambda n=name: self._net.blobs[n],
                                                lambda n=name: self._net.graph.blobs[n].shape))
                                   for name in sn_net.blobs)
         params = OrderedDict()
         for node in sn_net.graph.layers:
             if node.layer.blobs:
-                params[node.name] = [Blob(self, f"{node.name}[{i}]", lambda l=node.layer, i=i: l.blobs[i],
-                                          lambda node=node, i=i: node.params[i][0].shape)
-                                     for i in range(len(node.layer.blobs))]
+                params[node.name] = BlobVec(Blob(self, f"{node.name}[{i}]", lambda l=node.layer, i=i: l.blobs[i],
+                                                 lambda node=node, i=i: node.params[i][0].shape)
+                                            for i in range(len(node.layer.blobs)))
         self._params = params
 
     # -- pycaffe's properties -------------------------------------------------
@@ -185,7 +208,7 @@ class Net:
         for n in self._net.graph.layers:
             obj = getattr(n.layer, "obj", None)      # a Python layer is its own object, as in pycaffe
             out.append(obj if obj is not None else _LayerView(self, n.name, n.type))
-        return out
+        return _caffe.LayerVec(out)
 
     @property
     def layer_dict(self):
@@ -324,7 +347,14 @@ class Net:
 
     def reshape(self):
         """Re-plan the net for the input shapes set with ``blob.reshape``; parameters are kept."""
-        if not self._staged:
+        self._reshape(len(self._index) - 1)
+
+    def _reshape(self, upto):
+        """Caffe reshapes the layers a forward runs: those up to index ``upto`` are set up for the
+        input shapes staged with ``blob.reshape``, the layers after keep the shapes they were set up
+        for (their bottoms' shapes then, recorded in ``_setup_shapes``), and the plan is made for
+        both. A later forward that runs them sets them up again."""
+        if not self._staged and upto <= self._shaped:
             return
         if self._raw is None:
             raise ValueError("this net belongs to a solver: its inputs cannot be reshaped")
@@ -340,11 +370,15 @@ class Net:
                     dims = shapes.get(t, old[j if len(old) > 1 else 0].dim)
                     lp.input_param.shape.add().dim.extend(int(d) for d in dims)
         old, staged = self._net, self._staged
+        kept_shapes = {n.name: self._setup_shapes[n.name] for n in old.graph.layers[upto + 1:]}
+        new = self._build(raw, defer=True, setup_shapes=kept_shapes)     # the graph only: the old net stays
+        _check_param_shapes(old, new)                                     # usable where this fails
         params = {name: [np.array(b.data) for b in blobs] for name, blobs in old.params.items()}
         kept = {n: np.array(old.blobs[n].data) for n in self.inputs if n not in staged}
         old.release()
+        new.place(new.make_plan())
         self._raw = raw
-        self._bind(self._build(raw))
+        self._bind(new, upto if kept_shapes else None)
         callbacks = old.__dict__.get("pycaffe_callbacks")
         if callbacks:                   # the rebuilt net calls them too
             self._net.pycaffe_callbacks = callbacks
@@ -374,7 +408,7 @@ class Net:
                 setattr(f, kind, f.on(kind))
 
     def _forward(self, start, end):
-        self.reshape()
+        self._reshape(end)
         net = self._net
         if net.executor.busy:
             net.executor.reset()        # the last forward had no backward
@@ -384,6 +418,11 @@ class Net:
 
     def _backward(self, start, end):
         net = self._net
+        if start > self._shaped:
+            names = list(self._index)
+            raise RuntimeError(f'backward from layer "{names[start]}": the layers after "{names[self._shaped]}" '
+                               f"keep the input shapes of an earlier forward (the last forward ended there); "
+                               f"run forward through them first")
         if net.plan.mode != "none" and not self._forwarded:
             raise RuntimeError(f"backward() needs a forward() first in memory mode {net.plan.mode!r}")
         with self._fusions("backward", end, start):

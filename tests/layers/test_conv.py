@@ -224,6 +224,9 @@ def test_two_bottoms_share_weights_and_frozen_bias():
     ("Convolution", (1, 3, 5, 5, 5), 4, dict(kernel_size=[3, 3]), "1 or 3 values"),    # N-d: conv_nd.py
     ("Convolution", (1, 3, 5, 5), 4, dict(kernel_size=3, axis=2), "axis"),
     ("Deconvolution", (1, 3, 1, 1), 4, dict(kernel_size=1, pad=1), "output size"),
+    # checked in setup, before an engine (oneDNN's primitive descriptors) is given the geometry
+    ("Convolution", (1, 1, 4, 4), 2, dict(kernel_size=3, pad=2**31 - 1), r"\(1, 2, 4294967296, 4294967296\), .* 2\^31"),
+    ("Deconvolution", (1, 1, 4, 4), 2, dict(kernel_size=3, stride=2**31 - 1), r"over 2\^31 - 1"),
 ])
 def test_bad_settings_name_the_layer(kind, shape, M, kw, message):
     layer = make_layer(_text(kind, M, kw))

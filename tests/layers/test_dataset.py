@@ -233,6 +233,8 @@ def test_data_bad_inputs(tmp_path):
     with pytest.raises(GraphError, match=r"LMDB .*notdb cannot be opened"):
         build(tmp_path / "notdb")
     (tmp_path / "dir").mkdir()
+    with pytest.raises(GraphError, match=r'"src" \(Data\): .*dir is not an LMDB: the directory has no data.mdb'):
+        build(tmp_path / "dir")
     (tmp_path / "dir" / "data.mdb").write_bytes(b"\0" * 9000)
     with pytest.raises(GraphError, match=r"LMDB .*dir cannot be opened"):
         build(tmp_path / "dir")

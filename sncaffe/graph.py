@@ -9,6 +9,7 @@ writes. The graph is plain data: nothing here allocates memory or computes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np

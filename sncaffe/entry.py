@@ -10,3 +10,7 @@ def main(argv=None):
         os.environ.setdefault(name, value)
     from .cli import main as cli_main
     return cli_main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -91,8 +91,6 @@ class Net:
         # The arena the plan placed its blocks in: the runtime's allocator then places each
         # where the plan did (a pool that already holds blocks is left as it is).
         self.device.pool.restrict(plan.arena or plan.capacity)
-        if plan.extent and hasattr(self.device, "reserve"):
-            self.device.reserve(plan.extent)            # and what of it the plan reaches
         if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening
             from .sizes import fmt_bytes
             n = sum(int(np.prod(d.shape, dtype=np.int64)) for node in self.graph.layers for d, _ in node.params)

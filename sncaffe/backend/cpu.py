@@ -45,15 +45,14 @@ class CPUDevice:
         host = budget if host_capacity is None else parse_bytes(host_capacity)
         self.host_pool = Pool(host)
         self._arena = self._host_arena = None
-        self._extent = 0
         self._streams = {}
 
-    # The arenas are made on first use: the device's as large as the plans bound to it reach
-    # (``reserve``), so the process maps what it will use, not the RAM it may use.
+    # The arenas are mapped on first use (the host's only where something is offloaded): virtual
+    # until touched, but counted against an address-space limit (ulimit -v, runtime/budget.py).
     @property
     def arena(self) -> np.ndarray:
         if self._arena is None:
-            self._arena = np.empty(self._extent or self.pool.capacity, dtype=np.uint8)
+            self._arena = np.empty(self.pool.capacity, dtype=np.uint8)
         return self._arena
 
     @property
@@ -61,15 +60,6 @@ class CPUDevice:
         if self._host_arena is None:
             self._host_arena = np.empty(self.host_pool.capacity, dtype=np.uint8)
         return self._host_arena
-
-    def reserve(self, nbytes: int) -> None:
-        """Make the arena cover ``nbytes`` (a plan's extent) when it is first used, or now if
-        nothing is allocated in it; a block beyond the arena is an error at its allocation."""
-        nbytes = min(int(nbytes), self.pool.capacity)
-        if self._arena is None:
-            self._extent = max(self._extent, nbytes)
-        elif nbytes > len(self._arena) and not self.pool.in_use:
-            self._arena, self._extent = None, nbytes
 
     def stream(self, name: str) -> Stream:
         """The ``d2h`` and ``h2d`` copy streams (started on first use)."""
@@ -98,12 +88,7 @@ class CPUDevice:
         dtype = np.dtype(dtype)
         nbytes = math.prod(map(int, shape)) * dtype.itemsize      # (np.prod: microseconds per call)
         off = self.pool.alloc(nbytes, name)
-        arena = self.arena
-        if off + nbytes > len(arena):
-            self.pool.free(off)
-            raise MemoryError(f"{name or 'a block'} of {nbytes} bytes at offset {off} is beyond the "
-                              f"{len(arena)} bytes reserved for the plans bound to this device")
-        arr = arena[off:off + nbytes].view(dtype).reshape(shape)
+        arr = self.arena[off:off + nbytes].view(dtype).reshape(shape)
         if zero:
             arr.fill(0)
         return off, arr

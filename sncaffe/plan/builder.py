@@ -317,7 +317,6 @@ class Builder:
         """Each location's timeline, simulated from the schedule, gives the plan's peaks."""
         plan = self.plan
         plan.overflow = self.where.overflow
-        plan.extent = self.where.high.get("", 0) if "" in self.where.sims else 0
         homes = {}
         for r in plan.host_params:
             homes[r.location] = homes.get(r.location, 0) + align(max(r.nbytes, 1))

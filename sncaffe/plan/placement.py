@@ -13,7 +13,6 @@ class Placement:
         self.capacity = capacity
         self.in_use = dict(base)
         self.sims, self.placed = {}, {}
-        self.high = {}                  # location -> the end of its highest block placed
         self.overflow = ""              # the first allocation that could not be placed
         if capacity is None:
             return
@@ -21,13 +20,13 @@ class Placement:
             sim = self.sims[loc] = BestFit(capacity)
             try:
                 for b in before if loc == "" else ():
-                    self._take(sim, loc, b)
+                    sim.alloc(b)
                 for r in persistent:
                     if r.location == loc:
-                        self._take(sim, loc, r.nbytes)
+                        sim.alloc(r.nbytes)
                 for b in extra if loc == "" else ():
                     if b:
-                        self._take(sim, loc, b)
+                        sim.alloc(b)
             except OutOfMemory as e:
                 self.overflow = f"at the start: {e}"
                 del self.sims[loc]
@@ -38,15 +37,10 @@ class Placement:
         self.in_use[tensor.location] = self.in_use.get(tensor.location, 0) + align(tensor.nbytes)
         if sim is not None:
             try:
-                self.placed[id(tensor)] = self._take(sim, tensor.location, tensor.nbytes, tensor.name)
+                self.placed[id(tensor)] = sim.alloc(tensor.nbytes, tensor.name)
             except OutOfMemory as e:
                 return e
         return None
-
-    def _take(self, sim, loc, nbytes, name=None) -> int:
-        off = sim.alloc(nbytes, name)
-        self.high[loc] = max(self.high.get(loc, 0), off + sim.size_of(off))
-        return off
 
     def free(self, tensor):
         if id(tensor) in self.placed:

@@ -25,7 +25,6 @@ class Plan:
     extra_bytes: int                  # pool bytes held outside the graph (solver history)
     capacity: int | None
     arena: int | None = None          # the pool's size the blocks were placed in, where not capacity
-    extent: int = 0                   # the end of the highest block placed on the device (0: not placed)
     overflow: str = ""                # the first allocation a capacity-bound plan could not place
     note: str = ""
     peak: int = 0

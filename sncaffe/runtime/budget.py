@@ -101,11 +101,33 @@ def margin() -> int:
     return max(MIN_MARGIN, int(physical_ram() * MARGIN_FRACTION))
 
 
+def address_space_room():
+    """Bytes this process may still map under its address-space limit (ulimit -v), or None."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, ValueError, OSError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    size = 0
+    try:
+        with open("/proc/self/status") as f:
+            size = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), 0)
+    except OSError:
+        pass
+    return max(0, soft - size)
+
+
 def ram_budget() -> int:
     """What the pools may hold together on this machine now: available RAM less the margin, and
     at least a sixteenth of physical RAM (another program's passing peak should not make a
     small net's plan fail; a kernel that reports almost nothing available is usually reclaiming)."""
-    return max(available_ram() - margin(), physical_ram() // 16)
+    budget = max(available_ram() - margin(), physical_ram() // 16)
+    room = address_space_room()
+    # Under ulimit -v both arenas must be mappable (each is virtual until touched), with the
+    # libraries still to load beside them.
+    return budget if room is None else max(MIN_MARGIN, min(budget, (room - margin()) // 2))
 
 
 def process_memory() -> dict:

@@ -220,8 +220,6 @@ class Solver:
         from ..runtime.budget import process_memory
         capacity, kw = self.net.budgets()
         plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
-        if hasattr(self.net.device, "reserve"):         # the arena as far as any of the plans reaches
-            self.net.device.reserve(max(p.extent for p in [plan] + test_plans))
         for net, p in [(self.net, plan)] + list(zip(self.test_nets, test_plans)):
             log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else ""),
                                     process_memory()["rss"]))

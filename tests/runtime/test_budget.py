@@ -86,3 +86,17 @@ def test_a_container_limit_is_the_budget():
     assert out.returncode == 0, out.stderr[-2000:]
     ram = int(out.stdout.splitlines()[0])
     assert 0 < ram <= GiB
+
+
+def test_an_address_space_limit_bounds_the_arenas():
+    """Under ulimit -v (4 GB, on a machine with far more RAM) LeNet's step runs: the arenas are
+    sized to what the process may still map, not to the machine's free RAM."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, resource.RLIM_INFINITY))
+    out = subprocess.run([sys.executable, "-m", "sncaffe.entry", "time", "prototxt/lenet_train_test.prototxt",
+                          "-n", "1", "--batch", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         preexec_fn=limit, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Pool peak" in out.stdout

@@ -1,0 +1,210 @@
+"""SSD's AnnotatedData: images and their boxes from an LMDB (or LevelDB) of ``AnnotatedDatum``.
+
+Tops: the images (N, C, H, W), transformed as Data's are, and the boxes (1, 1, G, 8), one row
+per box of the batch: [item, label, instance_id, xmin, ymin, xmax, ymax, difficult], a single
+row of -1 when the batch has none. Records without an annotation type (and no anno_type) give
+one label per image instead, as Data does.
+
+Of SSD's augmentations, transform_param.resize_param (WARP, any interp_mode, drawn per image),
+mirror (which flips the boxes) and emit_constraint are supported; batch_sampler, distort_param,
+expand_param, noise_param and crops are refused by name.
+
+G changes from batch to batch (``data_dependent``, see sncaffe.dynamic): memory is planned for
+batch_size times the most boxes a record of the database holds, counted once at setup. Batches
+are read when the net asks for the tops' shapes, on the calling thread (no prefetching).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..data import annotated, image
+from ..data import datum as datums
+from ..data.transform import DataTransformer
+from ..proto import sncaffe_pb2 as pb
+from .base import Blob, register
+from .dataset import Data, _copy_to_top
+
+CV_INTERP = {1: "INTER_LINEAR", 2: "INTER_AREA", 3: "INTER_NEAREST", 4: "INTER_CUBIC", 5: "INTER_LANCZOS4"}
+ORDER = {1: 1, 3: 0, 4: 3}      # interp_mode -> image.resize's order where OpenCV is absent
+
+
+def _resize(x, height, width, mode):
+    """(C, H, W) -> (C, height, width) with OpenCV's interpolation ``mode`` (ResizeParameter)."""
+    hwc = np.ascontiguousarray(x.transpose(1, 2, 0))
+    cv2 = image._cv2()
+    if cv2 is not None:
+        interp = getattr(cv2, CV_INTERP[mode])
+        chans = [cv2.resize(np.ascontiguousarray(hwc[:, :, k:k + 4]), (width, height), interpolation=interp)
+                 .reshape(height, width, -1) for k in range(0, hwc.shape[2], 4)]
+        return np.concatenate(chans, axis=2).transpose(2, 0, 1)
+    if mode not in ORDER:
+        name = pb.ResizeParameter.Interp_mode.Name(mode)
+        raise ValueError(f"resize_param interp_mode {name} needs OpenCV (pip install opencv-python-headless)")
+    return image.resize(hwc, (height, width), ORDER[mode]).transpose(2, 0, 1)
+
+
+def _keep(rows, emit):
+    """ProjectBBox onto the whole image (clip to [0, 1], drop boxes outside or empty), after the
+    emit constraint (None: none)."""
+    b = rows[:, 2:6]
+    keep = (b[:, 0] < 1) & (b[:, 2] > 0) & (b[:, 1] < 1) & (b[:, 3] > 0)
+    if emit is not None:
+        if emit.emit_type == pb.EmitConstraint.CENTER:
+            cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
+            keep &= (cx >= 0) & (cx <= 1) & (cy >= 0) & (cy <= 1)
+        else:                                           # MIN_OVERLAP: the share of the box inside
+            inside = np.prod(np.clip(b[:, 2:], 0, 1) - np.clip(b[:, :2], 0, 1), axis=1)
+            size = np.prod(b[:, 2:] - b[:, :2], axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                keep &= np.where(size > 0, inside / size, 0) > emit.emit_overlap
+    rows = rows[keep].copy()
+    rows[:, 2:6] = np.clip(rows[:, 2:6], 0, 1)
+    return rows[(rows[:, 4] > rows[:, 2]) & (rows[:, 5] > rows[:, 3])]
+
+
+@register
+class AnnotatedData(Data):
+    type = "AnnotatedData"
+    data_dependent = True
+
+    def _setup(self):
+        p, tp, ap = self.param.data_param, self.param.transform_param, self.param.annotated_data_param
+        refused = [(len(ap.batch_sampler), "annotated_data_param.batch_sampler (SSD's random crops)"),
+                   (tp.HasField("distort_param"), "transform_param.distort_param"),
+                   (tp.HasField("expand_param"), "transform_param.expand_param"),
+                   (tp.HasField("noise_param"), "transform_param.noise_param"),
+                   (tp.crop_size or tp.crop_h or tp.crop_w, "transform_param crop_size/crop_h/crop_w")]
+        for bad, what in refused:
+            if bad:
+                raise self.error(f"{what} is not supported")
+        self.resize = tp.resize_param if tp.HasField("resize_param") else None
+        if self.resize is not None:
+            r = self.resize
+            if r.resize_mode != pb.ResizeParameter.WARP or r.prob != 1:
+                raise self.error("transform_param.resize_param: only resize_mode WARP with prob 1 is supported")
+            if r.height <= 0 or r.width <= 0:
+                raise self.error("transform_param.resize_param needs height and width")
+        plain = pb.TransformationParameter()
+        plain.CopyFrom(tp)
+        plain.mirror = False                            # drawn here: the boxes flip with the image
+        for f in ("resize_param", "emit_constraint"):
+            plain.ClearField(f)
+        shapes = super()._setup()                       # opens the database, reads the first record
+        self.transformer = DataTransformer(plain, self.phase)
+        self.mirror, self.emit = tp.mirror, (tp.emit_constraint if tp.HasField("emit_constraint") else None)
+        first = self._record(*self.db.first())
+        self.anno_type = ap.anno_type if ap.HasField("anno_type") else first.type if first.HasField("type") else None
+        if self.resize is not None:
+            self.datum_shape = (self.datum_shape[0], self.resize.height, self.resize.width)
+        shape = self.transformer.infer_shape(self.datum_shape, f"the data in {p.source}")
+        batch = shapes[0][0]
+        self._pending = None
+        if self.anno_type is None:
+            return [(batch, *shape), (batch,)][:len(self.param.top)]
+        self.most = self._most_boxes()
+        return [(batch, *shape), (1, 1, max(batch * self.most, 1), 8)][:len(self.param.top)]
+
+    def _record(self, key, value):
+        return annotated.parse(value, f"{self.kind} {self.source} key {key.decode(errors='replace')}")
+
+    def _decode(self, key, value):
+        what = f"{self.kind} {self.source} key {key.decode(errors='replace')}"
+        d = self._record(key, value).datum
+        return datums.to_array(d, self.transformer.color, what), d.label
+
+    def _most_boxes(self) -> int:
+        """The most boxes one record holds: a pass over the database with a reader of its own."""
+        from ..data.leveldb import reader
+        db = reader(self.source, self.param.data_param.backend)
+        try:
+            first_key, most = None, 0
+            for key, value in db:
+                if key == first_key:
+                    break
+                first_key = first_key or key
+                most = max(most, annotated.count(self._record(key, value)))
+            return most
+        finally:
+            db.close()
+
+    def _draws(self):
+        """This record's random choices, made in the same order for a record of another rank."""
+        modes = list(self.resize.interp_mode) if self.resize is not None else []
+        mode = modes[int(self.rng.integers(len(modes)))] if len(modes) > 1 else (modes[0] if modes else 1)
+        return mode, bool(self.mirror and self.rng.integers(2) == 1)
+
+    def _transform(self, key, value, out):
+        """Transform one record into ``out``; its box rows (n, 7) after resize and mirror."""
+        record = self._record(key, value)
+        what = f"{self.kind} {self.source} key {key.decode(errors='replace')}"
+        x = datums.to_array(record.datum, self.transformer.color, what)
+        mode, mirror = self._draws()
+        if self.resize is not None:
+            x = _resize(x, self.resize.height, self.resize.width, mode)
+        if x.shape != self.datum_shape:
+            raise self.error(f"{what}: an image of shape {x.shape}, the first {self.datum_shape}; "
+                             "set transform_param.resize_param to resize them all")
+        if mirror:
+            x = x[:, :, ::-1]
+        self.transformer(x, out, self.rng)
+        if self.anno_type is None:
+            return record.datum.label
+        rows = _keep(annotated.boxes(record), self.emit)
+        if mirror:
+            rows[:, [2, 4]] = 1 - rows[:, [4, 2]]
+        return rows
+
+    def load_batch(self, batch):
+        with self._named():
+            if not self._started:
+                self._started = True
+                skip = self.param.data_param.rand_skip
+                for _ in range(self.rng.integers(skip) if skip else 0):
+                    self._next()
+            data, found = batch[0], []
+            for i in self._records(len(data)):
+                key, value = self._next()
+                if i is None:
+                    self._draws()
+                    self.transformer(np.zeros(self.datum_shape, np.float32), np.empty_like(data[0]), self.rng)
+                    continue
+                got = self._transform(key, value, data[i])
+                if self.anno_type is None:
+                    batch[1][i] = got
+                else:
+                    found.append(np.column_stack([np.full(len(got), i), got]))
+            if self.anno_type is not None:
+                rows = np.concatenate(found) if found else np.zeros((0, 8))
+                batch[1] = rows if len(rows) else np.full((1, 8), -1.0)
+
+    def _load(self, top_shapes):
+        batch = [np.empty(top_shapes[0], np.float32)]
+        if len(top_shapes) > 1:
+            batch.append(np.empty(top_shapes[1][:1], np.float32) if self.anno_type is None else None)
+        self.load_batch(batch)
+        return batch
+
+    def setup(self, bottom_shapes):
+        self._shapes = super().setup(bottom_shapes)
+        return self._shapes
+
+    def top_shapes(self, bottom):
+        """Read the next batch now: the boxes top takes as many rows as it has boxes."""
+        self._pending = self._load(self._shapes)
+        if len(self._pending) > 1 and self.anno_type is not None:
+            return [self._pending[0].shape, (1, 1, len(self._pending[1]), 8)]
+        return [b.shape for b in self._pending]
+
+    def forward(self, bottom, top):
+        if self._closed:
+            raise self.error("the layer is closed")
+        batch, self._pending = self._pending or self._load(self._shapes), None
+        _copy_to_top(top[:1], batch[:1])
+        if len(top) > 1 and self.anno_type is None:
+            _copy_to_top(top[1:], batch[1:])
+        elif len(top) > 1:
+            rows, out = batch[1], top[1].data.reshape(-1, 8)
+            if len(rows) > len(out):
+                raise self.error(f"{len(rows)} boxes in a batch, the top holds {len(out)}")
+            out[len(rows):] = -1                        # rows of the planned block left over: no box
+            _copy_to_top([Blob(top[1].name, out[:len(rows)])], [rows])

@@ -50,13 +50,32 @@ def body():
     return text
 
 
+def data_layer(source, batch, mirror=True):
+    return f"""layer {{ name: "data" type: "AnnotatedData" top: "data" top: "label"
+  data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }}
+  transform_param {{ mirror: {str(mirror).lower()} mean_value: 127.5 mean_value: 127.5 mean_value: 127.5
+    scale: 0.0078125 resize_param {{ resize_mode: WARP height: {SIZE} width: {SIZE} interp_mode: LINEAR }}
+    emit_constraint {{ emit_type: CENTER }} }} }}
+"""
+
+
+def detection_tail():
+    return f"""layer {{ name: "mbox_conf_reshape" type: "Reshape" bottom: "mbox_conf_flat" top: "mbox_conf_reshape"
+  reshape_param {{ shape {{ dim: 0 dim: -1 dim: {C} }} }} }}
+layer {{ name: "mbox_conf_softmax" type: "Softmax" bottom: "mbox_conf_reshape" top: "mbox_conf_softmax"
+  softmax_param {{ axis: 2 }} }}
+layer {{ name: "mbox_conf_flatten" type: "Flatten" bottom: "mbox_conf_softmax" top: "mbox_conf_flatten" }}
+layer {{ name: "detection_out" type: "DetectionOutput" bottom: "mbox_loc_flat" bottom: "mbox_conf_flatten"
+  bottom: "mbox_priorbox" top: "detection_out"
+  detection_output_param {{ num_classes: {C} share_location: true background_label_id: 0
+    nms_param {{ nms_threshold: 0.45 top_k: 50 }} code_type: CENTER_SIZE keep_top_k: 20
+    confidence_threshold: 0.01 }} }}
+"""
+
+
 def train_net(source, batch=4):
     return f"""name: "tiny_ssd"
-layer {{ name: "data" type: "AnnotatedData" top: "data" top: "label"
-  data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }}
-  transform_param {{ mirror: true mean_value: 127.5 mean_value: 127.5 mean_value: 127.5 scale: 0.0078125
-    resize_param {{ resize_mode: WARP height: {SIZE} width: {SIZE} interp_mode: LINEAR }}
-    emit_constraint {{ emit_type: CENTER }} }} }}
+{data_layer(source, batch)}
 {body()}
 layer {{ name: "mbox_loss" type: "MultiBoxLoss" bottom: "mbox_loc_flat" bottom: "mbox_conf_flat"
   bottom: "mbox_priorbox" bottom: "label" top: "mbox_loss"
@@ -73,16 +92,17 @@ def deploy_net():
     return f"""name: "tiny_ssd_deploy"
 layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ dim: 1 dim: 3 dim: {SIZE} dim: {SIZE} }} }} }}
 {body()}
-layer {{ name: "mbox_conf_reshape" type: "Reshape" bottom: "mbox_conf_flat" top: "mbox_conf_reshape"
-  reshape_param {{ shape {{ dim: 0 dim: -1 dim: {C} }} }} }}
-layer {{ name: "mbox_conf_softmax" type: "Softmax" bottom: "mbox_conf_reshape" top: "mbox_conf_softmax"
-  softmax_param {{ axis: 2 }} }}
-layer {{ name: "mbox_conf_flatten" type: "Flatten" bottom: "mbox_conf_softmax" top: "mbox_conf_flatten" }}
-layer {{ name: "detection_out" type: "DetectionOutput" bottom: "mbox_loc_flat" bottom: "mbox_conf_flatten"
-  bottom: "mbox_priorbox" top: "detection_out"
-  detection_output_param {{ num_classes: {C} share_location: true background_label_id: 0
-    nms_param {{ nms_threshold: 0.45 top_k: 50 }} code_type: CENTER_SIZE keep_top_k: 20
-    confidence_threshold: 0.01 }} }}
+{detection_tail()}"""
+
+
+def eval_net(source, batch):
+    return f"""name: "tiny_ssd_test"
+{data_layer(source, batch, mirror=False)}
+{body()}
+{detection_tail()}
+layer {{ name: "detection_eval" type: "DetectionEvaluate" bottom: "detection_out" bottom: "label"
+  top: "detection_eval" detection_evaluate_param {{ num_classes: {C} background_label_id: 0
+  overlap_threshold: 0.5 evaluate_difficult_gt: false }} }}
 """
 
 
@@ -136,3 +156,20 @@ def test_tiny_ssd_deploy_detects(trained):
         iou = jaccard(best[None, 3:7].astype(np.float64), gt)[0]
         right += iou.max() > 0.5 and boxes[int(iou.argmax())][0] == best[1]
     assert right >= 6, right
+
+
+def test_tiny_ssd_test_net_evaluates_detections(trained, tmp_path):
+    """SSD's test net: AnnotatedData -> DetectionOutput -> DetectionEvaluate, shapes changing every batch."""
+    _, weights = trained
+    listfile, items = write_set(tmp_path / "images", 6, seed=5)
+    assert create_annoset.main([str(tmp_path / "images") + "/", str(listfile), str(tmp_path / "lmdb")]) == 0
+    net = Net(parse_text(eval_net(tmp_path / "lmdb", 3), pb.NetParameter()), "TEST", device=CPUDevice(128 << 20),
+              weights=str(weights))
+    for batch in range(2):
+        net.forward()
+        dets = net.blobs["detection_out"].data[0, 0]
+        rows = net.blobs["detection_eval"].data[0, 0]
+        assert rows.shape == (2 + len(dets), 5)
+        labels = [b[0] for _, boxes in items[3 * batch:3 * batch + 3] for b in boxes]
+        np.testing.assert_array_equal(rows[:2, :3], [[-1, 1, labels.count(1)], [-1, 2, labels.count(2)]])
+        assert np.all(rows[2:, 3] + rows[2:, 4] == 1) and rows[2:, 3].sum() >= 1

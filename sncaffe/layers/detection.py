@@ -588,3 +588,75 @@ class MultiBoxLoss(Layer):
             bottom[0].diff.reshape(d.shape)[...] = g * w
         if propagate_down[1]:
             bottom[1].diff.reshape(prob.shape)[...] = (prob - onehot) * (sel[..., None] * scale)
+
+
+@register
+class DetectionEvaluate(Layer):
+    """Score detections against the ground truth, for the solver's mean average precision. Bottoms:
+    DetectionOutput's rows (1, 1, D, 7) and the ground truth rows (1, 1, G, 8). Top (1, 1, rows, 5):
+    per class but the background [-1, label, boxes of that label, -1, -1], then per detection (by
+    image, label, score) [image, label, score, tp, fp]: a true positive overlaps a box of its label
+    by overlap_threshold or more, that no better detection took (difficult boxes count neither way
+    unless evaluate_difficult_gt). Boxes stay normalised: name_size_file is refused.
+
+    The number of rows follows the number of detections (``data_dependent``)."""
+    type = "DetectionEvaluate"
+    exact_bottoms, exact_tops = 2, 1
+    backward_needs = ()
+    data_dependent = True
+
+    def setup(self, bottom_shapes):
+        p = self.param.detection_evaluate_param
+        if not p.HasField("num_classes"):
+            raise self.error("detection_evaluate_param needs num_classes")
+        if p.overlap_threshold <= 0:
+            raise self.error("overlap_threshold must be positive")
+        if p.HasField("name_size_file"):
+            raise self.error("detection_evaluate_param.name_size_file (scoring in pixels) is not supported")
+        det, gt = (tuple(s) for s in bottom_shapes)
+        for what, s, width in (("detections (bottom 0)", det, 7), ("ground truth (bottom 1)", gt, 8)):
+            if len(s) != 4 or s[:2] != (1, 1) or s[3] != width:
+                raise self.error(f"the {what} must have shape (1, 1, n, {width}), got {s}")
+        self.classes = [c for c in range(p.num_classes) if c != p.background_label_id]
+        self._rows = None
+        return [(1, 1, len(self.classes) + det[2], 5)]
+
+    def evaluate(self, bottom) -> np.ndarray:
+        p = self.param.detection_evaluate_param
+        det = _host(bottom[0].data).reshape(-1, 7).astype(np.float64)
+        gt = _host(bottom[1].data).reshape(-1, 8).astype(np.float64)
+        end = np.flatnonzero(gt[:, 0] == -1)
+        gt = gt[:end[0] if end.size else len(gt)]       # the ground truth ends at the first -1
+        if (gt[:, 1] == p.background_label_id).any() or (det[det[:, 0] != -1, 1] == p.background_label_id).any():
+            raise self.error(f"a box of the background label {p.background_label_id}")
+        rows = [[-1, c, np.sum((gt[:, 1] == c) & ((gt[:, 7] == 0) | p.evaluate_difficult_gt)), -1, -1]
+                for c in self.classes]
+        det = det[det[:, 0] != -1]
+        for i in np.unique(det[:, 0]):
+            for c in np.unique(det[det[:, 0] == i, 1]):
+                d = det[(det[:, 0] == i) & (det[:, 1] == c)]
+                d = d[np.argsort(-d[:, 2], kind="stable")]
+                g = gt[(gt[:, 0] == i) & (gt[:, 1] == c)]
+                tp, fp = np.zeros(len(d)), np.ones(len(d))
+                if len(g):
+                    ov = jaccard(d[:, 3:7], g[:, 3:7])
+                    visited = np.zeros(len(g), bool)
+                    for k, j in enumerate(ov.argmax(axis=1)):
+                        if ov[k, j] < p.overlap_threshold:
+                            continue
+                        if not p.evaluate_difficult_gt and g[j, 7]:
+                            fp[k] = 0                   # a difficult box: neither
+                        elif not visited[j]:
+                            tp[k], fp[k], visited[j] = 1, 0, True
+                rows += np.column_stack([np.full(len(d), i), np.full(len(d), c), d[:, 2], tp, fp]).tolist()
+        return np.asarray(rows, np.float64).reshape(-1, 5)
+
+    def top_shapes(self, bottom):
+        self._rows = self.evaluate(bottom)
+        return [(1, 1, len(self._rows), 5)]
+
+    def forward(self, bottom, top):
+        rows, self._rows = (self._rows if self._rows is not None else self.evaluate(bottom)), None
+        out = top[0].data.reshape(-1, 5)
+        out[len(rows):] = 0
+        _store(out[:len(rows)], rows.astype(out.dtype))

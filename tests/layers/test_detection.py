@@ -80,7 +80,8 @@ def test_prior_box_shapes_of_mobilenet_ssd_heads():
 @pytest.mark.parametrize("shared", [True, False])
 def test_normalize_forward_and_gradient(across, shared):
     x = randn(2, 3, 2, 3)
-    text = f'type: "Normalize" norm_param {{ across_spatial: {str(across).lower()} channel_shared: {str(shared).lower()} }}'
+    text = (f'type: "Normalize" norm_param {{ across_spatial: {str(across).lower()} '
+            f'channel_shared: {str(shared).lower()} }}')
     scale = np.array(1.7) if shared else np.array([0.5, 2.0, -1.0])
     h = check_gradient(make_layer(text), [x], params=[scale])
     axes = (1, 2, 3) if across else (1,)
@@ -309,5 +310,43 @@ def test_multibox_loss_checks_the_counts():
     with pytest.raises(LayerError, match="location predictions"):
         Harness(loss_layer(2), [randn(1, 12), randn(1, 8), grid_priors(2), GT])
     with pytest.raises(LayerError, match="background"):
-        h = Harness(loss_layer(3), [randn(2, 72 * 4), randn(2, 72 * 3), grid_priors(), gt_rows([[0, 0, 0, 0, 0, .5, .5, 0]])])
+        background = gt_rows([[0, 0, 0, 0, 0, .5, .5, 0]])
+        h = Harness(loss_layer(3), [randn(2, 72 * 4), randn(2, 72 * 3), grid_priors(), background])
         h.forward()
+
+
+# -- DetectionEvaluate -----------------------------------------------------------------------------
+def test_detection_evaluate_by_hand():
+    # Image 0: two boxes of label 1 (one difficult), one of label 2. Image 1: one of label 1.
+    gt = gt_rows([[0, 1, 0, 0.0, 0.0, 0.4, 0.4, 0], [0, 1, 1, 0.5, 0.5, 0.9, 0.9, 1],
+                  [0, 2, 0, 0.1, 0.5, 0.4, 0.9, 0], [1, 1, 0, 0.2, 0.2, 0.6, 0.6, 0]])
+    det = np.array([[0, 1, 0.6, 0.0, 0.0, 0.4, 0.4],      # tp
+                    [0, 1, 0.9, 0.02, 0.0, 0.4, 0.4],     # tp (better score: takes the box first)
+                    [0, 1, 0.5, 0.5, 0.5, 0.9, 0.9],      # the difficult box: neither
+                    [0, 2, 0.7, 0.6, 0.0, 0.9, 0.3],      # fp: overlaps nothing
+                    [1, 1, 0.8, 0.2, 0.2, 0.6, 0.6],      # tp
+                    [1, 2, 0.4, 0.2, 0.2, 0.6, 0.6]]).reshape(1, 1, -1, 7)   # fp: no label-2 box there
+    layer = make_layer('type: "DetectionEvaluate" detection_evaluate_param { num_classes: 3 '
+                       'evaluate_difficult_gt: false }', n_bottoms=2)
+    h = Harness(layer, [det, gt])
+    assert h.top_shapes == [(1, 1, 2 + 6, 5)]
+    want = [[-1, 1, 2, -1, -1], [-1, 2, 1, -1, -1],
+            [0, 1, 0.9, 1, 0], [0, 1, 0.6, 0, 1], [0, 1, 0.5, 0, 0], [0, 2, 0.7, 0, 1],
+            [1, 1, 0.8, 1, 0], [1, 2, 0.4, 0, 1]]
+    np.testing.assert_allclose(h.forward()[0][0, 0], want)
+
+
+def test_ssd_fields_have_the_forks_numbers():
+    """The fork's field numbers, so its .caffemodel and prototxt files mean the same here."""
+    from sncaffe.proto import sncaffe_pb2 as pb
+    numbers = {"annotated_data_param": 200, "multibox_loss_param": 201, "permute_param": 202,
+               "prior_box_param": 203, "detection_output_param": 204, "detection_evaluate_param": 205,
+               "norm_param": 206, "video_data_param": 207}
+    for name, n in numbers.items():
+        assert pb.LayerParameter.DESCRIPTOR.fields_by_name[name].number == n
+    t = pb.TransformationParameter.DESCRIPTOR.fields_by_name
+    assert [t[f].number for f in ("resize_param", "noise_param", "emit_constraint", "crop_h", "crop_w",
+                                  "distort_param", "expand_param")] == [8, 9, 10, 11, 12, 13, 14]
+    # A record as the fork's create_annoset writes it: datum 1, type 2, annotation_group 3.
+    rec = pb.AnnotatedDatum.FromString(bytes([0x0A, 0x02, 0x08, 0x03, 0x10, 0x00, 0x1A, 0x02, 0x08, 0x05]))
+    assert (rec.datum.channels, rec.type, rec.annotation_group[0].group_label) == (3, pb.AnnotatedDatum.BBOX, 5)

@@ -5,9 +5,10 @@ per box of the batch: [item, label, instance_id, xmin, ymin, xmax, ymax, difficu
 row of -1 when the batch has none. Records without an annotation type (and no anno_type) give
 one label per image instead, as Data does.
 
-Of SSD's augmentations, transform_param.resize_param (WARP, any interp_mode, drawn per image),
-mirror (which flips the boxes) and emit_constraint are supported; batch_sampler, distort_param,
-expand_param, noise_param and crops are refused by name.
+SSD's augmentations run in the fork's order (sncaffe.data.ssd_augment): distort_param, expand_param,
+a crop from annotated_data_param.batch_sampler, then resize_param (WARP, the interp_mode drawn per
+image), mirror (which flips the boxes) and the mean and scale; emit_constraint decides which boxes
+a crop keeps. noise_param and fixed crops (crop_size, crop_h, crop_w) are refused by name.
 
 G changes from batch to batch (``data_dependent``, see sncaffe.dynamic): memory is planned for
 batch_size times the most boxes a record of the database holds, counted once at setup. Batches
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data import annotated, image
+from ..data import annotated, image, ssd_augment
 from ..data import datum as datums
 from ..data.transform import DataTransformer
 from ..proto import sncaffe_pb2 as pb
@@ -43,25 +44,6 @@ def _resize(x, height, width, mode):
     return image.resize(hwc, (height, width), ORDER[mode]).transpose(2, 0, 1)
 
 
-def _keep(rows, emit):
-    """ProjectBBox onto the whole image (clip to [0, 1], drop boxes outside or empty), after the
-    emit constraint (None: none)."""
-    b = rows[:, 2:6]
-    keep = (b[:, 0] < 1) & (b[:, 2] > 0) & (b[:, 1] < 1) & (b[:, 3] > 0)
-    if emit is not None:
-        if emit.emit_type == pb.EmitConstraint.CENTER:
-            cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
-            keep &= (cx >= 0) & (cx <= 1) & (cy >= 0) & (cy <= 1)
-        else:                                           # MIN_OVERLAP: the share of the box inside
-            inside = np.prod(np.clip(b[:, 2:], 0, 1) - np.clip(b[:, :2], 0, 1), axis=1)
-            size = np.prod(b[:, 2:] - b[:, :2], axis=1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                keep &= np.where(size > 0, inside / size, 0) > emit.emit_overlap
-    rows = rows[keep].copy()
-    rows[:, 2:6] = np.clip(rows[:, 2:6], 0, 1)
-    return rows[(rows[:, 4] > rows[:, 2]) & (rows[:, 5] > rows[:, 3])]
-
-
 @register
 class AnnotatedData(Data):
     type = "AnnotatedData"
@@ -69,10 +51,7 @@ class AnnotatedData(Data):
 
     def _setup(self):
         p, tp, ap = self.param.data_param, self.param.transform_param, self.param.annotated_data_param
-        refused = [(len(ap.batch_sampler), "annotated_data_param.batch_sampler (SSD's random crops)"),
-                   (tp.HasField("distort_param"), "transform_param.distort_param"),
-                   (tp.HasField("expand_param"), "transform_param.expand_param"),
-                   (tp.HasField("noise_param"), "transform_param.noise_param"),
+        refused = [(tp.HasField("noise_param"), "transform_param.noise_param"),
                    (tp.crop_size or tp.crop_h or tp.crop_w, "transform_param crop_size/crop_h/crop_w")]
         for bad, what in refused:
             if bad:
@@ -84,10 +63,19 @@ class AnnotatedData(Data):
                 raise self.error("transform_param.resize_param: only resize_mode WARP with prob 1 is supported")
             if r.height <= 0 or r.width <= 0:
                 raise self.error("transform_param.resize_param needs height and width")
+        with self._named("annotated_data_param: "):
+            for sampler in ap.batch_sampler:
+                ssd_augment.check_sampler(sampler)
+        if tp.HasField("distort_param"):
+            with self._named():
+                ssd_augment.check_distort(tp.distort_param)
+        self.samplers = list(ap.batch_sampler)
+        self.distort = tp.distort_param if tp.HasField("distort_param") else None
+        self.expand = tp.expand_param if tp.HasField("expand_param") else None
         plain = pb.TransformationParameter()
         plain.CopyFrom(tp)
         plain.mirror = False                            # drawn here: the boxes flip with the image
-        for f in ("resize_param", "emit_constraint"):
+        for f in ("resize_param", "emit_constraint", "distort_param", "expand_param"):
             plain.ClearField(f)
         shapes = super()._setup()                       # opens the database, reads the first record
         self.transformer = DataTransformer(plain, self.phase)
@@ -127,29 +115,34 @@ class AnnotatedData(Data):
         finally:
             db.close()
 
-    def _draws(self):
-        """This record's random choices, made in the same order for a record of another rank."""
-        modes = list(self.resize.interp_mode) if self.resize is not None else []
-        mode = modes[int(self.rng.integers(len(modes)))] if len(modes) > 1 else (modes[0] if modes else 1)
-        return mode, bool(self.mirror and self.rng.integers(2) == 1)
-
     def _transform(self, key, value, out):
-        """Transform one record into ``out``; its box rows (n, 7) after resize and mirror."""
+        """Transform one record into ``out``: its label, or its box rows (n, 7) as the image now shows them."""
         record = self._record(key, value)
         what = f"{self.kind} {self.source} key {key.decode(errors='replace')}"
         x = datums.to_array(record.datum, self.transformer.color, what)
-        mode, mirror = self._draws()
+        rows = annotated.boxes(record)
+        rng, emit = self.rng, self.emit
+        if self.distort is not None:
+            x = ssd_augment.distort(x, self.distort, rng)
+        if self.expand is not None:
+            fill = self.transformer.mean_values if self.transformer.mean_values is not None else [0]
+            x, rows = ssd_augment.expand(x, rows, self.expand, fill, rng, emit)
+        if self.samplers:
+            x, rows = ssd_augment.sample_crop(x, rows, self.samplers, rng, emit)
+        modes = list(self.resize.interp_mode) if self.resize is not None else []
+        mode = modes[int(rng.integers(len(modes)))] if len(modes) > 1 else (modes[0] if modes else 1)
         if self.resize is not None:
             x = _resize(x, self.resize.height, self.resize.width, mode)
         if x.shape != self.datum_shape:
             raise self.error(f"{what}: an image of shape {x.shape}, the first {self.datum_shape}; "
                              "set transform_param.resize_param to resize them all")
+        mirror = bool(self.mirror and rng.integers(2) == 1)
         if mirror:
             x = x[:, :, ::-1]
-        self.transformer(x, out, self.rng)
+        self.transformer(x, out, rng)
         if self.anno_type is None:
             return record.datum.label
-        rows = _keep(annotated.boxes(record), self.emit)
+        rows = ssd_augment.project(rows, ssd_augment.UNIT, emit)
         if mirror:
             rows[:, [2, 4]] = 1 - rows[:, [4, 2]]
         return rows
@@ -164,9 +157,8 @@ class AnnotatedData(Data):
             data, found = batch[0], []
             for i in self._records(len(data)):
                 key, value = self._next()
-                if i is None:
-                    self._draws()
-                    self.transformer(np.zeros(self.datum_shape, np.float32), np.empty_like(data[0]), self.rng)
+                if i is None:                       # another rank's: the same random draws
+                    self._transform(key, value, np.empty_like(data[0]))
                     continue
                 got = self._transform(key, value, data[i])
                 if self.anno_type is None:

@@ -122,8 +122,72 @@ def test_annotated_data_mirror_flips_the_boxes(annoset):
 
 def test_annotated_data_refuses_what_it_does_not_do(annoset):
     out, _ = annoset
-    sampler = "annotated_data_param { batch_sampler { max_sample: 1 max_trials: 1 } }"
-    with pytest.raises((LayerError, GraphError), match="batch_sampler"):
-        Net(data_net(out, 2, extra=sampler), "TRAIN", device=CPUDevice(64 << 20))
-    with pytest.raises((LayerError, GraphError), match="distort_param"):
-        Net(data_net(out, 2, transform="distort_param { brightness_prob: 0.5 }"), "TRAIN", device=CPUDevice(64 << 20))
+    with pytest.raises((LayerError, GraphError), match="noise_param"):
+        Net(data_net(out, 2, transform="noise_param { prob: 0.5 }"), "TRAIN", device=CPUDevice(64 << 20))
+    with pytest.raises((LayerError, GraphError), match="crop_size"):
+        Net(data_net(out, 2, transform="crop_size: 8"), "TRAIN", device=CPUDevice(64 << 20))
+    bad = "annotated_data_param { batch_sampler { sampler { min_scale: 0.8 max_scale: 0.3 } } }"
+    with pytest.raises((LayerError, GraphError), match="min_scale"):
+        Net(data_net(out, 2, extra=bad), "TRAIN", device=CPUDevice(64 << 20))
+
+
+SSD_AUGMENT = """annotated_data_param {
+  batch_sampler { max_sample: 1 max_trials: 1 }
+  batch_sampler { sampler { min_scale: 0.3 max_scale: 1.0 min_aspect_ratio: 0.5 max_aspect_ratio: 2.0 }
+                  sample_constraint { min_jaccard_overlap: 0.3 } max_sample: 1 max_trials: 50 }
+  batch_sampler { sampler { min_scale: 0.3 max_scale: 1.0 min_aspect_ratio: 0.5 max_aspect_ratio: 2.0 }
+                  sample_constraint { max_jaccard_overlap: 1.0 } max_sample: 1 max_trials: 50 } }"""
+
+
+@pytest.fixture(scope="module")
+def one_box_set(tmp_path_factory):
+    """Images with a single red rectangle on a blue background: a box must frame red pixels."""
+    from sncaffe.data import image
+    root = tmp_path_factory.mktemp("onebox")
+    rng = np.random.default_rng(4)
+    lines = []
+    for i in range(6):
+        h, w = (int(v) for v in rng.integers(40, 80, 2))
+        x = np.zeros((3, h, w), np.uint8)
+        x[0] = 200                                      # blue (BGR)
+        bw, bh = int(rng.integers(w // 3, w // 2)), int(rng.integers(h // 3, h // 2))
+        x0, y0 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+        x[:, y0:y0 + bh, x0:x0 + bw] = np.array([0, 0, 255], np.uint8)[:, None, None]
+        (root / f"{i}.png").write_bytes(image.encode(x))
+        (root / f"{i}.txt").write_text(f"1 {x0} {y0} {x0 + bw} {y0 + bh}\n")
+        lines.append(f"{i}.png {i}.txt\n")
+    (root / "list.txt").write_text("".join(lines))
+    assert create_annoset.main([str(root) + "/", str(root / "list.txt"), str(root / "db")]) == 0
+    return root / "db"
+
+
+def test_ssd_augmentation_keeps_the_boxes_on_the_objects(one_box_set):
+    transform = ("mirror: true emit_constraint { emit_type: CENTER } "
+                 "expand_param { prob: 0.5 max_expand_ratio: 3.0 } mean_value: 0 mean_value: 0 mean_value: 0")
+    net = Net(data_net(one_box_set, 6, extra=SSD_AUGMENT, transform=transform), "TRAIN", device=CPUDevice(64 << 20))
+    small = black = 0
+    for _ in range(4):
+        net.forward()
+        x, rows = net.blobs["data"].data, net.blobs["label"].data[0, 0]
+        assert len(rows) <= 6 and set(rows[:, 0]) <= set(range(6)) and np.all(rows[:, 1] == 1)
+        for r in rows:
+            x0, y0, x1, y1 = np.round(r[3:7] * 24).astype(int)
+            inner = x[int(r[0]), :, y0 + 1:y1 - 1, x0 + 1:x1 - 1]
+            if inner.size:                              # well inside the box: red, after resizing
+                np.testing.assert_allclose(inner.mean(axis=(1, 2)), [0, 0, 255], atol=40)
+            small += (r[5] - r[3]) * (r[6] - r[4]) < 0.09
+        black += int((x.sum(axis=1) == 0).any(axis=(1, 2)).sum())   # the canvas of an expansion
+    assert small > 0 and black > 0
+
+
+def test_distortion_changes_colours_not_boxes(one_box_set):
+    plain = Net(data_net(one_box_set, 6), "TRAIN", device=CPUDevice(64 << 20))
+    distort = ("distort_param { brightness_prob: 1 brightness_delta: 32 contrast_prob: 1 contrast_lower: 0.5 "
+               "contrast_upper: 1.5 hue_prob: 1 hue_delta: 18 saturation_prob: 1 saturation_lower: 0.5 "
+               "saturation_upper: 1.5 }")
+    distorted = Net(data_net(one_box_set, 6, transform=distort), "TRAIN", device=CPUDevice(64 << 20))
+    plain.forward()
+    distorted.forward()
+    np.testing.assert_array_equal(plain.blobs["label"].data, distorted.blobs["label"].data)
+    diff = np.abs(plain.blobs["data"].data - distorted.blobs["data"].data)
+    assert diff.mean() > 5 and distorted.blobs["data"].data.min() >= 0 and distorted.blobs["data"].data.max() <= 255

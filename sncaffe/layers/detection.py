@@ -333,10 +333,10 @@ class DetectionOutput(Layer):
         p = self.param.detection_output_param
         if not p.HasField("num_classes"):
             raise self.error("detection_output_param needs num_classes")
-        for field in ("save_output_param", "visualize"):
-            if p.HasField(field) and (field != "visualize" or p.visualize):
-                raise self.error(f"detection_output_param.{field} (writing or showing detections) is not "
-                                 "supported; read the detections from the top")
+        if p.save_output_param.output_directory or p.visualize:     # the fork writes or shows them then
+            what = "save_output_param.output_directory" if p.save_output_param.output_directory else "visualize"
+            raise self.error(f"detection_output_param.{what} (writing or showing detections) is not supported; "
+                             "read the detections from the top")
         nms_p = p.nms_param
         if nms_p.nms_threshold < 0:
             raise self.error("nms_threshold must be non-negative")

@@ -350,3 +350,10 @@ def test_ssd_fields_have_the_forks_numbers():
     # A record as the fork's create_annoset writes it: datum 1, type 2, annotation_group 3.
     rec = pb.AnnotatedDatum.FromString(bytes([0x0A, 0x02, 0x08, 0x03, 0x10, 0x00, 0x1A, 0x02, 0x08, 0x05]))
     assert (rec.datum.channels, rec.type, rec.annotation_group[0].group_label) == (3, pb.AnnotatedDatum.BBOX, 5)
+
+
+def test_detection_output_refuses_writing_results_only_when_asked():
+    args = [randn(1, 8), np.full((1, 4), 0.5), priors_blob(2)]
+    Harness(detection_layer(2, 'save_output_param { label_map_file: "x" }'), args)     # nothing written: fine
+    with pytest.raises(LayerError, match="output_directory"):
+        Harness(detection_layer(2, 'save_output_param { output_directory: "/tmp/out" }'), args)

@@ -173,3 +173,25 @@ def test_tiny_ssd_test_net_evaluates_detections(trained, tmp_path):
         labels = [b[0] for _, boxes in items[3 * batch:3 * batch + 3] for b in boxes]
         np.testing.assert_array_equal(rows[:2, :3], [[-1, 1, labels.count(1)], [-1, 2, labels.count(2)]])
         assert np.all(rows[2:, 3] + rows[2:, 4] == 1) and rows[2:, 3].sum() >= 1
+
+
+def test_solver_scores_the_test_net_by_mean_average_precision(trained, tmp_path, caplog):
+    """SSD's solver settings (eval_type detection, ap_version 11point): the test net's mAP."""
+    import logging
+    _, weights = trained
+    listfile, _ = write_set(tmp_path / "images", 6, seed=7)
+    assert create_annoset.main([str(tmp_path / "images") + "/", str(listfile), str(tmp_path / "lmdb")]) == 0
+    p = parse_text(f"""base_lr: 0.01 lr_policy: "fixed" max_iter: 1 display: 0 test_iter: 2 test_interval: 100
+        test_initialization: false snapshot_prefix: "{tmp_path / 'snap'}" eval_type: "detection"
+        ap_version: "11point" show_per_class_result: true""", pb.SolverParameter())
+    p.train_net_param.CopyFrom(parse_text(train_net(tmp_path / "lmdb"), pb.NetParameter()))
+    p.test_net_param.add().CopyFrom(parse_text(eval_net(tmp_path / "lmdb", 3), pb.NetParameter()))
+    solver = Solver(p, device=CPUDevice(256 << 20))
+    solver.net.copy_from(str(weights))
+    with caplog.at_level(logging.INFO, logger="sncaffe"):
+        scores = solver.test(0)
+    assert list(scores) == ["detection_eval"] and 0.3 < scores["detection_eval"] <= 1
+    assert "Test net output #0: detection_eval = " in caplog.text and "class1: " in caplog.text
+    p.eval_type = "segmentation"
+    with pytest.raises(ValueError, match='eval_type "segmentation"'):
+        Solver(p, device=CPUDevice(256 << 20))

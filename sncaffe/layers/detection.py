@@ -333,10 +333,10 @@ class DetectionOutput(Layer):
         p = self.param.detection_output_param
         if not p.HasField("num_classes"):
             raise self.error("detection_output_param needs num_classes")
-        if p.save_output_param.output_directory or p.visualize:     # the fork writes or shows them then
-            what = "save_output_param.output_directory" if p.save_output_param.output_directory else "visualize"
-            raise self.error(f"detection_output_param.{what} (writing or showing detections) is not supported; "
+        if p.visualize:
+            raise self.error("detection_output_param.visualize (showing detections) is not supported; "
                              "read the detections from the top")
+        self.results = VOCResults.create(self, p) if p.save_output_param.output_directory else None
         nms_p = p.nms_param
         if nms_p.nms_threshold < 0:
             raise self.error("nms_threshold must be non-negative")
@@ -396,6 +396,74 @@ class DetectionOutput(Layer):
         if rows.shape[0] > out.shape[0]:
             raise self.error(f"{rows.shape[0]} detections, the top holds {out.shape[0]}")
         _store(out[:rows.shape[0]], rows.astype(out.dtype))
+        if self.results is not None:
+            self.results.add(rows, bottom[0].shape[0])
+
+
+class VOCResults:
+    """save_output_param in VOC format: per class a file <output_name_prefix><class name>.txt of
+    lines "image score xmin ymin xmax ymax" in pixels of the original image (name_size_file gives
+    each test image's name, height and width in order), written after every num_test_image images,
+    as the fork does. Its COCO and ILSVRC formats and resize modes other than WARP are refused."""
+
+    def __init__(self, folder, prefix, class_names, names, sizes, num_images):
+        self.folder, self.prefix = folder, prefix
+        self.class_names, self.names, self.sizes = class_names, names, sizes     # label -> name, no background
+        self.num_images = num_images
+        self.count, self.found = 0, []
+
+    @classmethod
+    def create(cls, layer, p):
+        import warnings
+        from pathlib import Path
+        from google.protobuf import text_format
+        s = p.save_output_param
+        if s.output_format != "VOC":
+            raise layer.error(f'save_output_param.output_format "{s.output_format}" is not supported (VOC is)')
+        if s.HasField("resize_param") and s.resize_param.resize_mode != pb.ResizeParameter.WARP:
+            raise layer.error("save_output_param.resize_param: only resize_mode WARP is supported")
+        if not s.label_map_file or not s.name_size_file:
+            warnings.warn(f'layer "{layer.name}": save_output_param needs label_map_file and name_size_file; '
+                          "no results are written (as in the fork)")
+            return None
+        try:
+            label_map = text_format.Parse(Path(s.label_map_file).read_text(), pb.LabelMap())
+            lines = [line.split() for line in Path(s.name_size_file).read_text().splitlines() if line.strip()]
+            names, sizes = [v[0] for v in lines], [(int(v[1]), int(v[2])) for v in lines]
+        except (OSError, ValueError, IndexError, text_format.ParseError) as e:
+            raise layer.error(f"save_output_param: {e}") from None
+        label_to_name = {item.label: item.name for item in label_map.item}
+        missing = [c for c in range(p.num_classes) if c != p.background_label_id and c not in label_to_name]
+        if missing:
+            raise layer.error(f"save_output_param: label {missing[0]} is not in {s.label_map_file}")
+        num = s.num_test_image if s.HasField("num_test_image") else len(names)
+        if not 0 < num <= len(names):
+            raise layer.error(f"save_output_param: num_test_image {num}, {s.name_size_file} names {len(names)}")
+        Path(s.output_directory).mkdir(parents=True, exist_ok=True)
+        classes = {c: label_to_name[c] for c in range(p.num_classes) if c != p.background_label_id}
+        return cls(Path(s.output_directory), s.output_name_prefix, classes, names, sizes, num)
+
+    def add(self, rows, num):
+        """One batch's rows: each image's boxes in pixels; the files after the last test image."""
+        for i in range(num):
+            if self.count >= len(self.names):
+                raise ValueError(f"more test images than the {len(self.names)} of name_size_file")
+            h, w = self.sizes[self.count]
+            for _, label, score, *box in rows[(rows[:, 0] == i) & (rows[:, 1] != -1)]:
+                x0, y0, x1, y1 = np.clip(box, 0, 1) * [w, h, w, h]
+                r = lambda v: np.float32(round(float(v) * 100) / 100)  # noqa: E731 (the fork's JSON rounding)
+                bx, by, bw, bh = int(r(x0)), int(r(y0)), int(r(x1 - x0)), int(r(y1 - y0))
+                self.found.append((int(label), f"{self.names[self.count]} {np.float32(score):g} "
+                                               f"{bx} {by} {bx + bw} {by + bh}\n"))
+            self.count += 1
+            if self.count % self.num_images == 0:
+                self.write()
+
+    def write(self):
+        for label, name in self.class_names.items():
+            text = "".join(line for c, line in self.found if c == label)
+            (self.folder / f"{self.prefix}{name}.txt").write_text(text)
+        self.found, self.count = [], 0
 
 
 @register

@@ -352,8 +352,33 @@ def test_ssd_fields_have_the_forks_numbers():
     assert (rec.datum.channels, rec.type, rec.annotation_group[0].group_label) == (3, pb.AnnotatedDatum.BBOX, 5)
 
 
-def test_detection_output_refuses_writing_results_only_when_asked():
-    args = [randn(1, 8), np.full((1, 4), 0.5), priors_blob(2)]
-    Harness(detection_layer(2, 'save_output_param { label_map_file: "x" }'), args)     # nothing written: fine
-    with pytest.raises(LayerError, match="output_directory"):
-        Harness(detection_layer(2, 'save_output_param { output_directory: "/tmp/out" }'), args)
+
+
+def test_detection_output_writes_voc_results(tmp_path):
+    (tmp_path / "labelmap.prototxt").write_text('item { name: "none" label: 0 } item { name: "cat" label: 1 } '
+                                               'item { name: "dog" label: 2 }')
+    (tmp_path / "sizes.txt").write_text("img_a 100 200\nimg_b 50 40\n")
+    N, P, C = 2, 30, 3
+    loc, prior = randn(N, P * 4, seed=11) * 0.5, priors_blob(P, seed=12)
+    conf = np.random.default_rng(13).dirichlet(np.ones(C), size=(N, P)).reshape(N, P * C)
+    save = (f'save_output_param {{ output_directory: "{tmp_path / "out"}" output_name_prefix: "comp4_" '
+            f'output_format: "VOC" label_map_file: "{tmp_path / "labelmap.prototxt"}" '
+            f'name_size_file: "{tmp_path / "sizes.txt"}" }}')
+    layer = detection_layer(C, save + " confidence_threshold: 0.4 nms_param { nms_threshold: 0.45 }")
+    h = Harness(layer, [loc, conf, prior])
+    assert not (tmp_path / "out" / "comp4_cat.txt").exists()
+    h.forward()                                         # both test images: the files are written
+    rows = layer.detect(h.bottom)
+    for label, name in ((1, "cat"), (2, "dog")):
+        want = []
+        for r in rows[rows[:, 1] == label]:
+            img, (hh, ww) = (("img_a", (100, 200)), ("img_b", (50, 40)))[int(r[0])]
+            x0, y0, x1, y1 = np.clip(r[3:7], 0, 1) * [ww, hh, ww, hh]
+            bx, by = int(round(x0 * 100) / 100), int(round(y0 * 100) / 100)
+            want.append(f"{img} {np.float32(r[2]):g} {bx} {by} {bx + int(round((x1 - x0) * 100) / 100)} "
+                        f"{by + int(round((y1 - y0) * 100) / 100)}")
+        got = (tmp_path / "out" / f"comp4_{name}.txt").read_text().splitlines()
+        assert got == want and len(got) > 0
+    assert not (tmp_path / "out" / "comp4_none.txt").exists()
+    with pytest.raises(LayerError, match="COCO"):
+        Harness(detection_layer(C, save.replace('"VOC"', '"COCO"')), [loc, conf, prior])

@@ -8,7 +8,8 @@ one label per image instead, as Data does.
 SSD's augmentations run in the fork's order (sncaffe.data.ssd_augment): distort_param, expand_param,
 a crop from annotated_data_param.batch_sampler, then resize_param (WARP, the interp_mode drawn per
 image), mirror (which flips the boxes) and the mean and scale; emit_constraint decides which boxes
-a crop keeps. noise_param and fixed crops (crop_size, crop_h, crop_w) are refused by name.
+a crop keeps. noise_param (with prob > 0) and fixed crops (crop_size, crop_h, crop_w) are refused
+by name.
 
 G changes from batch to batch (``data_dependent``, see sncaffe.dynamic): memory is planned for
 batch_size times the most boxes a record of the database holds, counted once at setup. Batches
@@ -51,7 +52,7 @@ class AnnotatedData(Data):
 
     def _setup(self):
         p, tp, ap = self.param.data_param, self.param.transform_param, self.param.annotated_data_param
-        refused = [(tp.HasField("noise_param"), "transform_param.noise_param"),
+        refused = [(tp.noise_param.prob > 0, "transform_param.noise_param (prob > 0)"),
                    (tp.crop_size or tp.crop_h or tp.crop_w, "transform_param crop_size/crop_h/crop_w")]
         for bad, what in refused:
             if bad:

@@ -13,7 +13,8 @@ by name.
 
 G changes from batch to batch (``data_dependent``, see sncaffe.dynamic): memory is planned for
 batch_size times the most boxes a record of the database holds, counted once at setup. Batches
-are read when the net asks for the tops' shapes, on the calling thread (no prefetching).
+are made on a reader thread, ``prefetch`` ahead, as Data's; the net takes the next one when it
+asks for the tops' shapes.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..data import annotated, image, ssd_augment
 from ..data import datum as datums
 from ..data.transform import DataTransformer
 from ..proto import sncaffe_pb2 as pb
-from .base import Blob, register
+from .base import Blob, count, register
 from .dataset import Data, _copy_to_top
 
 CV_INTERP = {1: "INTER_LINEAR", 2: "INTER_AREA", 3: "INTER_NEAREST", 4: "INTER_CUBIC", 5: "INTER_LANCZOS4"}
@@ -149,6 +150,7 @@ class AnnotatedData(Data):
         return rows
 
     def load_batch(self, batch):
+        """Fill one batch: the images, then (boxes) the rows and their count, or (labels) the labels."""
         with self._named():
             if not self._started:
                 self._started = True
@@ -163,35 +165,51 @@ class AnnotatedData(Data):
                     continue
                 got = self._transform(key, value, data[i])
                 if self.anno_type is None:
-                    batch[1][i] = got
+                    if len(batch) > 1:
+                        batch[1][i] = got
                 else:
                     found.append(np.column_stack([np.full(len(got), i), got]))
-            if self.anno_type is not None:
+            if self.anno_type is not None and len(batch) > 1:
                 rows = np.concatenate(found) if found else np.zeros((0, 8))
-                batch[1] = rows if len(rows) else np.full((1, 8), -1.0)
-
-    def _load(self, top_shapes):
-        batch = [np.empty(top_shapes[0], np.float32)]
-        if len(top_shapes) > 1:
-            batch.append(np.empty(top_shapes[1][:1], np.float32) if self.anno_type is None else None)
-        self.load_batch(batch)
-        return batch
+                if not len(rows):
+                    rows = np.full((1, 8), -1.0)
+                batch[1][:len(rows)] = rows
+                batch[2][0] = len(rows)
 
     def setup(self, bottom_shapes):
         self._shapes = super().setup(bottom_shapes)
         return self._shapes
 
-    def top_shapes(self, bottom):
-        """Read the next batch now: the boxes top takes as many rows as it has boxes."""
-        self._pending = self._load(self._shapes)
-        if len(self._pending) > 1 and self.anno_type is not None:
-            return [self._pending[0].shape, (1, 1, len(self._pending[1]), 8)]
-        return [b.shape for b in self._pending]
+    def _buffers(self):
+        """One batch's host arrays: images, then labels, or box rows (as many as planned) and their count."""
+        out = [np.empty(self._shapes[0], np.float32)]
+        if len(self._shapes) > 1 and self.anno_type is None:
+            out.append(np.empty(self._shapes[1], np.float32))
+        elif len(self._shapes) > 1:
+            out += [np.empty((count(self._shapes[1]) // 8, 8), np.float32), np.zeros(1, np.int64)]
+        return out
 
-    def forward(self, bottom, top):
+    def _take(self):
+        """The next batch from the reader thread, copied out: (images, labels or box rows)."""
         if self._closed:
             raise self.error("the layer is closed")
-        batch, self._pending = self._pending or self._load(self._shapes), None
+        if self._prefetcher is None:            # started here: the net seeds self.rng after setup
+            self._start([self._buffers() for _ in range(self.depth)])
+        with self._prefetcher.batch() as batch:
+            self._consumed = self._after.pop(id(batch), self._consumed)
+            if len(batch) == 3:
+                return [batch[0].copy(), batch[1][:int(batch[2][0])].copy()]
+            return [b.copy() for b in batch]
+
+    def top_shapes(self, bottom):
+        """The next batch, taken now: the boxes top has as many rows as it has boxes."""
+        self._pending = self._take()
+        if len(self._pending) > 1 and self.anno_type is not None:
+            return [self._pending[0].shape, (1, 1, len(self._pending[1]), 8)]
+        return [tuple(s) for s in self._shapes]
+
+    def forward(self, bottom, top):
+        batch, self._pending = self._pending or self._take(), None
         _copy_to_top(top[:1], batch[:1])
         if len(top) > 1 and self.anno_type is None:
             _copy_to_top(top[1:], batch[1:])

@@ -101,6 +101,16 @@ def test_annotated_data_reads_images_and_box_rows(annoset):
     assert x.max() > 150
 
 
+def test_annotated_data_with_only_the_images_top(annoset):
+    out, items = annoset
+    text = data_net(out, 2)
+    del text.layer[0].top[1:]
+    net = Net(text, "TRAIN", device=CPUDevice(64 << 20))
+    net.forward()
+    assert net.blobs["data"].data.shape == (2, 3, 24, 24) and net.blobs["data"].data.max() > 150
+    net.graph.layers[0].layer.close()
+
+
 def test_annotated_data_mirror_flips_the_boxes(annoset):
     out, _ = annoset
     plain = Net(data_net(out, 5), "TRAIN", device=CPUDevice(64 << 20))

@@ -143,10 +143,13 @@ def test_jaccard_matches_the_pairwise_formula():
     np.testing.assert_allclose(jaccard(a, b), want, rtol=1e-12)
 
 
-@pytest.mark.parametrize("eta,top_k,threshold", [(1.0, -1, 0.0), (1.0, 7, 0.3), (0.8, -1, 0.1)])
-def test_nms_matches_the_forks_loop(eta, top_k, threshold):
+@pytest.mark.parametrize("eta,top_k,threshold,ties", [(1.0, -1, 0.0, False), (1.0, 7, 0.3, False),
+                                                       (0.8, -1, 0.1, False), (1.0, 20, 0.0, True)])
+def test_nms_matches_the_forks_loop(eta, top_k, threshold, ties):
     boxes = random_boxes(60, 3)
     scores = np.random.default_rng(4).uniform(size=60)
+    if ties:                                    # equal scores: the lower index first, as stable_sort
+        scores = np.round(scores, 1)
     got = nms(boxes, scores, threshold, 0.45 if eta == 1 else 0.7, eta, top_k)
     assert list(got) == caffe_nms(boxes, scores, threshold, 0.45 if eta == 1 else 0.7, eta, top_k)
     assert len(got) > 3

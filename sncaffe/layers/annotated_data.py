@@ -90,7 +90,7 @@ class AnnotatedData(Data):
         batch = shapes[0][0]
         self._pending = None
         if self.anno_type is None:
-            return [(batch, *shape), (batch,)][:len(self.param.top)]
+            return [(batch, *shape), (batch, 1, 1, 1)][:len(self.param.top)]     # the fork's label shape
         self.most = self._most_boxes()
         return [(batch, *shape), (1, 1, max(batch * self.most, 1), 8)][:len(self.param.top)]
 

@@ -201,3 +201,18 @@ def test_distortion_changes_colours_not_boxes(one_box_set):
     np.testing.assert_array_equal(plain.blobs["label"].data, distorted.blobs["label"].data)
     diff = np.abs(plain.blobs["data"].data - distorted.blobs["data"].data)
     assert diff.mean() > 5 and distorted.blobs["data"].data.min() >= 0 and distorted.blobs["data"].data.max() <= 255
+
+
+def test_records_without_an_annotation_type_give_one_label_per_image(tmp_path):
+    from sncaffe.data import datum
+    from sncaffe.data.db import LMDBWriter
+    with LMDBWriter(str(tmp_path / "db")) as db:
+        for i in range(3):
+            rec = annotated.make(datum.from_array(np.full((3, 6, 6), i * 10, np.uint8), label=i + 4), [])
+            rec.ClearField("type")
+            db.put(f"{i:08d}", rec.SerializeToString())
+    net = Net(data_net(tmp_path / "db", 3), "TRAIN", device=CPUDevice(64 << 20))
+    net.forward()
+    np.testing.assert_array_equal(net.blobs["label"].data.reshape(-1), [4, 5, 6])
+    assert net.blobs["label"].data.shape == (3, 1, 1, 1)
+    np.testing.assert_allclose(net.blobs["data"].data.mean(axis=(1, 2, 3)), [0, 10, 20])

@@ -44,11 +44,11 @@ def jaccard(a, b) -> np.ndarray:
     """JaccardOverlap of every box of ``a`` (n, 4) with every box of ``b`` (m, 4): (n, m)."""
     iw = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
     ih = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    hit = (iw > 0) & (ih > 0)
-    inter = np.where(hit, iw * ih, 0)
+    inter = np.maximum(iw, 0, out=iw)
+    inter *= np.maximum(ih, 0, out=ih)                  # 0 unless both sides are positive
     union = box_size(a)[:, None] + box_size(b)[None, :] - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(hit, inter / np.where(hit, union, 1), 0)
+    # A positive intersection lies in both boxes, so its union is positive; else the overlap is 0.
+    return inter / np.maximum(union, np.finfo(union.dtype).tiny)
 
 
 def _center_size(b):

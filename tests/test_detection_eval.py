@@ -28,3 +28,16 @@ def test_scores_from_detection_evaluate_rows():
     assert per_class == {1: pytest.approx(1.0), 2: 0.0}
     assert mean == pytest.approx(0.5)
     assert DetectionScores().mean_ap() == (0.0, {})
+
+
+# The fork's ComputeAP test (test_bbox_util.cpp): 11 ranked detections (ties kept in order), 5 boxes.
+FORK_SCORES = [1.0, 1.0, 0.9, 0.9, 0.8, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4]
+FORK_TP = [0, 1, 1, 0, 1, 0, 1, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("version,want,cut", [("Integral", 0.558528, 5 / 11 * 0.2),
+                                              ("MaxIntegral", 0.591861, 5 / 11 * 0.2),
+                                              ("11point", 0.598662, 5 / 11 * 2 / 11)])
+def test_average_precision_reproduces_the_forks_test(version, want, cut):
+    assert average_precision(FORK_SCORES, FORK_TP, 5, version) == pytest.approx(want, abs=1e-5)
+    assert average_precision(FORK_SCORES[:7], FORK_TP[:7], 5, version) == pytest.approx(want - cut, abs=1e-5)

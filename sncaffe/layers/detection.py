@@ -115,10 +115,8 @@ def nms(boxes, scores, score_threshold, nms_threshold, eta=1.0, top_k=-1) -> np.
 
 def _priors(layer, prior_data, num_priors):
     """The prior boxes and their variances, each (P, 4), from a PriorBox top (1, 2, P * 4)."""
-    p = _host(prior_data).reshape(2, -1)
-    if p.shape[1] != num_priors * 4:
-        raise layer.error(f"the prior boxes input holds {p.shape[1] // 4} boxes, the predictions {num_priors}")
-    return p[0].reshape(-1, 4), p[1].reshape(-1, 4)
+    p = _host(prior_data).reshape(-1)[:2 * num_priors * 4]      # the first item's: all items share them
+    return p[:num_priors * 4].reshape(-1, 4), p[num_priors * 4:].reshape(-1, 4)
 
 
 def _code_type(layer, code):

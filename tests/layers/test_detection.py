@@ -385,3 +385,76 @@ def test_detection_output_writes_voc_results(tmp_path):
     assert not (tmp_path / "out" / "comp4_none.txt").exists()
     with pytest.raises(LayerError, match="COCO"):
         Harness(detection_layer(C, save.replace('"VOC"', '"COCO"')), [loc, conf, prior])
+
+
+# The fork's own DetectionOutput tests (test_detection_output_layer.cpp): their inputs, their rows.
+def fork_case(share):
+    N, P, C = 2, 4, 2
+    L = 1 if share else C
+    boxes = [[(w + 0.5) * 0.5 - 0.15, (h + 0.5) * 0.5 - 0.15, (w + 0.5) * 0.5 + 0.15, (h + 0.5) * 0.5 + 0.15]
+             for h in range(2) for w in range(2)]
+    prior = np.zeros((N, 2, P * 4, 1))
+    prior.reshape(-1)[:2 * P * 4] = np.concatenate([np.ravel(boxes), np.full(P * 4, 0.1)])
+    conf = np.array([[j * 0.2 if i % 2 == c % 2 else 1 - j * 0.2 for j in range(P) for c in range(C)]
+                     for i in range(N)])
+    loc = np.array([[s * (i + c / 2 + 0.5) for h in range(2) for w in range(2) for c in range(L)
+                     for s in ((-1 if w % 2 else 1), (-1 if h % 2 else 1), (-1 if w % 2 else 1), (-1 if h % 2 else 1))]
+                    for i in range(N)])
+    return [loc, conf, prior]
+
+
+FORK_ROWS = {
+    (True, False): ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45", "0 1 0.6 0.15 0.55 0.45 0.85",
+                    "0 1 0.4 0.55 0.55 0.85 0.85", "1 1 0.6 0.45 0.45 0.75 0.75", "1 1 0.0 0.25 0.25 0.55 0.55"],
+    (True, True): ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45", "1 1 0.6 0.45 0.45 0.75 0.75"],
+    (False, False): ["0 0 0.6 0.55 0.55 0.85 0.85", "0 0 0.4 0.15 0.55 0.45 0.85", "0 0 0.2 0.55 0.15 0.85 0.45",
+                     "0 0 0.0 0.15 0.15 0.45 0.45", "0 1 1.0 0.20 0.20 0.50 0.50", "0 1 0.8 0.50 0.20 0.80 0.50",
+                     "0 1 0.6 0.20 0.50 0.50 0.80", "0 1 0.4 0.50 0.50 0.80 0.80", "1 0 1.0 0.25 0.25 0.55 0.55",
+                     "1 0 0.4 0.45 0.45 0.75 0.75", "1 1 0.6 0.40 0.40 0.70 0.70"],
+    (False, True): ["0 0 0.6 0.55 0.55 0.85 0.85", "0 0 0.4 0.15 0.55 0.45 0.85", "0 1 1.0 0.20 0.20 0.50 0.50",
+                    "0 1 0.8 0.50 0.20 0.80 0.50", "1 0 1.0 0.25 0.25 0.55 0.55", "1 1 0.6 0.40 0.40 0.70 0.70"]}
+
+
+@pytest.mark.parametrize("share,top_k", list(FORK_ROWS))
+def test_detection_output_reproduces_the_forks_tests(share, top_k):
+    extra = (f"share_location: {str(share).lower()} background_label_id: {0 if share else -1} "
+             f"nms_param {{ nms_threshold: 0.1 {'top_k: 2' if top_k else ''} }}")
+    layer = make_layer(f'type: "DetectionOutput" detection_output_param {{ num_classes: 2 {extra} }}', n_bottoms=3)
+    h = Harness(layer, fork_case(share), dtype=np.float32)
+    h.forward()
+    rows = layer.detect(h.bottom)
+    want = np.array([[float(v) for v in r.split()] for r in FORK_ROWS[(share, top_k)]])
+    assert rows.shape == want.shape
+    np.testing.assert_array_equal(rows[:, :2], want[:, :2])
+    np.testing.assert_allclose(rows[:, 2:], want[:, 2:], atol=1e-6)
+
+
+# The fork's MatchBBox tests (test_bbox_util.cpp): two boxes, six predictions, all labels.
+FORK_GT = np.array([[0.1, 0.1, 0.3, 0.3], [0.3, 0.3, 0.6, 0.5]])
+FORK_PRED = np.array([[0.1, 0, 0.4, 0.3], [0, 0.1, 0.2, 0.3], [0.2, 0.1, 0.4, 0.4], [0.4, 0.3, 0.7, 0.5],
+                      [0.5, 0.4, 0.7, 0.7], [0.7, 0.7, 0.8, 0.8]])
+FORK_OVERLAPS = [4 / 9, 2 / 6, 2 / 8, 4 / 8, 1 / 11, 0]
+
+
+@pytest.mark.parametrize("match,threshold,indices", [("BIPARTITE", -1, [0, -1, -1, 1, -1, -1]),
+                                                     ("PER_PREDICTION", 0.3, [0, 0, -1, 1, -1, -1]),
+                                                     ("PER_PREDICTION", 0.001, [0, 0, 0, 1, 1, -1])])
+def test_matching_reproduces_the_forks_tests(match, threshold, indices):
+    layer = make_layer(f'type: "MultiBoxLoss" multibox_loss_param {{ num_classes: 3 match_type: {match} '
+                       f'overlap_threshold: {threshold} ignore_cross_boundary_bbox: true }}', n_bottoms=4)
+    got, overlaps = layer.match(FORK_PRED, FORK_GT)
+    assert list(got) == indices
+    np.testing.assert_allclose(overlaps, FORK_OVERLAPS, atol=1e-6)
+
+
+def test_prior_box_reproduces_the_forks_test():
+    # test_prior_box_layer.cpp TestCPUAspectRatio: a 10x10 map of a 100x100 image, min 4, max 9, ratio 2.
+    out = prior_box("min_size: 4 max_size: 9 aspect_ratio: 2", (10, 10, 10, 10), (10, 3, 100, 100))[0, 0]
+    r = math.sqrt(2)
+    cell0 = [0.03, 0.03, 0.07, 0.07, 0.02, 0.02, 0.08, 0.08, 0.05 - 0.02 * r, 0.05 - 0.01 * r, 0.05 + 0.02 * r,
+             0.05 + 0.01 * r, 0.05 - 0.01 * r, 0.05 - 0.02 * r, 0.05 + 0.01 * r, 0.05 + 0.02 * r]
+    np.testing.assert_allclose(out[:16], cell0, atol=1e-6)
+    at = 4 * 10 * 4 * 4 + 4 * 4 * 4                    # the cell at row 4, column 4
+    np.testing.assert_allclose(out[at:at + 4], [0.43, 0.43, 0.47, 0.47], atol=1e-6)
+    np.testing.assert_allclose(out[at + 8:at + 12], [0.45 - 0.02 * r, 0.45 - 0.01 * r, 0.45 + 0.02 * r,
+                                                     0.45 + 0.01 * r], atol=1e-6)

@@ -458,3 +458,13 @@ def test_prior_box_reproduces_the_forks_test():
     np.testing.assert_allclose(out[at:at + 4], [0.43, 0.43, 0.47, 0.47], atol=1e-6)
     np.testing.assert_allclose(out[at + 8:at + 12], [0.45 - 0.02 * r, 0.45 - 0.01 * r, 0.45 + 0.02 * r,
                                                      0.45 + 0.01 * r], atol=1e-6)
+
+
+@pytest.mark.parametrize("threshold,nms_threshold,top_k,kept", [(0, 0.3, -1, [0, 3, 2]), (0, 0.3, 2, [0]),
+                                                                  (0, 0.2, 3, [0]), (0.5, 0.2, -1, [0])])
+def test_nms_reproduces_the_forks_test(threshold, nms_threshold, top_k, kept):
+    # test_bbox_util.cpp TestApplyNMSFast
+    boxes = np.array([[0.1, 0.1, 0.3, 0.3], [0.2, 0.1, 0.4, 0.3], [0.2, 0.0, 0.4, 0.2], [0.1, 0.2, 0.4, 0.4]],
+                     np.float32)
+    scores = np.array([0.8, 0.7, 0.4, 0.5], np.float32)
+    assert list(nms(boxes, scores, threshold, nms_threshold, 1.0, top_k)) == kept

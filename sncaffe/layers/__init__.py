@@ -3,7 +3,7 @@ from .base import REGISTRY, TRAIN, TEST, Blob, Layer, LayerError, register  # no
 from . import (data, conv, pooling, neuron, normalization, scale,  # noqa: F401
                inner_product, structure, loss, dataset)
 from . import elementwise, reshape_ops, reduction, selection, parameter, spp, loss_extra, output  # noqa: F401
-from . import recurrent, window_data  # noqa: F401
+from . import recurrent, window_data, detection, annotated_data  # noqa: F401
 from . import conv_nd, depthwise  # noqa: F401  (after conv: N-d bottoms, the ConvolutionDepthwise alias)
 
 

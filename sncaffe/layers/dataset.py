@@ -129,21 +129,24 @@ class _Prefetching(_Source):
         if self._closed:
             raise self.error("the layer is closed")
         if self._prefetcher is None:            # started here: the net seeds self.rng after setup
-            buffers = [[np.empty(t.shape, t.data.dtype) for t in top] for _ in range(self.depth)]
-            ref = weakref.ref(self)             # the thread must not keep the layer alive
-
-            def fill(batch):
-                layer = ref()
-                layer.load_batch(batch)
-                layer._after[id(batch)] = layer.cursor()
-            self._consumed = self.cursor()
-            self._after = {}
-            self._prefetcher = Prefetcher(fill, buffers, name=f"{self.type} {self.name}")
-            # Collected without close(): only signal the thread (a collection must not wait or lock).
-            self._finalizer = weakref.finalize(self, self._prefetcher.stop)
+            self._start([[np.empty(t.shape, t.data.dtype) for t in top] for _ in range(self.depth)])
         with self._prefetcher.batch() as batch:
             _copy_to_top(top, batch)
             self._consumed = self._after.pop(id(batch), self._consumed)
+
+    def _start(self, buffers):
+        """Start the reader thread filling ``buffers`` (one list of host arrays per batch)."""
+        ref = weakref.ref(self)                 # the thread must not keep the layer alive
+
+        def fill(batch):
+            layer = ref()
+            layer.load_batch(batch)
+            layer._after[id(batch)] = layer.cursor()
+        self._consumed = self.cursor()
+        self._after = {}
+        self._prefetcher = Prefetcher(fill, buffers, name=f"{self.type} {self.name}")
+        # Collected without close(): only signal the thread (a collection must not wait or lock).
+        self._finalizer = weakref.finalize(self, self._prefetcher.stop)
 
     def close(self):
         """Stop the reader thread and release the source."""

@@ -47,6 +47,7 @@ from ..net import Net, memory_mode
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import read_solver, read_text
 from ..resume import layer_states, restore_layer_states
+from .detection_eval import AP_VERSIONS, DetectionScores
 from .lr_policy import SolverParamError, check_policy, learning_rate
 from .snapshot_files import clean as clean_snapshots
 from .snapshot_files import write_pair
@@ -186,6 +187,10 @@ class Solver:
             raise SolverParamError(f"iter_size must be >= 1, got {p.iter_size}")
         if p.regularization_type not in ("L1", "L2"):
             raise SolverParamError(f'unknown regularization_type "{p.regularization_type}" (L1 or L2)')
+        if p.eval_type not in ("classification", "detection"):
+            raise SolverParamError(f'unknown eval_type "{p.eval_type}" (classification or detection)')
+        if p.ap_version not in AP_VERSIONS:
+            raise SolverParamError(f'unknown ap_version "{p.ap_version}" ({", ".join(AP_VERSIONS)})')
         if p.snapshot_format != pb.SolverParameter.BINARYPROTO:
             raise SolverParamError("snapshot_format HDF5 is not supported; use BINARYPROTO (the default)")
         if p.snapshot > 0 or p.snapshot_after_train:
@@ -486,6 +491,7 @@ class Solver:
         p = self.param
         n_iter = p.test_iter[i]
         sums, loss = None, 0.0
+        detections = OrderedDict() if p.eval_type == "detection" else None
         for k in range(n_iter):
             if self._snapshot_now:
                 self._snapshot_now = False
@@ -499,6 +505,9 @@ class Solver:
             if p.test_compute_loss:
                 loss += iter_loss
             outs = self._outputs(net)
+            if detections is not None:
+                self._add_detections(net, outs, detections)
+                continue
             if sums is None:     # summed in the net's dtype, as Caffe's Dtype test_score
                 sums = OrderedDict((name, np.array(v, dtype=self.dtype)) for name, v in outs.items())
             else:
@@ -506,10 +515,34 @@ class Solver:
                     sums[name] += v
         if p.test_compute_loss:
             log.info("Test loss: %s", _g(loss / n_iter))
+        if detections is not None:
+            return self._detection_scores(i, detections)
         means = OrderedDict((name, s / self.dtype.type(n_iter)) for name, s in (sums or {}).items())
         self._log_outputs(net, "Test", means)
         self.test_scores[i] = OrderedDict((k, float(v.ravel()[0]) if v.size == 1 else v) for k, v in means.items())
         return self.test_scores[i]
+
+    @staticmethod
+    def _add_detections(net, outs, detections):
+        """eval_type detection: each output holds DetectionEvaluate's rows (..., 5)."""
+        for name, v in outs.items():
+            if net.blobs[name].data.shape[-1:] != (5,):
+                raise SolverParamError(f'eval_type "detection": test net output "{name}" has shape '
+                                       f"{tuple(net.blobs[name].data.shape)}; it must be DetectionEvaluate's rows "
+                                       "(1, 1, n, 5)")
+            detections.setdefault(name, DetectionScores()).add(v)
+
+    def _detection_scores(self, i, detections) -> "OrderedDict":
+        """The mean average precision of each output, logged as the fork's TestDetection does."""
+        scores = OrderedDict()
+        for k, (name, found) in enumerate(detections.items()):
+            scores[name], per_class = found.mean_ap(self.param.ap_version)
+            if self.param.show_per_class_result:
+                for label, ap in per_class.items():
+                    log.info("class%d: %s", label, _g(ap))
+            log.info("    Test net output #%d: %s = %s", k, name, _g(scores[name]))
+        self.test_scores[i] = scores
+        return scores
 
     @staticmethod
     def _outputs(net) -> "OrderedDict":

@@ -68,6 +68,9 @@ class ROIPooling(Layer):
         self.pooled = (p.pooled_h, p.pooled_w)
         top = (rois[0], x[1]) + self.pooled
         self.scratch_specs = {"argmax": (top, np.int32)}
+        self.workspace_specs = {"nhwc": ((x[0], x[2], x[3], x[1]), None),
+                                "best": (self.pooled + (x[1],), None), "idx": (self.pooled + (x[1],), np.int32)}
+        self.backward_workspace_specs = {}
         return [top]
 
     def _bins(self, roi, H, W, dtype):
@@ -87,25 +90,28 @@ class ROIPooling(Layer):
         x, y, arg = bottom[0].data, top[0].data, self.scratch["argmax"]
         xp = array_module(x)
         N, C, H, W = x.shape
-        PH, PW = self.pooled
+        nhwc = self.workspace["nhwc"]           # a cell's channels side by side: one gather a tap
+        nhwc[...] = x.transpose(0, 2, 3, 1)
+        best, idx = self.workspace["best"], self.workspace["idx"]
         for r, roi in enumerate(_host(bottom[1].data).reshape(-1, 5)):
             b = _batch_index(self, roi[0], N)
             (hs, he), (ws, we) = self._bins(roi, H, W, np.dtype(x.dtype))
             hi, hv = _cells(hs, he, H)
             wi, wv = _cells(ws, we, W)
-            kh, kw = hi.shape[1], wi.shape[1]
-            # (C, PH, kh, PW, kw) -> (C, PH, PW, kh * kw): each bin's cells in row-major order
-            g = x[b][:, xp.asarray(hi)[:, :, None, None], xp.asarray(wi)[None, None, :, :]]
-            g = g.transpose(0, 1, 3, 2, 4).reshape(C, PH, PW, kh * kw)
-            valid = (hv[:, None, :, None] & wv[None, :, None, :]).reshape(PH, PW, kh * kw)
-            g = xp.where(xp.asarray(valid), g, -xp.inf)
-            k = g.argmax(axis=-1)                       # the first maximum, as the fork's strict >
-            best = xp.take_along_axis(g, k[..., None], -1)[..., 0]
-            flat = (hi[:, None, :, None] * W + wi[None, :, None, :]).reshape(PH, PW, kh * kw)
-            idx = xp.take_along_axis(xp.asarray(flat)[None].repeat(C, 0), k[..., None], -1)[..., 0]
-            empty = xp.asarray(~valid.any(-1))
-            y[r] = xp.where(empty, 0, best)
-            arg[r] = xp.where(empty, -1, idx)
+            best.fill(-np.inf)
+            idx.fill(-1)
+            # one tap (row a, column c of every bin) at a time, in the fork's row-major scan;
+            # strict >: the first maximum wins
+            for a in range(hi.shape[1]):
+                for c in range(wi.shape[1]):
+                    rows, cols = hi[:, a][:, None], wi[:, c][None, :]
+                    v = nhwc[b][xp.asarray(rows), xp.asarray(cols)]                    # (PH, PW, C)
+                    hit = (v > best) & xp.asarray(hv[:, a][:, None] & wv[:, c][None, :])[..., None]
+                    xp.copyto(best, v, where=hit)
+                    xp.copyto(idx, xp.asarray((rows * W + cols).astype(np.int32))[..., None], where=hit)
+            best[idx < 0] = 0                                                          # empty bins
+            y[r] = best.transpose(2, 0, 1)
+            arg[r] = idx.transpose(2, 0, 1)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:

@@ -111,3 +111,25 @@ def test_segnet_bn_learn_and_inference():
 def test_bn_refuses_both_forks_fields():
     with pytest.raises(LayerError, match="mixes caffe-segnet's bn_mode with PSPNet's momentum"):
         Harness(bn("bn_mode: INFERENCE momentum: 0.9"), [np.ones((1, 2, 2, 2))])
+
+
+def test_softmax_loss_weighted_by_class_as_caffe_segnet():
+    rng = np.random.default_rng(8)
+    x, lab = rng.standard_normal((2, 3, 2, 2)), rng.integers(0, 3, (2, 1, 2, 2)).astype(float)
+    text = ('type: "SoftmaxWithLoss" loss_param { weight_by_label_freqs: true class_weighting: 0.5 '
+            'class_weighting: 2 class_weighting: 1 }')
+    h = check_gradient(make_layer(text, n_bottoms=2), [x, lab])
+    p = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)
+    li = lab[:, 0].astype(int)
+    picked = np.take_along_axis(p, li[:, None], 1)[:, 0]
+    want = -(np.array([0.5, 2, 1])[li] * np.log(picked)).sum() / li.size
+    np.testing.assert_allclose(h.forward()[0], want, rtol=1e-12)
+
+
+def test_dropout_samples_in_test_when_asked():
+    x = np.ones((4, 100))
+    text = 'type: "Dropout" dropout_param { dropout_ratio: 0.5 %s }'
+    kept = Harness(make_layer(text % "", phase=TEST), [x]).forward()[0]
+    sampled = Harness(make_layer(text % "sample_weights_test: true", phase=TEST), [x]).forward()[0]
+    np.testing.assert_array_equal(kept, x)
+    assert set(np.unique(sampled)) == {0, 2}

@@ -2,9 +2,11 @@
 
 Semantics follow the forks' sources (rbgirshick/caffe-fast-rcnn, daijifeng001/caffe-rfcn):
 a roi is a row (batch_index, x1, y1, x2, y2) in input image coordinates, scaled by
-``spatial_scale`` onto the feature map. Each roi's bins are gathered at once, as a
-(bins, cells) block padded to the largest bin; backward sums into the bottom with one
-bincount over every (roi, bin, cell) the forward read, which is both devices' code.
+``spatial_scale`` onto the feature map. ROIPooling walks a roi's bins one tap (cell offset) at a
+time over a channels-last copy of the input, so each step gathers whole channel rows;
+PSROIPooling gathers a roi's bins at once, padded to the largest bin. Backward sums into the
+bottom with one bincount over every (roi, bin, cell) forward read. The code takes its array
+module from the input, so CuPy runs it too (the rois are read on the host).
 """
 from __future__ import annotations
 

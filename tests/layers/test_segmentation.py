@@ -91,6 +91,8 @@ def test_pspnet_bn_uses_stored_statistics_frozen_or_in_test(text, phase):
     slope, bias, mean, var = params
     np.testing.assert_allclose(h.forward()[0], slope * (x - mean) / np.sqrt(var + 1e-5) + bias, rtol=1e-10)
     np.testing.assert_array_equal(h.layer.blobs[2].data, mean)      # never moved
+    frozen = "frozen: true" in text
+    assert [spec.lr_mult for spec in h.layer.param.param] == [0, 0, 0, 0] if frozen else [1, 1, 0, 0]
 
 
 def test_segnet_bn_learn_and_inference():

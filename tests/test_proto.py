@@ -242,3 +242,54 @@ def test_field_numbers():
     for msg, fields in numbers.items():
         for name, number in fields.items():
             assert msg.DESCRIPTOR.fields_by_name[name].number == number, (msg.__name__, name)
+
+
+def _varint(v):
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _field(number, value):
+    """One field as a fork's protoc writes it: int (varint), float (fixed32), bytes/str (length-delimited)."""
+    import struct
+    if isinstance(value, float):
+        return _varint(number << 3 | 5) + struct.pack("<f", value)
+    if isinstance(value, int):
+        return _varint(number << 3) + _varint(value)
+    value = value.encode() if isinstance(value, str) else value
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def test_the_forks_binary_layers_parse():
+    """Layers as the forks' own caffe.proto numbers them: where sncaffe shares a number with the
+    fork, the block reads as the fork's; where it moved (a number BVLC uses), the file still
+    parses and the layer's name, type and blobs load."""
+    blob = _field(7, _field(1, 2)) + _field(5, b"\x00\x00\x80?\x00\x00\x00@")   # shape [2], packed 1.0, 2.0
+    layers = [
+        ("roi", "ROIPooling", 8266711, _field(1, 7) + _field(2, 7) + _field(3, 0.0625)),
+        ("psroi", "PSROIPooling", 10001, _field(1, 0.0625) + _field(2, 21) + _field(3, 7)),
+        ("psp_bn", "BN", 152, _field(3, 0.95) + _field(5, 1)),
+        ("shuffle", "ShuffleChannel", 164, _field(1, 3)),
+        ("segnet_bn", "BN", 45, _field(3, 1)),                          # bn_mode: INFERENCE
+        ("upsample", "Upsample", 137, _field(1, 2) + _field(6, 23) + _field(7, 30)),
+        ("dense", "DenseImageData", 138, _field(1, "list.txt") + _field(2, 4)),
+        ("interp", "Interp", 143, _field(1, 60) + _field(2, 60)),
+    ]
+    wire = b"".join(_field(100, _field(1, name) + _field(2, kind) + _field(7, blob) + _field(number, body))
+                    for name, kind, number, body in layers)
+    net = pb.NetParameter.FromString(wire)
+    assert [(l.name, l.type) for l in net.layer] == [(n, k) for n, k, _, _ in layers]
+    for l in net.layer:
+        assert list(l.blobs[0].data) == [1.0, 2.0]
+    roi, psroi, bn, shuffle = net.layer[:4]
+    assert (roi.roi_pooling_param.pooled_h, roi.roi_pooling_param.spatial_scale) == (7, 0.0625)
+    assert (psroi.psroi_pooling_param.output_dim, psroi.psroi_pooling_param.group_size) == (21, 7)
+    assert bn.bn_param.frozen and math.isclose(bn.bn_param.momentum, 0.95, rel_tol=1e-7)
+    assert shuffle.shuffle_channel_param.group == 3
+    for l in net.layer[4:]:          # moved: the fork's block is no sncaffe fork field here
+        assert not any(l.HasField(f) for f in ("bn_param", "upsample_param", "dense_image_data_param",
+                                               "interp_param"))

@@ -4,6 +4,8 @@ from . import (data, conv, pooling, neuron, normalization, scale,  # noqa: F401
                inner_product, structure, loss, dataset)
 from . import elementwise, reshape_ops, reduction, selection, parameter, spp, loss_extra, output  # noqa: F401
 from . import recurrent, window_data, detection, annotated_data  # noqa: F401
+
+from . import rcnn, segmentation, channels, dense_image_data  # noqa: F401  (the forks' types)
 from . import conv_nd, depthwise  # noqa: F401  (after conv: N-d bottoms, the ConvolutionDepthwise alias)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import workers
+from ..backend import is_gpu, workers
 from . import loss_gpu
 from .base import Layer, array_module, canonical_axis, count, register
 
@@ -167,11 +167,23 @@ class SoftmaxWithLoss(_Loss):
         if count(label_shape) != outer * inner:
             raise self.error(f"label count {count(label_shape)} must be outer * inner = {outer * inner} "
                              f"(data {shape}, softmax axis {axis})")
+        self.class_weights = self._class_weights(shape[axis])
         if len(self.param.top) > 1:
             return [(), shape]              # the second top is the softmax itself
         self.workspace_specs = {"prob": (shape, None)}
         self.backward_workspace_specs = {}  # backward writes the softmax into bottom[0].diff
         return [()]
+
+    def _class_weights(self, channels):
+        """caffe-segnet's weight_by_label_freqs: one class_weighting per class (None: unweighted)."""
+        p = self.param.loss_param
+        if not p.weight_by_label_freqs:
+            return None
+        if len(p.class_weighting) != channels:
+            raise self.error(f"loss_param gives {len(p.class_weighting)} class_weighting values for {channels} classes")
+        if is_gpu(self.target):
+            raise self.error("weight_by_label_freqs runs on the CPU only")
+        return np.asarray(p.class_weighting, np.float64)
 
     def read_labels(self, xp, label):
         outer, channels, inner = self.dims
@@ -185,6 +197,8 @@ class SoftmaxWithLoss(_Loss):
         _softmax_rows(bottom[0].data.reshape(self.dims), prob)
         lab, valid = self.read_labels(xp, bottom[1].data)
         logp = xp.log(xp.maximum(_pick(prob, lab), FLT_MIN))
+        if self.class_weights is not None:
+            logp = logp * self.class_weights.astype(logp.dtype)[lab]
         if valid is not None:
             logp = xp.where(valid, logp, 0)
         top[0].data[...] = -logp.sum() / self.normalizer(xp, logp.dtype, self.dims[0], self.dims[2], valid)
@@ -201,6 +215,8 @@ class SoftmaxWithLoss(_Loss):
         lab, valid = self.read_labels(xp, bottom[1].data)
         outer, _, inner = self.dims
         dx[xp.arange(outer)[:, None], lab, xp.arange(inner)[None, :]] -= 1
+        if self.class_weights is not None:
+            dx *= self.class_weights.astype(dx.dtype)[lab][:, None, :]
         if valid is not None:
             dx *= valid[:, None, :]
         dx *= top[0].diff / self.normalizer(xp, dx.dtype, outer, inner, valid)

@@ -280,7 +280,8 @@ class Power(NeuronLayer):
 
 @register
 class Dropout(NeuronLayer):
-    """TRAIN: y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) from ``self.rng``; TEST: y = x.
+    """TRAIN: y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) from ``self.rng``; TEST: y = x
+    (unless caffe-segnet's ``sample_weights_test``: as in TRAIN).
 
     The mask is kept in scratch for backward. ``forward(..., redraw=False)``
     reuses the kept mask instead of drawing a new one, so the memory runtime
@@ -293,7 +294,7 @@ class Dropout(NeuronLayer):
         self.ratio = p.dropout_ratio
         if not 0 <= self.ratio < 1:
             raise self.error(f"dropout_ratio must be in [0, 1), got {self.ratio}")
-        self.train = self.phase == TRAIN
+        self.train = self.phase == TRAIN or p.sample_weights_test     # caffe-segnet's Monte Carlo dropout
         if self.train:
             self.scratch_specs = {"mask": (shape, np.bool_)}
         self.scale = 1 / (1 - self.ratio) if self.train else 1.0

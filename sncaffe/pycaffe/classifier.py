@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import io as caffe_io
-from ._caffe import TEST
+from .mode import TEST
 from .net import Net
 
 

@@ -26,7 +26,7 @@ from ..proto import sncaffe_pb2 as pb
 from ..prototxt import _phase, read_text, upgrade_inputs
 from .. import hdf5_weights as hdf5
 from ..upgrade import upgrade_net
-from . import _caffe
+from . import mode as _caffe
 
 
 class KeptNet(_sn.Net):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..proto import sncaffe_pb2 as pb
 from ..prototxt import read_solver
 from ..solvers import solver as _sn
-from . import _caffe
+from . import mode as _caffe
 from .net import KeptNet, Net
 
 

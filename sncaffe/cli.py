@@ -427,11 +427,11 @@ def _train(args, comm=None) -> int:
         if comm is not None and comm.Get_rank() > 0:
             log.setLevel(logging.WARNING)                      # rank 0 alone logs
         if device.name == "cpu":
-            from .backend import threads
+            from .backend import runtimes
             share, by = _sharing(args)          # replicas: their workers compute at once (Replicas)
             if comm is not None:
                 share = comm.Split_type(mpi.import_mpi().COMM_TYPE_SHARED).Get_size()
-            log.info("CPU threads: %s", threads.configure(args.threads, share, by).describe())
+            log.info("CPU threads: %s", runtimes.configure(args.threads, share, by).describe())
         if from_net:
             log.info("%s is a net: training it with the default solver (SGD, base_lr %s, momentum %s, "
                      "weight_decay %s, lr_policy %s, max_iter %d), snapshots to %s", args.path, _g(p.base_lr),
@@ -882,8 +882,8 @@ def main(argv=None) -> int:
         _parser().error(f"--base-lr {args.base_lr}: give a finite number")
     try:
         if hasattr(args, "threads"):      # before anything loads the BLAS (which takes MKL's
-            from .backend import threads   # sequential layer for a budget of one)
-            threads.configure(args.threads, *_sharing(args))
+            from .backend import runtimes  # sequential layer for a budget of one)
+            runtimes.configure(args.threads, *_sharing(args))
         return args.func(args)
     except (ValueError, MemoryError, RuntimeError, OSError) as e:
         where = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""

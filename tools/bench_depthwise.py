@@ -206,8 +206,8 @@ def main():
     BATCH = args.batch
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from sncaffe.backend import threads
-    decision = threads.configure(args.threads)
+    from sncaffe.backend import runtimes
+    decision = runtimes.configure(args.threads)
     import numpy as np
     import tables
     try:

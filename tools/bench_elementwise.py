@@ -39,8 +39,10 @@ def main(argv=None) -> int:
 
     from sncaffe import config
 
-    from sncaffe.backend import onednn, threads, workers
-    threads.configure(args.threads)
+    from sncaffe.backend import onednn, workers
+
+    from sncaffe.backend import runtimes
+    runtimes.configure(args.threads)
     if onednn.version() is None:
         print(f"oneDNN is not installed ({onednn.INSTALL})")
         return 1

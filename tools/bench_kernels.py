@@ -45,9 +45,9 @@ def main():
     import numpy as np
     from tables import table
     from sncaffe import config
-    from sncaffe.backend import threads
+    from sncaffe.backend import runtimes
     from sncaffe.gradcheck import Harness, make_layer
-    threads.configure(args.threads)
+    runtimes.configure(args.threads)
     print(f"python tools/bench_kernels.py --threads {args.threads} --repeat {args.repeat}; {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f} at the start (the machine is shared)")
     rng = np.random.default_rng(0)

@@ -42,10 +42,11 @@ def child(net, threads, kernels, iterations):
     sys.path.insert(0, str(ROOT))
     from sncaffe import Net
     from sncaffe.backend import threads as policy
+    from sncaffe.backend import runtimes
     from sncaffe import config
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import read_text, set_batch
-    decision = policy.configure(threads)
+    decision = runtimes.configure(threads)
     if kernels == "turns":          # one thread and the whole budget by turns, the kernel threads at the default
         modes = [1, threads]
     else:

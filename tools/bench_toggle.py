@@ -127,11 +127,11 @@ def main(argv=None) -> int:
     import numpy as np
 
     from sncaffe.backend import onednn
-    from sncaffe.backend import threads as policy
+    from sncaffe.backend import runtimes
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import DATA_LAYERS, filter_net, read_text, replace_data_layers, set_batch
     from sncaffe.solver import Solver
-    policy.configure(args.threads)
+    runtimes.configure(args.threads)
     if onednn.choice() != "onednn":
         raise SystemExit("oneDNN is not in use (SNCAFFE_CONV=native, or the library is not installed)")
     sp = pb.SolverParameter(base_lr=1e-3, momentum=0.9, weight_decay=5e-4, lr_policy="fixed", type="SGD",

@@ -181,8 +181,8 @@ def machine() -> dict:
         model = platform.processor() or "?"
     if torch is not None:
         torch.set_num_threads(THREADS)
-    from sncaffe.backend import threads as sncaffe_threads
-    sncaffe_threads.configure(THREADS)
+    from sncaffe.backend import runtimes
+    runtimes.configure(THREADS)
     return {
         "nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
         "numpy": np.__version__, "torch": torch.__version__ if torch is not None else None,

@@ -40,14 +40,15 @@ def measure(blocks, batch, image_size, mode, plan_only=False) -> dict:
     sys.path.insert(0, str(TOOLS))
     import gen_resnet
 
-    from sncaffe.backend import threads
+
+    from sncaffe.backend import runtimes
     from sncaffe.backend.cpu import CPUDevice
     from sncaffe.graph import build_graph
     from sncaffe.plan.planner import make_plan
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import parse_text, prepare_net
     from sncaffe.solvers.solver import Solver, history_bytes
-    threads.configure(1)
+    runtimes.configure(1)
     param = parse_text(gen_resnet.generate(tuple(blocks), batch=batch, image_size=image_size), pb.NetParameter())
     host = mode == "all+host"
     mode = "all" if host else mode

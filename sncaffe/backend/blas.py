@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import config
 from . import threads as _threads
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -156,12 +157,13 @@ def _load_mkl(threads, sequential=False):
 
 def load(choice=None) -> Blas:
     """The BLAS of ``choice`` (default ``SNCAFFE_BLAS``, else MKL where installed, else OpenBLAS)."""
-    choice = (choice or os.environ.get("SNCAFFE_BLAS") or "").lower()
+    choice = (choice or config.settings.blas or "").lower()
     if choice and choice not in CHOICES:
         raise ValueError(f"SNCAFFE_BLAS={choice!r}: choose one of {', '.join(CHOICES)}")
     lib, fns = _openblas_lib() if choice != "numpy" else (None, None)
     if choice in ("", "mkl"):
-        budget = _threads.decide(_threads._flag, blas_name="mkl", share=_threads._share)
+        flag, share = _threads.requested()
+        budget = _threads.decide(flag, blas_name="mkl", share=share)
         # a budget of one runs the sequential layer (the CLI decides before the BLAS loads)
         mkl = _load_mkl(budget.threads, sequential=budget.threads == 1)
         if mkl is not None:
@@ -169,7 +171,8 @@ def load(choice=None) -> Blas:
         if choice == "mkl":
             raise RuntimeError("SNCAFFE_BLAS=mkl, but MKL is not installed: pip install 'sncaffe[mkl]'")
     if choice != "numpy" and fns:
-        n = _threads.decide(_threads._flag, blas_name="openblas", share=_threads._share).threads
+        flag, share = _threads.requested()
+        n = _threads.decide(flag, blas_name="openblas", share=share).threads
         set_openblas_threads(n, lib)
         return Blas("openblas", n, fns, _openblas_threads_fn(lib, "set"), n)
     return Blas("numpy")

@@ -8,6 +8,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..runtime.pool import Pool
+from . import runtimes
 from ..sizes import fmt_bytes, parse_bytes
 from ..runtime.streams import Stream
 
@@ -28,6 +29,7 @@ class CPUDevice:
     spill_dir = None        # where (None: the system's temporary directory)
 
     def __init__(self, capacity=None, host_capacity=None):
+        runtimes.ensure_configured()        # the compute runtimes held to the thread budget
         # Device and host pools are one RAM here. Unless both are given, each may take the RAM
         # this machine can give now (available RAM less a margin, see runtime/budget.py) and the
         # plan keeps their peaks together under it (``ram``). The arenas are virtual until

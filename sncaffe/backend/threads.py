@@ -158,29 +158,25 @@ _share: int = 1                      # ranks or replicas sharing the cores, once
 _decision: Decision | None = None
 
 
-def configure(threads=None, share=1, shared_by="ranks") -> Decision:
-    """Decide (``threads``: the ``--threads`` flag; ``share``: ranks on these cores, or replicas
-    of one process whose workers compute at once, ``shared_by``) and hold every loaded runtime
-    to it. Called before the BLAS loads, the decision also picks MKL's threading layer."""
+def settle(decision: Decision, threads=None, share=1) -> Decision:
+    """Make ``decision`` this process's (backend/runtimes.configure holds the runtimes to it)."""
     global _flag, _share, _decision
-    _flag, _share = threads, share
-    from . import onednn
-    onednn.preload()                     # before the BLAS: one OpenMP runtime for both
-    from . import blas                   # loads the BLAS under this flag
-    _decision = decide(threads, blas_name=blas.BLAS.name, share=share, shared_by=shared_by)
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(_decision.threads, user_api="blas")     # another library's OpenMP pool is its own
-    if blas.BLAS.name == "mkl":
-        blas.set_openblas_threads(1)    # NumPy's own BLAS runs nothing of size here
-    if blas.BLAS.name != "numpy":       # MKL loaded sequential (a budget of one) stays so
-        blas.BLAS.threads = 1 if blas.BLAS.sequential else _decision.threads
-    blas.BLAS.set_threads(_decision.threads)
-    return _decision
+    _flag, _share, _decision = threads, share, decision
+    return decision
+
+
+def requested():
+    """(the --threads flag, the processes or replicas sharing the cores) as last configured."""
+    return _flag, _share
 
 
 def current() -> Decision:
-    """This process's decision (made from the environment on first use)."""
-    return _decision or configure(_flag)
+    """This process's decision: the one configured (backend/runtimes.py, when the CLI starts or
+    a device is made), else the one the environment gives, without holding any runtime to it."""
+    global _decision
+    if _decision is None:
+        _decision = decide(_flag, share=_share)
+    return _decision
 
 
 @contextlib.contextmanager

@@ -146,10 +146,11 @@ def _share_cores(n):
     from one run to the next (docs/parallel.md). Returns the decision it replaced (to restore),
     or None."""
     from ..backend import threads
+    from ..backend import runtimes
     before = threads.current()
     if before.source != "cores" or before.share >= n:
         return None
-    log.info("CPU threads: %s", threads.configure(None, n, "replicas").describe())
+    log.info("CPU threads: %s", runtimes.configure(None, n, "replicas").describe())
     return before
 
 
@@ -211,8 +212,8 @@ class Replicas:
         self.net.executor.synchronize()
         self.solver.update_streams = None
         if self._threads is not None:       # the budget as it was before the replicas
-            from ..backend import threads
-            threads.configure(None, self._threads.share, self._threads.shared_by)
+            from ..backend import runtimes
+            runtimes.configure(None, self._threads.share, self._threads.shared_by)
             self._threads = None
         for group in self.batch_norms:
             group.detach()

@@ -13,9 +13,10 @@ CHILD = r"""
 import sys
 import torch                                   # libgomp first, as in a script that uses both
 from sncaffe.backend import blas, threads
+from sncaffe.backend import runtimes
 if sys.argv[1] == "intel":                     # the layer sncaffe used to take: shows the failure
     blas._gnu_openmp_loaded = lambda: False
-threads.configure(2)
+runtimes.configure(2)
 if blas.BLAS.name != "mkl":
     print("no-mkl"); sys.exit(0)
 import numpy as np

@@ -11,6 +11,7 @@ import pytest
 
 from sncaffe.backend import blas, threads
 
+
 ROOT = Path(__file__).resolve().parents[2]
 VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SNCAFFE_BLAS", "KMP_BLOCKTIME",
         "OPENBLAS_THREAD_TIMEOUT")
@@ -22,8 +23,9 @@ import json, sys
 import numpy as np
 from threadpoolctl import threadpool_info
 from sncaffe.backend import blas, threads
+from sncaffe.backend import runtimes
 flag = json.loads(sys.argv[1])
-d = threads.configure(flag)
+d = runtimes.configure(flag)
 def counts():
     return {i["internal_api"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
 import os
@@ -48,7 +50,8 @@ def _gemm_lib(out):
     return "openblas" if out["blas"] == "openblas" else "mkl"
 
 
-# What OPENBLAS_THREAD_TIMEOUT was when NumPy (and with it OpenBLAS, which reads it once) was imported.
+# What OPENBLAS_THREAD_TIMEOUT was when the sncaffe command imported NumPy (and with it OpenBLAS,
+# which reads it once). Importing sncaffe as a library sets nothing in the environment.
 SPY = """
 import json, os, sys
 seen = {}
@@ -57,15 +60,21 @@ class Spy:
         if name == "numpy" and not seen:
             seen["timeout"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
 sys.meta_path.insert(0, Spy())
-import sncaffe
+import contextlib, io
+from sncaffe import entry
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        entry.main(["--help"])      # the sncaffe command
+    except SystemExit:
+        pass
 print(json.dumps(seen))
 """
 
 
 @pytest.mark.parametrize("given, want", [(None, "4"), ("10", "10")])
-def test_openblas_threads_sleep_at_once_unless_the_user_says(given, want):
-    """Set before NumPy loads OpenBLAS (its threads spun ~0.1 s after each GEMM beside oneDNN's
-    team: LeNet 2.5x slower on two threads); the user's value is kept."""
+def test_the_command_has_openblas_threads_sleep_at_once_unless_the_user_says(given, want):
+    """Set by the command before NumPy loads OpenBLAS (its threads spin after each GEMM beside
+    oneDNN's team: tools/bench_threads.py); the user's value is kept."""
     base = {k: v for k, v in os.environ.items() if k not in VARS}
     env = {**base, "PYTHONPATH": str(ROOT), **({"OPENBLAS_THREAD_TIMEOUT": given} if given else {})}
     run = subprocess.run([sys.executable, "-c", SPY], capture_output=True, text=True, env=env, timeout=120)
@@ -191,6 +200,7 @@ import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "tests", "parallel"))
 from test_replicas import LOCATIONS, make_solver, net_param
 from sncaffe.backend import threads
+from sncaffe.backend import runtimes
 from sncaffe.parallel.replicas import Replicas, replicate
 solver = make_solver(replicate(net_param(), LOCATIONS))
 before = threads.current().__dict__
@@ -254,3 +264,12 @@ def test_bench_threads_refuses_a_net_or_thread_count_it_does_not_have(argv, says
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_importing_sncaffe_sets_nothing_in_the_environment():
+    base = {k: v for k, v in os.environ.items() if k not in VARS}
+    code = "import os, json; before = dict(os.environ); import sncaffe, sncaffe.net; print(json.dumps(dict(os.environ) == before))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**base, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) is True

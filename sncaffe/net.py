@@ -11,11 +11,17 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from pathlib import Path
 
 import numpy as np
 
 from . import blobproto
+from . import hdf5_weights
+from .backend import default_device, make_device
+from .plan.planner import MODES, MemoryExhausted, PlanError, auto_plan, check_fits, shared_ram_plan
+from .plan.report import plan_line
+from .runtime.spill import spill_room
+from .sizes import fmt_bytes
+from .upgrade import upgrade_net
 from .dynamic import DynamicShapes
 from .graph import build_graph
 from .layers.base import Blob, array_module
@@ -59,7 +65,6 @@ class Net:
             param = load_net(source, phase, stages, level)
             self.source = str(source)
         if device is None:
-            from .backend import default_device
             device = default_device()
         self.device = device
         self.phase = phase
@@ -70,7 +75,6 @@ class Net:
         self.graph = build_graph(param, phase, dtype, device, setup_shapes)
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
-        from .backend import make_device
         self.devices = {"": device}
         for loc in sorted({n.layer.param.location for n in self.graph.layers} - {""}):
             self.devices[loc] = (devices or {}).get(loc) or make_device(loc)
@@ -92,7 +96,6 @@ class Net:
         # where the plan did (a pool that already holds blocks is left as it is).
         self.device.pool.restrict(plan.arena or plan.capacity)
         if len(self.graph.layers) >= 1000:      # seconds to minutes: say what is happening
-            from .sizes import fmt_bytes
             n = sum(int(np.prod(d.shape, dtype=np.int64)) for node in self.graph.layers for d, _ in node.params)
             log.info("binding %s: %s of persistent tensors, %.1f M parameters filled", self.name or "the net",
                      fmt_bytes(plan.persistent_bytes), n / 1e6)
@@ -101,8 +104,6 @@ class Net:
 
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve, host_reserve=0):
-        from .plan.planner import MODES, PlanError, shared_ram_plan, auto_plan, check_fits
-        from .plan.report import plan_line
         capacity, kw = self.budgets()
         kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
@@ -115,7 +116,6 @@ class Net:
         for loc, peak in plan.peaks.items():
             pool = self.devices[loc].pool
             if loc and peak > pool.capacity - pool.in_use:
-                from .plan.planner import MemoryExhausted
                 raise MemoryExhausted(f'location "{loc}" needs {peak} bytes, its device has '
                                       f"{pool.capacity - pool.in_use} free")
         log.info("%s", plan_line(plan, memory == "auto", self.name, process_memory()["rss"]))
@@ -135,7 +135,6 @@ class Net:
         if getattr(dev, "ram", None) is not None:
             kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0)
         if getattr(dev, "spills", False):       # a disk tier: the free space where the spill file goes
-            from .runtime.spill import spill_room
             kw["spill"] = spill_room(getattr(dev, "spill_dir", None))
         return capacity, kw
 
@@ -250,8 +249,6 @@ class Net:
 
     def copy_from(self, weights):
         """Load parameters by layer name from a .caffemodel path or NetParameter (Caffe's CopyTrainedLayersFrom)."""
-        from .upgrade import upgrade_net     # V0/V1 caffemodels, as Caffe
-        from . import hdf5_weights
         if not isinstance(weights, pb.NetParameter) and hdf5_weights.is_hdf5(weights):
             return hdf5_weights.load(self, weights)     # Caffe's HDF5 weights (told apart by content)
         src = upgrade_net(weights, binary=True) if isinstance(weights, pb.NetParameter) \

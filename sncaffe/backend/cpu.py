@@ -8,6 +8,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..runtime.pool import Pool
+from ..runtime.budget import physical_ram, ram_budget
 from . import runtimes
 from ..sizes import fmt_bytes, parse_bytes
 from ..runtime.streams import Stream
@@ -17,7 +18,6 @@ log = logging.getLogger("sncaffe")
 
 def default_capacity() -> int:
     """Half of physical RAM (what the CUDA device's pinned host pool is sized from)."""
-    from ..runtime.budget import physical_ram
     return physical_ram() // 2
 
 
@@ -34,7 +34,6 @@ class CPUDevice:
         # this machine can give now (available RAM less a margin, see runtime/budget.py) and the
         # plan keeps their peaks together under it (``ram``). The arenas are virtual until
         # touched, so their size costs nothing up front.
-        from ..runtime.budget import ram_budget
         budget = ram_budget()
         self.ram = budget if capacity is None or host_capacity is None else None
         given = capacity

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from ..plan.liveness import op_tensors
+from ..plan.result import MemoryExhausted
 from .spill import spill_of
 
 
@@ -97,7 +100,6 @@ class SerialExecutor:
     def disk_state(self, shape, dtype, name, location="", key=None):
         """A zeroed array kept in the spill file for the whole run (parameter state the host
         pool cannot hold); ``key``: the value the copies move (a hosted parameter's root)."""
-        import numpy as np
         spill = spill_of(self.devices[location])
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         off = spill.alloc(max(nbytes, 1), name)
@@ -132,7 +134,6 @@ class SerialExecutor:
         try:
             getattr(self, "_" + instrs[i].kind)(instrs[i])
         except MemoryError as e:     # the pool's OutOfMemory, or a library's (cuDNN, CuPy)
-            from ..plan.planner import MemoryExhausted
             if isinstance(e, MemoryExhausted):
                 raise
             step = next((x.op.name for x in instrs[i:] if x.kind == "run"), "the end")

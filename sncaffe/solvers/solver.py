@@ -41,6 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend import make_device
+from ..plan.joint import plan_nets
+from ..plan.report import plan_line
+from ..runtime.budget import process_memory
+from ..sizes import align
 from .. import blobproto
 from ..layers.base import Blob, array_module
 from ..net import Net, memory_mode
@@ -119,7 +124,6 @@ def history_blocks(graph, n_history, dtype=np.float32) -> list:
 
 
 def history_bytes(graph, n_history, dtype=np.float32) -> int:
-    from ..sizes import align
     return sum(align(b) for b in history_blocks(graph, n_history, dtype))
 
 
@@ -137,7 +141,6 @@ class Solver:
         check_policy(p)
         self._check_settings()
         if device is None or isinstance(device, str):
-            from ..backend import make_device
             device = make_device(device or p.device or "cpu")
         self.device = device
         self.seed = p.random_seed if p.random_seed >= 0 else int(np.random.SeedSequence().entropy % 2**63)
@@ -220,9 +223,6 @@ class Solver:
             hosted = self.net.host_params
             self.net.place(self.net.make_plan(None, [] if hosted else history, history if hosted else 0))
             return
-        from ..plan.joint import plan_nets
-        from ..plan.report import plan_line
-        from ..runtime.budget import process_memory
         capacity, kw = self.net.budgets()
         plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
         for net, p in [(self.net, plan)] + list(zip(self.test_nets, test_plans)):

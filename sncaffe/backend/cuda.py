@@ -248,6 +248,7 @@ class _Arena:
 
 class CUDADevice:
     kind = "cuda"
+    host_streams = False    # operators run on CUDA streams, not host streams (runtime/dispatcher.py)
     spills = False          # no disk tier on a GPU yet: offloads go to the pinned host pool only
     spill_dir = None
 

@@ -230,7 +230,7 @@ def test_a_signal_during_a_log_write_logs_its_line_after_it(monkeypatch):
     import logging
     import threading
     from types import SimpleNamespace
-    from sncaffe import cli
+    from sncaffe import run
     got, nested = [], []
 
     class Stream(logging.Handler):
@@ -256,7 +256,7 @@ def test_a_signal_during_a_log_write_logs_its_line_after_it(monkeypatch):
     solver = SimpleNamespace(request_stop=lambda: None, snapshots=[])
     solver.request_snapshot = lambda: solver.snapshots.append(1)
     try:
-        with cli._signal_effects(solver, "stop", "snapshot"):
+        with run.signal_effects(solver, "stop", "snapshot"):
             log.info("writing")
             for t in threading.enumerate():
                 if t.name == "sncaffe-signal-log":
@@ -305,11 +305,11 @@ def test_test_averages_every_output(work, capsys):
 
 
 def test_synthetic_labels_take_the_class_count_of_the_scores():
-    from sncaffe.cli import SyntheticInputs, _label_classes
+    from sncaffe.data.synthetic import SyntheticInputs, label_classes
     from sncaffe.net import Net
     from sncaffe.prototxt import parse_text
     net = Net(parse_text(TRAINABLE, pb.NetParameter()))
-    assert _label_classes(net) == {"label": 3}
+    assert label_classes(net) == {"label": 3}
     SyntheticInputs(1)(net, 0)
     labels = net.blobs["label"].data
     assert set(np.unique(labels)) <= {0, 1, 2} and labels.dtype == np.float32

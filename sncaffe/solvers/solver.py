@@ -35,7 +35,6 @@ import itertools
 import logging
 import math
 import os
-import time
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from .. import blobproto
 from ..layers.base import Blob, array_module
 from ..net import Net, memory_mode
 from ..proto import sncaffe_pb2 as pb
+from ..progress import Pace
 from ..prototxt import read_solver, read_text
 from ..resume import layer_states, restore_layer_states
 from .lr_policy import SolverParamError, check_policy, learning_rate
@@ -102,7 +102,7 @@ def _host(a):
 _write_atomic = blobproto.write_atomic
 
 
-def _upgrade_snapshot_prefix(param, path) -> None:
+def upgrade_snapshot_prefix(param, path) -> None:
     """Caffe's UpgradeSnapshotPrefixProperty: default to the solver file's name, or put it in a directory."""
     if not param.HasField("snapshot_prefix"):
         param.snapshot_prefix = str(Path(path).with_suffix(""))
@@ -123,15 +123,18 @@ def history_bytes(graph, n_history, dtype=np.float32) -> int:
 
 
 class Solver:
-    def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32):
+    def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32, memory=None):
+        """``memory``: the memory mode of every net (None: each net's from the solver's, else the
+        net's memory_param, else auto)."""
         if isinstance(param, pb.SolverParameter):
             self.param = pb.SolverParameter()
             self.param.CopyFrom(param)
         else:
             self.param = read_solver(param)
-            _upgrade_snapshot_prefix(self.param, param)
+            upgrade_snapshot_prefix(self.param, param)
         p = self.param
         self.dtype = np.dtype(dtype)
+        self.memory = memory
         self.rule = make_rule(p, self.dtype)
         check_policy(p)
         self._check_settings()
@@ -163,6 +166,7 @@ class Solver:
         self.smoothed_loss = 0.0
         self._losses = []
         self.feed = feed
+        self.images_per_iter = self.net.batch_size * p.iter_size     # data parallel: times the ranks
         self.callbacks = []
         self.test_scores = [OrderedDict() for _ in self.test_nets]
         self.last_snapshot = None           # (caffemodel, solverstate) of the last good snapshot
@@ -201,7 +205,7 @@ class Solver:
         net_param.state.CopyFrom(state)
         log.info("Creating %s", what)
         train = state.phase == pb.TRAIN and what.startswith("training")
-        mode = memory_mode(self.param, net_param)     # the solver's, the net's, else auto
+        mode = self.memory or memory_mode(self.param, net_param)     # given, the solver's, the net's, else auto
         host_params = self.param.memory_param.host_params or net_param.memory_param.host_params
         return Net(net_param, state.phase, device=self.device, stages=list(state.stage),
                    level=state.level, seed=seed, dtype=self.dtype, memory=mode,
@@ -397,7 +401,7 @@ class Solver:
         p = self.param
         start_iter, stop_iter = self.iter, self.iter + iters
         self._losses, self.smoothed_loss = [], 0.0
-        timer, iterations_last = time.perf_counter(), self.iter
+        pace = Pace(start_iter, stop_iter, self.images_per_iter)
         while self.iter < stop_iter:
             self.net.clear_param_diffs()
             if (self.is_root and p.test_interval and self.iter % p.test_interval == 0
@@ -412,11 +416,7 @@ class Solver:
             loss /= p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if display:
-                lapse = time.perf_counter() - timer
-                per_s = (self.iter - iterations_last) / (lapse or 1)
-                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g(per_s), _g(lapse),
-                         p.display, _g(self.smoothed_loss))
-                timer, iterations_last = time.perf_counter(), self.iter
+                log.info("Iteration %d %s, loss = %s", self.iter, pace.mark(self.iter), _g(self.smoothed_loss))
                 self._log_outputs(self.net, "Train", self._outputs(self.net))
             if self.before_update is not None:
                 self.before_update()

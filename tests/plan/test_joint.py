@@ -64,13 +64,13 @@ def test_explicit_mode_is_planned_jointly_or_refused_clearly():
 def test_progress_inside_an_iteration_at_quarters_and_every_few_seconds(capsys):
     """Nets of thousands of layers show progress inside each iteration: a line at each quarter
     and, where a quarter is slow (ResNet-2500: minutes), at least every EVERY seconds."""
-    from sncaffe.cli import _StepProgress
+    from sncaffe.progress import StepProgress
     from sncaffe.progress import Console, console
     s = solver(40 * MiB)
     steps = sum(1 for ins in s.net.plan.schedule if ins.kind == "run")
     for every, lines in ((1e9, 4), (0.0, steps)):
         with console(bar=False):
-            progress = _StepProgress(Console(False), s.net, s)
+            progress = StepProgress(Console(False), s.net, s)
             progress.EVERY = every
             s.net.step_hook = progress
             feed(s.net, 0)

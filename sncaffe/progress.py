@@ -19,10 +19,11 @@ log = logging.getLogger("sncaffe")
 
 
 def sig3(x) -> str:
-    """``x`` to 3 significant digits in plain notation: 1600, 1.60, 0.00980 (never rounded to 0)."""
+    """``x`` to 3 significant digits in plain notation: 1370, 1.60, 0.00980 (never rounded to 0)."""
     x = float(x)
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
+    x = round(x, 2 - math.floor(math.log10(abs(x))))          # 99.96 -> 100.0: its digits again
     return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
 
 

@@ -439,21 +439,6 @@ def time_net(param, res, phase="TRAIN", iterations=50, weights=None, source="", 
 
 # -- plan ---------------------------------------------------------------------------
 
-def verdict(plan, name="", auto=True) -> str:
-    """One line: whether it fits, the mode, each tier's peak and the traffic per iteration."""
-    def of(peak, room):
-        return fmt_bytes(peak) + (f" of {fmt_bytes(room)}" if room is not None else "")
-    tiers = [f"device {of(plan.peak, plan.capacity)}", f"host {of(plan.host_peak, plan.host_capacity)}"]
-    if plan.disk_peak:
-        tiers.append(f"disk {of(plan.disk_peak, plan.disk_capacity)}")
-    if plan.ram is not None:
-        tiers.append(f"RAM {of(plan.peak + plan.host_peak, plan.ram)}")
-    return (f"{name + ': ' if name else ''}{'fits' if plan.fits else 'does NOT fit'}, "
-            f"mode '{plan.mode}'{' (auto)' if auto else ''}"
-            f"{' with parameters on ' + ('disk' if plan.param_disk else 'the host') if plan.host_params else ''}; "
-            f"peaks: {', '.join(tiers)}; {fmt_bytes(plan.d2h_bytes + plan.h2d_bytes)} moved per iteration")
-
-
 def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="", out=print):
     """The memory of one iteration in every mode, simulated: nothing is allocated or computed.
     First the verdict for ``res`` (the mode auto picks, or ``res.memory``), then the tables;
@@ -477,7 +462,7 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     else:
         chosen = (planner.auto_plan(graph, capacity, reserve, **kw) if mode == "auto"
                   else planner.shared_ram_plan(graph, mode, capacity, reserve, **kw))
-        out(verdict(chosen, name, mode == "auto") + f" (for {device})")
+        out(report.verdict(chosen, name, mode == "auto", device))
     frozen = {n.name for n in graph.layers if not n.layer.learnable}     # BatchNorm's statistics
     learnable = sum(int(np.prod(q.data.shape)) for q in graph.learnable if q.layer not in frozen)
     batch = next((t.shape[0] for n in graph.layers if not n.bottoms for t in n.tops if t.shape), 0)

@@ -214,19 +214,24 @@ class Solver:
     def _place_nets(self):
         """Plan the train net, the test nets and the history together (plan/joint.py), then bind
         them in the order the plans assume: train net, test nets; the history comes after."""
+        from ..plan.report import plan_line, verdict
         history = self._history_bytes(self.net.graph)
+        nets = [self.net] + self.test_nets
         if not self.test_nets:
             hosted = self.net.host_params
-            self.net.place(self.net.make_plan(None, [] if hosted else history, history if hosted else 0))
-            return
-        from ..plan.joint import plan_nets
-        from ..plan.report import plan_line
-        from ..runtime.budget import process_memory
-        capacity, kw = self.net.budgets()
-        plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
-        for net, p in [(self.net, plan)] + list(zip(self.test_nets, test_plans)):
-            log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else ""),
-                                    process_memory()["rss"]))
+            plans = [self.net.make_plan(None, [] if hosted else history, history if hosted else 0)]
+        else:
+            from ..plan.joint import plan_nets
+            from ..runtime.budget import process_memory
+            capacity, kw = self.net.budgets()
+            plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
+            plans = [plan] + list(test_plans)
+            for net, p in zip(nets, plans):
+                log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else ""),
+                                        process_memory()["rss"]))
+        # what the run needs, said before binding (which takes minutes on the largest nets)
+        log.info("Memory: %s", verdict(plans[0], self.net.name, self.net.memory == "auto", self.device.name))
+        for net, p in zip(nets, plans):
             net.place(p)
 
     def _history_bytes(self, graph) -> list:

@@ -14,6 +14,7 @@ from .parallel.placement import sharing
 from .plan.planner import MODES
 from .progress import console
 from .sizes import parse_bytes
+from .tools.parse_log import metrics_log
 
 SIGNAL_EFFECTS = ("stop", "snapshot", "none")
 LOC = "LAYER=LOC,..."
@@ -108,7 +109,8 @@ DEVICE = ["place", "device", "threads", "device_memory", "host_memory", "spill",
 STATE = ["stage", "level"]
 TRAIN = ("Train from a solver prototxt, or from a net prototxt with these solver settings:\n" + run.DEFAULT_SOLVER +
          'snapshot_prefix: "out/<the net file\'s name>"\nInput layers get synthetic data: N(0,1), and labels in '
-         "[0, classes).")
+         "[0, classes).\nCaffe's flags work too (-solver, -weights, -snapshot, -gpu, ...); -iterations is ignored, as "
+         "Caffe's train ignores it: give --max-iter.")
 
 
 def resources(args) -> run.Resources:
@@ -123,13 +125,15 @@ def net_param(args):
 
 def cmd_train(args) -> int:
     """Train from a solver, or a net with default solver settings, like ``caffe train``."""
-    p, from_net = run.solver_param(args.path, args.max_iter, args.base_lr, args.seed, args.snapshot_prefix,
-                                   args.host_params, args.stage, args.level, args.batch, args.place, args.replicas)
-    from .tools.parse_log import metrics_log
+    p, from_net = run.solver_param(args.path, max_iter=args.max_iter, base_lr=args.base_lr, seed=args.seed,
+                                   snapshot_prefix=args.snapshot_prefix, host_params=args.host_params,
+                                   stages=args.stage, level=args.level, batch=args.batch, place=args.place,
+                                   replicas=args.replicas)
     with metrics_log(args.metrics) if args.metrics else nullcontext(), args.console as con:
-        run.train(p, resources(args), args.path, from_net, args.weights, args.snapshot, args.sigint_effect,
-                  args.sighup_effect, args.replicas, args.trace, args.trace_iter, args.bucket_mb,
-                  args.comm_timeout, con)
+        run.train(p, resources(args), path=args.path, from_net=from_net, weights=args.weights,
+                  snapshot=args.snapshot, sigint=args.sigint_effect, sighup=args.sighup_effect,
+                  replicas=args.replicas, trace=args.trace, trace_iter=args.trace_iter, bucket_mb=args.bucket_mb,
+                  comm_timeout=args.comm_timeout, console=con)
     return 0
 
 

@@ -25,10 +25,11 @@ from .backend import threads
 from .data.synthetic import SyntheticInputs
 from .graph import build_graph
 from .net import Net, memory_mode
-from .parallel import mpi
+from .parallel import BUCKET_BYTES, TIMEOUT, DataParallel, IterationTrace, mpi
 from .parallel.placement import place_solver_nets, placed, sharing
+from .parallel.replicas import Replicas
 from .plan import planner, report
-from .progress import StepProgress, TrainProgress, pool_peaks, rate
+from .progress import Console, StepProgress, TrainProgress, pool_peaks, rate
 from .proto import sncaffe_pb2 as pb
 from .prototxt import decode, parse_text, prepare_net, read_text
 from .runtime.budget import process_memory
@@ -224,25 +225,24 @@ def signal_effects(solver, sigint="stop", sighup="snapshot"):
             signal.signal(s, h)
 
 
-def train(p, res, path="the solver", from_net=False, weights=None, snapshot=None, sigint="stop",
+def train(p, res, *, path="the solver", from_net=False, weights=None, snapshot=None, sigint="stop",
           sighup="snapshot", replicas=None, trace=None, trace_iter=1, bucket_mb=None, comm_timeout=None,
           console=None) -> Solver:
-    """Train with SolverParameter ``p`` as ``caffe train`` does; under ``mpiexec -n N`` data
-    parallel over N ranks (an error on any rank stops them all). Returns the solver."""
+    """Train with SolverParameter ``p`` (from ``solver_param``) as ``caffe train`` does, on
+    ``res``; under ``mpiexec -n N`` data parallel over N ranks (an error on any rank stops them
+    all). ``console``: a progress.Console (bars on a terminal). Returns the solver."""
+    kw = dict(path=path, from_net=from_net, weights=weights, snapshot=snapshot, sigint=sigint, sighup=sighup,
+              replicas=replicas, trace=trace, trace_iter=trace_iter, bucket_mb=bucket_mb,
+              comm_timeout=comm_timeout, console=console)
     comm = mpi.world()
     if comm is None or comm.Get_size() == 1:
-        return _train(p, res, path, from_net, weights, snapshot, sigint, sighup, replicas, trace, trace_iter,
-                      None, bucket_mb, comm_timeout, console)
+        return _train(p, res, None, **kw)
     with mpi.abort_on_error(comm, "sncaffe train"):
-        return _train(p, res, path, from_net, weights, snapshot, sigint, sighup, replicas, trace, trace_iter,
-                      comm, bucket_mb, comm_timeout, console)
+        return _train(p, res, comm, **kw)
 
 
-def _train(p, res, path, from_net, weights, snapshot, sigint, sighup, replicas, trace, trace_iter, comm,
+def _train(p, res, comm, path, from_net, weights, snapshot, sigint, sighup, replicas, trace, trace_iter,
            bucket_mb, comm_timeout, console):
-    from .parallel import BUCKET_BYTES, TIMEOUT, DataParallel, IterationTrace
-    from .parallel.replicas import Replicas
-    from .progress import Console
     if snapshot and weights:
         raise ValueError("give --snapshot to resume training or --weights to fine-tune, not both")
     if replicas and comm is not None:
@@ -330,7 +330,6 @@ def _net(param, res, phase, **kw) -> Net:
 def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console=None) -> dict:
     """Forward ``iterations`` batches and average every output blob, like ``caffe test``;
     logs each batch's values and the means; returns {output: mean array}."""
-    from .progress import Console
     con = console or Console(False)
     if not weights:
         log.warning("no --weights: scoring the net's initial (random) parameters")
@@ -376,7 +375,8 @@ def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console
 
 
 def time_net(param, res, phase="TRAIN", iterations=50, weights=None, source="", out=print) -> dict:
-    """Per-layer forward and backward times, like ``caffe time``: printed, and returned as
+    """Per-layer forward and backward times, like ``caffe time``: printed (by ``out``, print's
+    signature), and returned as
     {"forward": {layer: s}, "backward": {layer: s}, "total": s per iteration}."""
     # caffe time runs each layer's backward with the net's own bottom_need_backward: what training
     # computes (the first convolution takes no gradient of the data)

@@ -201,16 +201,21 @@ class StepProgress:
         self.said = time.perf_counter()
 
     def __call__(self, op, recompute):
+        now = time.perf_counter()
         if self.bar is None:
             self.bar = self.con.progress(self.steps, desc=f"iteration {self.solver.iter}", unit="op")
             self.done = self.quarter = 0
+            self.began = now
         self.done += 1
         self.bar.update(1, op.name)
-        now = time.perf_counter()
         if not self.con.bar and (self.done * 4 // self.steps > self.quarter or now - self.said >= self.EVERY):
             self.quarter, self.said = self.done * 4 // self.steps, now
-            log.info("Iteration %d: %d%% of the pass (%s)", self.solver.iter, 100 * self.done // self.steps,
-                     op.name + (" (recompute)" if recompute else ""))
+            # the whole run at the pace of this pass so far: an estimate before the first iteration ends
+            per_iter = (now - self.began) * self.steps / self.done
+            left = per_iter * (self.solver.param.max_iter - self.solver.iter) - (now - self.began)
+            log.info("Iteration %d: %d%% of the pass (%s), about %s s/iter, ETA %s", self.solver.iter,
+                     100 * self.done // self.steps, op.name + (" (recompute)" if recompute else ""),
+                     sig3(per_iter), duration(left))
         if self.done >= self.steps:
             self.bar.close()
             self.bar = None

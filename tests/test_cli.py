@@ -189,6 +189,7 @@ def test_progress_bar_on_a_terminal(work, capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert "train: 100%" in err and "20/20" in err and "loss=" in err and "lr=0.01" in err
     assert "img/s" in err and "peak " in err
+    assert re.search(r"20/20 \[\d\d:\d\d<\d\d:\d\d, ", err)          # the time spent, and left
     assert re.search(r"^\d\d:\d\d:\d\d Iteration 10 \(", out, re.M)   # short lines above the bar
 
 

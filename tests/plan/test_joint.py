@@ -1,6 +1,8 @@
 """Issue 12 item 4: a solver's train net, test nets and history are planned as one. Under
 tight devices where the test net used to exhaust the pool at the iteration-0 test, auto
 trains, and the pool's measured peak (device and host) is the joint plan's."""
+import re
+
 import numpy as np
 import pytest
 
@@ -78,6 +80,7 @@ def test_progress_inside_an_iteration_at_quarters_and_every_few_seconds(capsys):
             s.net.backward()
         out = capsys.readouterr().out
         assert out.count("Iteration 0: ") == lines and "Iteration 0: 100% of the pass" in out
+        assert re.search(r"Iteration 0: \d+% of the pass \(.*\), about [\d.]+ s/iter, ETA \d+[smhd]", out)
 
 
 @pytest.mark.parametrize("mode", ["liveness", "offload", "all", "recompute"])

@@ -215,6 +215,7 @@ class Solver:
         """Plan the train net, the test nets and the history together (plan/joint.py), then bind
         them in the order the plans assume: train net, test nets; the history comes after."""
         from ..plan.report import plan_line, verdict
+        from ..runtime.budget import process_memory
         history = self._history_bytes(self.net.graph)
         nets = [self.net] + self.test_nets
         if not self.test_nets:
@@ -222,16 +223,15 @@ class Solver:
             plans = [self.net.make_plan(None, [] if hosted else history, history if hosted else 0)]
         else:
             from ..plan.joint import plan_nets
-            from ..runtime.budget import process_memory
             capacity, kw = self.net.budgets()
             plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
             plans = [plan] + list(test_plans)
-            for net, p in zip(nets, plans):
-                log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else ""),
-                                        process_memory()["rss"]))
-        # what the run needs, said before binding (which takes minutes on the largest nets)
-        log.info("Memory: %s", verdict(plans[0], self.net.name, self.net.memory == "auto", self.device.name))
         for net, p in zip(nets, plans):
+            if self.test_nets:          # (a net planned alone said its line)
+                log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net
+                                                                              else ""), process_memory()["rss"]))
+            if net is self.net:         # what the run needs, said before binding (minutes on the largest nets)
+                log.info("Memory: %s", verdict(p, net.name, net.memory == "auto", self.device.name))
             net.place(p)
 
     def _history_bytes(self, graph) -> list:

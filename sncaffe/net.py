@@ -414,3 +414,23 @@ class Net:
     @property
     def outputs(self):
         return [b.name for b in self.graph.outputs()]
+
+    @property
+    def layer_types(self) -> "OrderedDict":
+        """{layer name: type}, in the net's order."""
+        return OrderedDict((n.name, n.type) for n in self.graph.layers)
+
+    @property
+    def loss_weights(self) -> dict:
+        """{top name: loss weight} of the tops that count in the loss (empty: a net with no loss)."""
+        return {t.name: w for n in self.graph.layers for w, t in zip(n.loss_weights, n.tops) if w}
+
+    @property
+    def needs_backward(self) -> bool:
+        """Whether a backward pass computes anything (a deploy net without a loss: no)."""
+        return any(n.need_backward for n in self.graph.layers)
+
+    def output(self, name):
+        """The data of blob ``name`` as a NumPy array (a GPU's copied to the host)."""
+        data = self.blobs[name].data
+        return data.get() if hasattr(data, "get") else np.asarray(data)

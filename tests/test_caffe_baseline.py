@@ -29,7 +29,7 @@ def test_the_test_net_of_a_fresh_batchnorm_resnet_has_a_finite_loss(tmp_path):
     the CIFAR ResNet's TEST-phase loss is finite (with zero statistics it overflowed to NaN)."""
     from sncaffe import Net
     from sncaffe.backend.cpu import CPUDevice
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import read_text, set_batch
     param = set_batch(read_text(ROOT / "prototxt" / "cifar10_resnet.prototxt", pb.NetParameter()), 2)

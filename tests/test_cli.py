@@ -121,6 +121,10 @@ def test_train_a_net_with_default_solver_and_synthetic_inputs(work, capsys):
     assert "is a net: training it with the default solver" in out
     assert "Input layers get synthetic data: data: N(0,1), label: integers in [0, 3)" in out
     assert re.search(r"^I\d{4} [\d:.]+ \d+ solver.py:\d+\] Iteration 10 \(", out, re.M)   # glog's prefix
+    # the rate of the iterations run since the last line, and the time left for the whole run
+    assert re.search(r"\] Iteration 0 \([\d.]+ iter/s(, [\d.]+ s/iter)?, [\d.]+ images/s\), ETA \d+[smhd]", out)
+    assert re.search(r"\] Iteration 90 \([\d.]+ iter/s(, [\d.]+ s/iter)?, [\d.]+ images/s\), ETA \d+s, loss", out)
+    assert "Memory: tiny fits on cpu: mode 'none' (auto) needs device" in out       # said before binding
     assert "Iteration 100, loss = " in out and "Optimization Done." in out
     assert _state("out/tiny_iter_100.solverstate").iter == 100
     assert (work / "out/tiny_iter_100.caffemodel").is_file()
@@ -185,6 +189,7 @@ def test_progress_bar_on_a_terminal(work, capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert "train: 100%" in err and "20/20" in err and "loss=" in err and "lr=0.01" in err
     assert "img/s" in err and "peak " in err
+    assert re.search(r"20/20 \[\d\d:\d\d<\d\d:\d\d, ", err)          # the time spent, and left
     assert re.search(r"^\d\d:\d\d:\d\d Iteration 10 \(", out, re.M)   # short lines above the bar
 
 
@@ -230,7 +235,7 @@ def test_a_signal_during_a_log_write_logs_its_line_after_it(monkeypatch):
     import logging
     import threading
     from types import SimpleNamespace
-    from sncaffe import cli
+    from sncaffe import run
     got, nested = [], []
 
     class Stream(logging.Handler):
@@ -256,7 +261,7 @@ def test_a_signal_during_a_log_write_logs_its_line_after_it(monkeypatch):
     solver = SimpleNamespace(request_stop=lambda: None, snapshots=[])
     solver.request_snapshot = lambda: solver.snapshots.append(1)
     try:
-        with cli._signal_effects(solver, "stop", "snapshot"):
+        with run.signal_effects(solver, "stop", "snapshot"):
             log.info("writing")
             for t in threading.enumerate():
                 if t.name == "sncaffe-signal-log":
@@ -305,11 +310,11 @@ def test_test_averages_every_output(work, capsys):
 
 
 def test_synthetic_labels_take_the_class_count_of_the_scores():
-    from sncaffe.cli import SyntheticInputs, _label_classes
+    from sncaffe.data.synthetic import SyntheticInputs, label_classes
     from sncaffe.net import Net
     from sncaffe.prototxt import parse_text
     net = Net(parse_text(TRAINABLE, pb.NetParameter()))
-    assert _label_classes(net) == {"label": 3}
+    assert label_classes(net) == {"label": 3}
     SyntheticInputs(1)(net, 0)
     labels = net.blobs["label"].data
     assert set(np.unique(labels)) <= {0, 1, 2} and labels.dtype == np.float32
@@ -343,3 +348,73 @@ def test_lenet_learns_mnist(tmp_path, capsys):
     accuracy = float(re.findall(r"Test net output #0: accuracy = (\S+)", out)[-1])
     assert accuracy > 0.9, out[-2000:]
     assert (tmp_path / "out/lenet_iter_300.caffemodel").is_file()
+
+
+# -- the command line as a thin shell ---------------------------------------------------
+
+CONV = """name: "convs"
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "c1" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "pool1" type: "Pooling" bottom: "c1" top: "p1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "p1" top: "c2" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "ip" type: "InnerProduct" bottom: "c2" top: "ip" inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_the_command_line_touches_no_private_name():
+    """cli.py and caffe_cli.py call public functions only: no ``x._name`` and no import of a
+    ``_name``, so what a command does, a program or a test can do the same way."""
+    import ast
+    for path in (ROOT / "sncaffe/cli.py", ROOT / "sncaffe/caffe_cli.py"):
+        private = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.attr] if isinstance(node, ast.Attribute) else
+                     [a.name.split(".")[-1] for a in node.names] + [node.module or ""]
+                     if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            private += [f"{path.name}:{node.lineno}: {n}" for name in names for n in name.split(".")
+                        if n.startswith("_") and not n.startswith("__")]
+        assert private == [], private
+    assert len((ROOT / "sncaffe/cli.py").read_text().splitlines()) + \
+        len((ROOT / "sncaffe/caffe_cli.py").read_text().splitlines()) <= 600
+
+
+def test_version_and_help_for_every_flag(capsys):
+    from sncaffe import __version__
+    from sncaffe.cli import parser
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"sncaffe {__version__}\n"
+    p = parser()
+    for name, sub in p.commands.items():
+        bare = [a.option_strings or a.dest for a in sub._actions if not a.help]
+        assert bare == [], (name, bare)
+        assert "(default: None)" not in sub.format_help(), name
+
+
+def test_time_counts_convolutions_not_their_operators(tmp_path, capsys):
+    from sncaffe.backend import onednn
+    path = tmp_path / "convs.prototxt"
+    path.write_text(CONV)
+    assert main(["time", str(path), "--iterations", "1", "--threads", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("CPU convolutions:"))
+    if onednn.version():
+        assert re.search(r": \d of 2 convolutions on oneDNN", line), line    # the pooling is not one
+    else:
+        assert "oneDNN not installed" in line
+
+
+def test_plan_opens_with_a_verdict_for_the_device_asked(tmp_path, capsys):
+    path = tmp_path / "convs.prototxt"
+    path.write_text(CONV)
+    assert main(["plan", str(path), "--device-memory", "64MiB"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert re.match(r"convs fits on cpu: mode '\w+' \(auto\) needs device [\d.]+ \w*B of 64.00 MiB, host .* "
+                    r"moved per iteration$", first), first
+    assert main(["plan", str(path), "--device-memory", "1KiB", "--memory", "liveness"]) == 0
+    assert capsys.readouterr().out.startswith("convs does NOT fit on cpu: mode 'liveness' needs device")
+    assert main(["plan", str(path), "--device", "cuda", "--device-memory", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("convs fits on cuda: mode ") and "planned for cuda: convolution workspaces" in out

@@ -127,7 +127,7 @@ def worker(args) -> None:
 
     import numpy as np
 
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     from sncaffe.parallel import DataParallel, IterationTrace, overlap, world
     from sncaffe.parallel.replicas import Replicas, replicate
     from sncaffe.proto import sncaffe_pb2 as pb
@@ -184,7 +184,7 @@ def turns_worker(args) -> None:
     each by turns: print one JSON line of the per-iteration times."""
     import logging
 
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     from sncaffe.parallel.replicas import Replicas, replicate
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import set_batch

@@ -120,7 +120,7 @@ def write_inputs(param, path, seed=0):
     import h5py
     from sncaffe import Net
     from sncaffe.backend.cpu import CPUDevice
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     net = Net(param, "TRAIN", device=CPUDevice())
     SyntheticInputs(seed)(net)
     net.forward()

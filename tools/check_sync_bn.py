@@ -45,7 +45,7 @@ LOCATIONS = ["cpu:0", "cpu:1"]
 
 def worker(args):
     """Train one configuration; write {name: array} of parameters, BatchNorm blobs and history."""
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     from sncaffe.parallel.replicas import Replicas, replicate
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import read_text, set_batch

@@ -228,7 +228,7 @@ def make_solver(param, mode="none", capacity=None, seed=0) -> Solver:
 
 def fill_inputs(net, seed=0):
     """Data N(0, 1); labels integers below the number of classes (as `sncaffe train` does)."""
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     SyntheticInputs(seed)(net)
 
 

@@ -57,7 +57,7 @@ def measure(blocks, batch, image_size, mode, plan_only=False) -> dict:
         graph = build_graph(prepare_net(param, pb.TRAIN), pb.TRAIN)
         make_plan(graph, mode, None, history_bytes(graph, 1), host_params=host)
         return {**out, "rss": hwm()}
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     sp = pb.SolverParameter(base_lr=1e-3, momentum=0.9, weight_decay=5e-4, lr_policy="fixed", type="SGD",
                             max_iter=1 << 30, display=0, random_seed=0, snapshot_after_train=False)
     sp.net_param.CopyFrom(param)

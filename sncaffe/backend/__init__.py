@@ -54,3 +54,28 @@ def make_device(name="cpu", capacity=None, host_capacity=None):
         from .cuda import CUDADevice
         return CUDADevice(capacity, host_capacity, index=int(index))
     raise ValueError(f"unknown device {name!r} (cpu, cuda, cuda:N)")
+
+
+def budgets(name="cpu", capacity=None, host_capacity=None, spill_dir=None) -> tuple:
+    """(device capacity, the planner's host-tier keywords) that a device named ``name`` would
+    plan with, as ``Net.budgets`` gives them for a device made with these sizes, without
+    making one. On the CPU device and host share the RAM (``ram``) and a disk tier
+    (``spill``) takes the rest; a GPU's capacity is its free memory less a margin, None where
+    no GPU is here to ask (give ``capacity``)."""
+    from ..runtime.budget import ram_budget
+    from ..sizes import parse_bytes
+    from .cpu import default_capacity
+    name = (name or "cpu").lower()
+    size = (lambda x: None if x is None else parse_bytes(x))
+    if name == "cpu" or name.startswith("cpu:"):
+        from ..runtime.spill import spill_room
+        ram = ram_budget()
+        return (size(capacity) or ram, {"host_capacity": size(host_capacity) or ram, "spill": spill_room(spill_dir),
+                                        "ram": ram if capacity is None or host_capacity is None else None})
+    from .cuda import default_margin, import_cupy, unusable_reason
+    if capacity is None and unusable_reason() is None:
+        cp = import_cupy()
+        with cp.cuda.Device(int(name.partition(":")[2] or 0)):
+            free, total = cp.cuda.runtime.memGetInfo()
+        capacity = free - default_margin(total)
+    return size(capacity), {"host_capacity": size(host_capacity) or default_capacity() // 2, "ram": None}

@@ -136,6 +136,7 @@ class DataParallel:
         self._runs, self._seen, self._pass = [0] * len(self.buckets), 0, 0
         solver.sync_requests = self.agree
         solver.is_root = self.rank == 0
+        solver.images_per_iter *= self.size         # the rates logged count every rank's images
         batch, sizes = self.net.batch_size, [f"{b.nbytes / 2**20:.2f}" for b in self.buckets]
         log.info("Data parallel: %d ranks, batch %d per rank (%d in all); %d gradient buckets of at most %g MB "
                  "all-reduced by %s, in backward order (%s MB)", self.size, batch, batch * self.size,

@@ -28,6 +28,23 @@ def plan_line(plan, auto=False, name="", process_rss=None) -> str:
     return ", ".join(parts)
 
 
+def verdict(plan, name="", auto=True, device="") -> str:
+    """One line: whether it fits, the mode, what each tier needs, and the traffic per iteration:
+    ``LeNet fits on cpu: mode 'none' (auto) needs device 9 MiB of 15 GiB, host 0 B of 15 GiB,
+    together 9 MiB of 15 GiB RAM; 0 B moved per iteration``."""
+    def of(peak, room):
+        return fmt_bytes(peak) + (f" of {fmt_bytes(room)}" if room is not None else "")
+    tiers = [f"device {of(plan.peak, plan.capacity)}", f"host {of(plan.host_peak, plan.host_capacity)}"]
+    if plan.disk_peak:
+        tiers.append(f"disk {of(plan.disk_peak, plan.disk_capacity)}")
+    if plan.ram is not None:
+        tiers.append(f"together {of(plan.peak + plan.host_peak, plan.ram)} RAM")
+    hosted = f" with parameters on {'disk' if plan.param_disk else 'the host'}" if plan.host_params else ""
+    return (f"{name or 'the net'} {'fits' if plan.fits else 'does NOT fit'}{' on ' + device if device else ''}: "
+            f"mode '{plan.mode}'{' (auto)' if auto else ''}{hosted} needs {', '.join(tiers)}; "
+            f"{fmt_bytes(plan.d2h_bytes + plan.h2d_bytes)} moved per iteration")
+
+
 def expected_rss(plan, process_rss) -> int:
     """The process's peak resident memory on the CPU device: both pools at their peaks (their
     arenas are only resident where touched) beside what the process holds outside them now."""

@@ -38,7 +38,7 @@ class Solver:
 
     def __init__(self, filename, keep=()):
         param = read_solver(filename)
-        _sn._upgrade_snapshot_prefix(param, filename)
+        _sn.upgrade_snapshot_prefix(param, filename)
         if self.type:
             param.ClearField("solver_type")
             param.type = self.type

@@ -147,3 +147,9 @@ def spill_of(device):
     if spill is None:
         spill = device._spill = SpillFile(getattr(device, "spill_dir", None))
     return spill
+
+
+def spill_peak(device) -> int:
+    """The most the device's spill file held (0 where none was made)."""
+    spill = getattr(device, "_spill", None)
+    return spill.pool.peak if spill is not None else 0

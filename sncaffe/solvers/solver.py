@@ -35,7 +35,6 @@ import itertools
 import logging
 import math
 import os
-import time
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
@@ -43,13 +42,14 @@ import numpy as np
 
 from ..backend import make_device
 from ..plan.joint import plan_nets
-from ..plan.report import plan_line
+from ..plan.report import plan_line, verdict
 from ..runtime.budget import process_memory
 from ..sizes import align
 from .. import blobproto
 from ..layers.base import Blob, array_module
 from ..net import Net, memory_mode
 from ..proto import sncaffe_pb2 as pb
+from ..progress import Pace
 from ..prototxt import read_solver, read_text
 from ..resume import layer_states, restore_layer_states
 from .detection_eval import AP_VERSIONS, DetectionScores
@@ -108,7 +108,7 @@ def _host(a):
 _write_atomic = blobproto.write_atomic
 
 
-def _upgrade_snapshot_prefix(param, path) -> None:
+def upgrade_snapshot_prefix(param, path) -> None:
     """Caffe's UpgradeSnapshotPrefixProperty: default to the solver file's name, or put it in a directory."""
     if not param.HasField("snapshot_prefix"):
         param.snapshot_prefix = str(Path(path).with_suffix(""))
@@ -128,15 +128,18 @@ def history_bytes(graph, n_history, dtype=np.float32) -> int:
 
 
 class Solver:
-    def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32):
+    def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32, memory=None):
+        """``memory``: the memory mode of every net (None: each net's from the solver's, else the
+        net's memory_param, else auto)."""
         if isinstance(param, pb.SolverParameter):
             self.param = pb.SolverParameter()
             self.param.CopyFrom(param)
         else:
             self.param = read_solver(param)
-            _upgrade_snapshot_prefix(self.param, param)
+            upgrade_snapshot_prefix(self.param, param)
         p = self.param
         self.dtype = np.dtype(dtype)
+        self.memory = memory
         self.rule = make_rule(p, self.dtype)
         check_policy(p)
         self._check_settings()
@@ -167,6 +170,7 @@ class Solver:
         self.smoothed_loss = 0.0
         self._losses = []
         self.feed = feed
+        self.images_per_iter = self.net.batch_size * p.iter_size     # data parallel: times the ranks
         self.callbacks = []
         self.test_scores = [OrderedDict() for _ in self.test_nets]
         self.last_snapshot = None           # (caffemodel, solverstate) of the last good snapshot
@@ -209,7 +213,7 @@ class Solver:
         net_param.state.CopyFrom(state)
         log.info("Creating %s", what)
         train = state.phase == pb.TRAIN and what.startswith("training")
-        mode = memory_mode(self.param, net_param)     # the solver's, the net's, else auto
+        mode = self.memory or memory_mode(self.param, net_param)     # given, the solver's, the net's, else auto
         host_params = self.param.memory_param.host_params or net_param.memory_param.host_params
         return Net(net_param, state.phase, device=self.device, stages=list(state.stage),
                    level=state.level, seed=seed, dtype=self.dtype, memory=mode,
@@ -219,15 +223,20 @@ class Solver:
         """Plan the train net, the test nets and the history together (plan/joint.py), then bind
         them in the order the plans assume: train net, test nets; the history comes after."""
         history = self._history_bytes(self.net.graph)
+        nets = [self.net] + self.test_nets
         if not self.test_nets:
             hosted = self.net.host_params
-            self.net.place(self.net.make_plan(None, [] if hosted else history, history if hosted else 0))
-            return
-        capacity, kw = self.net.budgets()
-        plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
-        for net, p in [(self.net, plan)] + list(zip(self.test_nets, test_plans)):
-            log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net else ""),
-                                    process_memory()["rss"]))
+            plans = [self.net.make_plan(None, [] if hosted else history, history if hosted else 0)]
+        else:
+            capacity, kw = self.net.budgets()
+            plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
+            plans = [plan] + list(test_plans)
+        for net, p in zip(nets, plans):
+            if self.test_nets:          # (a net planned alone said its line)
+                log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net
+                                                                              else ""), process_memory()["rss"]))
+            if net is self.net:         # what the run needs, said before binding (minutes on the largest nets)
+                log.info("Memory: %s", verdict(p, net.name, net.memory == "auto", self.device.name))
             net.place(p)
 
     def _history_bytes(self, graph) -> list:
@@ -402,7 +411,7 @@ class Solver:
         p = self.param
         start_iter, stop_iter = self.iter, self.iter + iters
         self._losses, self.smoothed_loss = [], 0.0
-        timer, iterations_last = time.perf_counter(), self.iter
+        pace = Pace(start_iter, stop_iter, self.images_per_iter)
         while self.iter < stop_iter:
             self.net.clear_param_diffs()
             if (self.is_root and p.test_interval and self.iter % p.test_interval == 0
@@ -417,11 +426,7 @@ class Solver:
             loss /= p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if display:
-                lapse = time.perf_counter() - timer
-                per_s = (self.iter - iterations_last) / (lapse or 1)
-                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g(per_s), _g(lapse),
-                         p.display, _g(self.smoothed_loss))
-                timer, iterations_last = time.perf_counter(), self.iter
+                log.info("Iteration %d %s, loss = %s", self.iter, pace.mark(self.iter), _g(self.smoothed_loss))
                 self._log_outputs(self.net, "Train", self._outputs(self.net))
             if self.before_update is not None:
                 self.before_update()

@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import json
+import logging
 import math
 import os
 import re
 import sys
 from collections import OrderedDict
+from contextlib import contextmanager
 
 ITERATION = re.compile(r"Iteration (\d+)")
 TRAIN_OUTPUT = re.compile(r"Train net output #(\d+): (\S+) = ([\.\deE+-]+|nan|inf|-inf)")
@@ -101,6 +104,42 @@ class LogParser:
                 self._push(phase, row)
             self.open[phase] = None
         return self.rows
+
+
+class MetricsHandler(logging.Handler):
+    """Turns the solver's display and test lines into JSON lines, as parse_log reads them."""
+
+    def __init__(self, path):
+        super().__init__(logging.INFO)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.file = open(path, "w")
+        self.parser = LogParser(on_row=self.write)
+
+    def write(self, phase, row):
+        row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+        self.file.write(json.dumps({"phase": phase, **row}) + "\n")
+        self.file.flush()
+
+    def emit(self, record):
+        self.parser.feed(record.getMessage(), record.created)
+
+    def close(self):
+        self.parser.finish()
+        self.file.close()
+        super().close()
+
+
+@contextmanager
+def metrics_log(path):
+    """While the block runs, the "sncaffe" logger's display and test lines go to ``path`` as JSON lines."""
+    handler = MetricsHandler(path)
+    logger = logging.getLogger("sncaffe")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
 
 
 def parse_log(path):

@@ -101,7 +101,7 @@ def tmp(tmp_path_factory):
 # -- in one process: the hooks, with a communicator of one rank -----------------
 
 def in_process_solver(iter_size=1, host_params=False, device="cpu"):
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import parse_text
     from sncaffe.solvers import Solver

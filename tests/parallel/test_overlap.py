@@ -49,7 +49,7 @@ def test_batchnorm_sums_are_not_gradient_exchange_and_its_stages_are_backward():
 
 
 def test_a_single_process_trace_has_every_operator_and_the_update(tmp_path):
-    from sncaffe.cli import SyntheticInputs
+    from sncaffe.data.synthetic import SyntheticInputs
     from sncaffe.proto import sncaffe_pb2 as pb
     from sncaffe.prototxt import parse_text
     from sncaffe.solvers import Solver

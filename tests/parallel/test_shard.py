@@ -11,7 +11,7 @@ import pytest
 
 from sncaffe import Net
 from sncaffe.backend.cpu import CPUDevice
-from sncaffe.cli import SyntheticInputs
+from sncaffe.data.synthetic import SyntheticInputs
 from sncaffe.data import datum as datums
 from sncaffe.data import image
 from sncaffe.data.db import LMDBWriter

@@ -71,9 +71,9 @@ def test_solver_reads_the_solvers_then_the_nets_memory_param_else_auto():
 
 
 def test_cli_commands_default_to_auto():
-    from sncaffe.cli import _parser
+    from sncaffe.cli import parser
     for argv in (["train", "x"], ["test", "x"], ["time", "x"]):
-        assert _parser().parse_args(argv).memory is None          # resolved by Net: memory_param, else auto
+        assert parser().parse_args(argv).memory is None          # resolved by Net: memory_param, else auto
 
 
 def test_train_picks_a_mode_and_says_so_in_one_line(tmp_path, capsys):

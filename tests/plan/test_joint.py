@@ -1,6 +1,8 @@
 """A solver's train net, test nets and history are planned as one. Under
 tight devices where the test net used to exhaust the pool at the iteration-0 test, auto
 trains, and the pool's measured peak (device and host) is the joint plan's."""
+import re
+
 import numpy as np
 import pytest
 
@@ -64,13 +66,13 @@ def test_explicit_mode_is_planned_jointly_or_refused_clearly():
 def test_progress_inside_an_iteration_at_quarters_and_every_few_seconds(capsys):
     """Nets of thousands of layers show progress inside each iteration: a line at each quarter
     and, where a quarter is slow (ResNet-2500: minutes), at least every EVERY seconds."""
-    from sncaffe.cli import _StepProgress
+    from sncaffe.progress import StepProgress
     from sncaffe.progress import Console, console
     s = solver(40 * MiB)
     steps = sum(1 for ins in s.net.plan.schedule if ins.kind == "run")
     for every, lines in ((1e9, 4), (0.0, steps)):
         with console(bar=False):
-            progress = _StepProgress(Console(False), s.net, s)
+            progress = StepProgress(Console(False), s.net, s)
             progress.EVERY = every
             s.net.step_hook = progress
             feed(s.net, 0)
@@ -78,6 +80,7 @@ def test_progress_inside_an_iteration_at_quarters_and_every_few_seconds(capsys):
             s.net.backward()
         out = capsys.readouterr().out
         assert out.count("Iteration 0: ") == lines and "Iteration 0: 100% of the pass" in out
+        assert re.search(r"Iteration 0: \d+% of the pass \(.*\), about [\d.]+ s/iter, ETA \d+[smhd]", out)
 
 
 @pytest.mark.parametrize("mode", ["liveness", "offload", "all", "recompute"])

@@ -33,9 +33,11 @@ def train(capsys, *argv):
 
 
 def test_train_solver_iterations_signal_effects_and_metrics(run, capsys):
-    rc, log, err = train(capsys, "-solver", run / "solver.prototxt", "-iterations", 10, "-sigint_effect", "snapshot",
-                         "--sighup_effect=none", "--metrics", run / "metrics.jsonl")
+    # Caffe's train ignores -iterations (the solver's max_iter counts): so does sncaffe, saying so
+    rc, log, err = train(capsys, "-solver", run / "solver.prototxt", "-iterations", 3, "--max-iter", 10,
+                         "-sigint_effect", "snapshot", "--sighup_effect=none", "--metrics", run / "metrics.jsonl")
     assert rc == 0, err
+    assert "sncaffe train: warning: -iterations is ignored by train" in err
     assert (run / "lenet_iter_10.caffemodel").is_file() and (run / "lenet_iter_10.solverstate").is_file()
     assert "Iteration 10, Testing net (#0)" in log
     (run / "train.log").write_text(log)
@@ -52,10 +54,10 @@ def test_train_snapshot_and_weights(run, capsys):
     if not (run / "lenet_iter_10.solverstate").is_file():
         test_train_solver_iterations_signal_effects_and_metrics(run, capsys)
     rc, log, _ = train(capsys, "-solver", run / "solver.prototxt", "-snapshot", run / "lenet_iter_10.solverstate",
-                       "-iterations", 12)
+                       "--max-iter", 12)
     assert rc == 0 and "Restoring previous solver status" in log and "Iteration 12, Testing" not in log
     rc, log, _ = train(capsys, f"-solver={run / 'solver.prototxt'}", "-weights", run / "lenet_iter_10.caffemodel",
-                       "-iterations", 1)
+                       "--max-iter", 1)
     assert rc == 0 and f"Finetuning from {run / 'lenet_iter_10.caffemodel'}" in log
 
 

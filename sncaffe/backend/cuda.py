@@ -249,6 +249,7 @@ class _Arena:
 class CUDADevice:
     kind = "cuda"
     host_streams = False    # operators run on CUDA streams, not host streams (runtime/dispatcher.py)
+    arena = None            # the device arena, a CuPy array over one cudaMalloc (made in __init__)
     spills = False          # no disk tier on a GPU yet: offloads go to the pinned host pool only
     spill_dir = None
 

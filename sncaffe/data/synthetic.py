@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layers.base import array_module
 from ..proto import sncaffe_pb2 as pb
 
 
@@ -63,7 +62,7 @@ class SyntheticInputs:
                 x = rng.integers(max(labels[name], 1), size=shape)
             else:
                 x = rng.standard_normal(shape)
-            data[...] = array_module(data).asarray(x[rank * b:(rank + 1) * b] if data.ndim else x,
+            data[...] = _xp(data).asarray(x[rank * b:(rank + 1) * b] if data.ndim else x,
                                                    dtype=data.dtype)
 
     @staticmethod
@@ -72,3 +71,11 @@ class SyntheticInputs:
         parts = [f"{n}: integers in [0, {labels[n]})" if labels.get(n) else
                  f"{n}: 0" if n in labels else f"{n}: N(0,1)" for n in net.inputs]
         return ", ".join(parts)
+
+
+def _xp(a):
+    """numpy or cupy, taken from the array fed (data comes before the layers that own arrays)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np

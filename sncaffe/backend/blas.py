@@ -138,8 +138,9 @@ def _load_mkl(threads, sequential=False):
     path = _mkl_path()
     if path is None:
         return None
-    # Intel's OpenMP threads spin 200 ms after each GEMM by default, on the cores the kernel
-    # threads (backend/workers) then need: 1 ms still spans the gaps between one layer's GEMMs
+    # Intel's OpenMP threads spin long after each GEMM by default, on the cores the kernel
+    # threads (backend/workers) then need; a short spin still spans one layer's GEMMs
+    # (tools/bench_threads.py)
     os.environ.setdefault("KMP_BLOCKTIME", str(_threads.KMP_BLOCKTIME_MS))
     try:
         lib = ctypes.CDLL(path)

@@ -34,7 +34,7 @@ FLOPS_PER_THREAD = 8e6
 # How long MKL's (Intel OpenMP) threads spin after a GEMM before they sleep, unless
 # KMP_BLOCKTIME is set (backend/blas.py).
 KMP_BLOCKTIME_MS = 1
-# Long enough for a few scheduler ticks on each core (10 ms at HZ=100), short beside a run.
+# Long enough for a few scheduler ticks on each core, short beside a run.
 SAMPLE_SECONDS = 0.15
 # A core counts as busy once other processes take this much of it: a thread sharing a core
 # runs at half speed, and the kernels' threads wait for their slowest.

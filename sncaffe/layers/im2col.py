@@ -51,11 +51,9 @@ from .base import array_module
 
 # How large a reduction block (ConvPlan.reduce_block) is made: per-tap GEMMs (K = the input
 # channels) run at their best from about 4096 packed columns, faster than one GEMM over a whole
-# chunk, which leaves the cache (CIFAR ResNet-20, batch 128: 0.71-0.79 s of CPU an iteration, not 0.78-1.05);
-# a column matrix's GEMM (K = channels x taps) runs as fast from a matrix of about 1 MiB, which
-# also bounds its workspace, and fewer images than that pay for the per-tap copies per block
-# (LeNet's conv1: 2 images a block, 8.4 ms a pass; 19 images, 4.0) (docs/benchmarks.md
-# "Reduction blocks").
+# chunk, which leaves the cache; a column matrix's GEMM (K = channels x taps) runs as fast from
+# a matrix of about 1 MiB, which also bounds its workspace, and fewer images than that pay for
+# the per-tap copies per block (tools/bench_conv.py).
 BLOCK_COLUMNS = 4096
 COL_BLOCK_BYTES = 1 << 20
 

@@ -59,8 +59,9 @@ from .streams import Event, Stream
 
 # While workers, a comm thread and the issuing thread share the GIL, a thread that wants it back
 # (a GEMM or an MPI test returned, an event fired) waits until the holder gives it up, at the
-# latest after the switch interval: Python's default 5 ms is a whole operator of a small net,
-# and an all-reduce's polls each pay it. A shorter one while operators run concurrently.
+# latest after the switch interval: Python's default is a whole operator of a small net, and an
+# all-reduce's polls each pay it. A shorter one while operators run concurrently
+# (tools/bench_dispatch.py).
 SWITCH_INTERVAL = 2e-4
 
 

@@ -858,6 +858,8 @@ def _parser():
     u.set_defaults(func=cmd_upgrade)
     from .caffe_cli import extend
     extend(sub)                             # Caffe's device_query, plot, --stage/--level, --metrics
+    from .export.cli import add_parser as add_export
+    add_export(sub)                         # export: ONNX and PyTorch, checked
     return p
 
 

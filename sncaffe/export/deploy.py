@@ -76,6 +76,8 @@ def without_splits(param) -> "pb.NetParameter":
 def deploy_net(net):
     """A Net of ``net``'s deploy part with ``net``'s parameters (data tops keep their shapes)."""
     from ..net import Net
+    if all(n.type == "Input" or (n.type not in DATA_LAYERS and not dropped(n.type)) for n in net.graph.layers):
+        return net              # already a deploy net
     if net.graph.param.layers:
         raise ExportError("a V1 net: upgrade it first (sncaffe upgrade)")
     shapes = {name: b.shape for name, b in net.graph.blobs.items()}
@@ -102,7 +104,8 @@ def _data_shapes(param, phase, wanted) -> dict:
     return {t: graph.blobs[t].shape for t in wanted}
 
 
-def load(path, phase="TEST", stages=(), level=None, weights=None, shapes=None, batch=None, seed=0):
+def load(path, phase="TEST", stages=(), level=None, weights=None, shapes=None, batch=None, seed=0,
+         force_backward=False):
     """The deploy Net of a net prototxt for ``phase`` and ``stages``, with ``weights`` (a
     .caffemodel) or else its fillers' values. ``shapes``: data tops' shapes (blob -> shape);
     tops not given are read from the data layers' sources."""
@@ -122,4 +125,6 @@ def load(path, phase="TEST", stages=(), level=None, weights=None, shapes=None, b
     if wanted:
         found = _data_shapes(param, phase, wanted)
         shapes.update((t, (batch,) + tuple(s[1:]) if batch else s) for t, s in found.items())
-    return Net(deploy_param(param, shapes), phase, weights=weights, seed=seed)
+    param = deploy_param(param, shapes)
+    param.force_backward = param.force_backward or force_backward
+    return Net(param, phase, weights=weights, seed=seed)

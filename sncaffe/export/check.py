@@ -46,11 +46,17 @@ def relative(ref, out) -> float:
     return diff / scale if scale else diff
 
 
-def compare(net, run, rtol=DEFAULT_RTOL, what="the export", seed=0) -> list:
-    """Feed a random batch to sncaffe and to ``run`` (inputs dict -> outputs dict); the
-    Differences, or ExportError naming every output over ``rtol``."""
+def expected(net, seed=0) -> tuple:
+    """(inputs, sncaffe's outputs) for a random batch: what ``compare`` checks against."""
     inputs = random_inputs(net, seed)
-    want = reference(net, inputs)
+    return inputs, reference(net, inputs)
+
+
+def compare(net, run, rtol=DEFAULT_RTOL, what="the export", seed=0, against=None) -> list:
+    """Feed a random batch to sncaffe and to ``run`` (inputs dict -> outputs dict); the
+    Differences, or ExportError naming every output over ``rtol``. ``against``: the
+    ``expected`` of an earlier check of the same net and parameters, reused."""
+    inputs, want = against or expected(net, seed)
     bad = [name for name, y in want.items() if not np.all(np.isfinite(y))]
     if bad:
         raise ExportError(f'sncaffe\'s own output "{bad[0]}" is not finite on a random batch, so {what} '

@@ -137,12 +137,12 @@ def runner(model, names):
     return run
 
 
-def export(net, path=None, rtol=None, seed=0):
+def export(net, path=None, rtol=None, seed=0, against=None):
     """Write ``net``'s deploy part to ``path`` (if given) after checking it with onnxruntime
     (unless ``rtol`` is None); (ModelProto, Differences)."""
     from .check import compare
     model, names = build(net)
-    diffs = [] if rtol is None else compare(net, runner(model, names), rtol, "the ONNX graph", seed)
+    diffs = [] if rtol is None else compare(net, runner(model, names), rtol, "the ONNX graph", seed, against)
     if path is not None:
         from ..blobproto import write_atomic
         write_atomic(path, [model.SerializeToString()])

@@ -296,7 +296,7 @@ def runner(model, net):
     return run
 
 
-def export(net, path=None, rtol=None, seed=0):
+def export(net, path=None, rtol=None, seed=0, against=None):
     """The module of ``net``'s deploy part, in the mode of its phase, checked against sncaffe
     (unless ``rtol`` is None) and written to ``path`` (.py, and .pt beside it) if given;
     (module, TorchSource, Differences)."""
@@ -304,7 +304,7 @@ def export(net, path=None, rtol=None, seed=0):
     src = source(net)
     model = src.module()
     model.train(net.phase == 0)
-    diffs = [] if rtol is None else compare(net, runner(model, net), rtol, "the PyTorch module", seed)
+    diffs = [] if rtol is None else compare(net, runner(model, net), rtol, "the PyTorch module", seed, against)
     if net.phase == 0:          # the check's train-mode forward moved BatchNorm's sums
         model.load_state_dict({k: __import__("torch").from_numpy(np.array(v)) for k, v in src.state.items()})
     if path is not None:

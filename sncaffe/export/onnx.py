@@ -382,7 +382,7 @@ def slice_(b, node):
     return outs if len(sizes) > 1 else [outs]
 
 
-@maps("Split", "Copy")
+@maps("Split")
 def split(b, node):
     return [b.bottom(node)] * len(node.tops)
 

@@ -557,7 +557,7 @@ def slice_(gen, node):
     return Unpack(f"torch.split({gen.bottom(node)}, {sizes}, {axis})")
 
 
-@maps("Split", "Copy")
+@maps("Split")
 def split(gen, node):
     return [Alias(gen.bottom(node))] * len(node.tops)
 

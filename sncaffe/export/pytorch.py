@@ -63,17 +63,17 @@ class CaffeBatchNorm(nn.Module):
         global_stats = not self.training if self.use_global_stats is None else self.use_global_stats
         if global_stats:
             inv = 0.0 if self.factor.item() == 0 else 1.0 / self.factor.item()
-            mean, var = self.mean * inv, self.variance * inv
-        else:
-            mean, var = x3.mean((0, 2)), x3.var((0, 2), unbiased=False)
-            if self.training:
-                m = x3.shape[0] * x3.shape[2]
-                with torch.no_grad():
-                    self.factor.mul_(self.maf).add_(1)
-                    self.mean.mul_(self.maf).add_(mean)
-                    self.variance.mul_(self.maf).add_(var * (m / (m - 1) if m > 1 else 1))
-        y = (x3 - mean[:, None]) / torch.sqrt(var[:, None] + self.eps)
-        return y.reshape(x.shape)
+            y = F.batch_norm(x3, self.mean * inv, self.variance * inv, training=False, eps=self.eps)
+            return y.reshape(x.shape)
+        if self.training:
+            m = x3.shape[0] * x3.shape[2]
+            with torch.no_grad():
+                var, mean = torch.var_mean(x3, (0, 2), unbiased=m > 1)
+                self.factor.mul_(self.maf).add_(1)
+                self.mean.mul_(self.maf).add_(mean)
+                self.variance.mul_(self.maf).add_(var)
+        # PyTorch's own batch statistics: its fused backward keeps float32's precision
+        return F.batch_norm(x3, None, None, training=True, eps=self.eps).reshape(x.shape)
 ''',
     "CaffeScale": '''
 class CaffeScale(nn.Module):

@@ -302,6 +302,10 @@ def export(net, path=None, rtol=None, seed=0, against=None):
     (module, TorchSource, Differences)."""
     from .check import compare
     src = source(net)
+    drops = [n for n in net.graph.layers if n.type == "Dropout" and n.layer.param.dropout_param.dropout_ratio]
+    if rtol is not None and net.phase == 0 and drops:
+        g.refuse(drops[0], "TRAIN-phase dropout draws random masks, which cannot be checked: export the TEST "
+                           "phase (the module's train() drops as Caffe's)")
     model = src.module()
     model.train(net.phase == 0)
     diffs = [] if rtol is None else compare(net, runner(model, net), rtol, "the PyTorch module", seed, against)

@@ -151,3 +151,13 @@ def test_onnx_refuses_batch_statistics():
 def test_a_difference_over_the_tolerance_fails(types_net):
     with pytest.raises(ExportError, match="differs from sncaffe by more than 0"):
         to_onnx.export(types_net, None, rtol=0.0)
+
+
+def test_train_phase_dropout_cannot_be_checked():
+    net = net_of('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }'
+                 + layer("drop", "Dropout", "data", body="dropout_param { dropout_ratio: 0.5 }"), phase="TRAIN")
+    for exporter in (to_onnx, to_torch):
+        with pytest.raises(ExportError, match='layer "drop" \\(Dropout\\): TRAIN-phase dropout draws random masks'):
+            exporter.export(net, None, rtol=1e-4)
+    module = to_torch.export(net, None, rtol=None)[0]       # unchecked, it drops as Caffe's
+    assert module.training and module.drop.p == pytest.approx(0.5)

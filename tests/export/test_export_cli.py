@@ -17,6 +17,8 @@ from sncaffe import Net  # noqa: E402
 from sncaffe.cli import main  # noqa: E402
 from sncaffe.export import ExportError  # noqa: E402
 from sncaffe.export.deploy import load  # noqa: E402
+from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
+from sncaffe.prototxt import read_text, set_batch  # noqa: E402
 
 LENET = str(ROOT / "prototxt" / "lenet_train_test.prototxt")
 
@@ -80,8 +82,13 @@ def test_help_says_what_is_exported_and_refused(capsys):
         assert words in text
 
 
+def cifar_resnet(phase):
+    param = set_batch(read_text(ROOT / "prototxt" / "cifar10_resnet.prototxt", pb.NetParameter()), 2)
+    return Net(param, phase, seed=2)
+
+
 def test_net_methods_export_the_deploy_part(tmp_path):
-    net = Net(ROOT / "prototxt" / "cifar10_resnet.prototxt", "TEST", seed=2)
+    net = cifar_resnet("TEST")
     assert "loss" in net.layer_names and "label" in net.inputs
     for node in net.graph.layers:                   # trained-like statistics
         if node.type == "BatchNorm":
@@ -91,7 +98,7 @@ def test_net_methods_export_the_deploy_part(tmp_path):
     assert [o.name for o in model.graph.output] == ["fc10"] and (tmp_path / "c.onnx").is_file()
     module = net.to_torch()
     assert not module.training and module.outputs == ("fc10",)
-    train = Net(ROOT / "prototxt" / "cifar10_resnet.prototxt", "TRAIN", seed=2).to_torch()
+    train = cifar_resnet("TRAIN").to_torch()
     assert train.training
     with pytest.raises(ExportError, match="batch's statistics"):
-        Net(ROOT / "prototxt" / "cifar10_resnet.prototxt", "TRAIN", seed=2).to_onnx()
+        cifar_resnet("TRAIN").to_onnx()

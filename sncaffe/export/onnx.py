@@ -122,7 +122,10 @@ def build(net, opset=OPSET):
     model = helper.make_model(graph, producer_name="sncaffe", opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = min(model.ir_version, 10)       # what current onnxruntime releases read
     model.doc_string = "exported from a Caffe net by sncaffe"
-    onnx.checker.check_model(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:      # a mapping's fault, said without a traceback
+        raise ExportError(f"the ONNX graph does not pass onnx's checker: {e}") from None
     return model, {name: b.value[name] for name in net.outputs}
 
 

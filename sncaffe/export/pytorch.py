@@ -135,7 +135,7 @@ def python_name(name, taken, prefix="x"):
     return out
 
 
-RESERVED = {"self", "torch", "nn", "F", "math", *HELPERS}
+RESERVED = {"self", "torch", "nn", "F", "math", "os", *HELPERS}
 
 
 def class_name(name):

@@ -9,6 +9,7 @@ PyTorch's padding or rounding differ from Caffe's.
 """
 from __future__ import annotations
 
+import builtins
 import keyword
 import math
 import re
@@ -135,7 +136,7 @@ def python_name(name, taken, prefix="x"):
     return out
 
 
-RESERVED = {"self", "torch", "nn", "F", "math", "os", *HELPERS}
+RESERVED = {"self", "torch", "nn", "F", "math", "os", *HELPERS, *dir(builtins)}
 
 
 def class_name(name):
@@ -331,8 +332,8 @@ def maps(*types):
 
 
 def num(v):
-    """A float as the shortest text that reads back as the same float32."""
-    return repr(float(np.float32(v)))
+    """A float as the shortest text that reads back as the same float32 (0.7, not 0.699999988)."""
+    return str(np.float32(v))
 
 
 @maps("Convolution", "Deconvolution", "ConvolutionDepthwise")

@@ -1,8 +1,9 @@
 """Every net of prototxt/ and of the zoo exports to ONNX (run by onnxruntime) and to a PyTorch
 module, both within 1e-4 (relative) of sncaffe on a random batch.
 
-The default run exports the small nets and the zoo's ResNet-50; the nets in LONG take 7-30 s
-each here (an ImageNet-sized input, or tens of millions of parameters). Every net:
+The default run exports the small nets and the zoo's ResNet-50; the nets in LONG take 2-13 s
+each on two cores (an ImageNet-sized input, or tens of millions of parameters), about 70 s for
+the file with them. Every net:
     SNCAFFE_EXPORT_NETS=all python -m pytest -q tests/export/test_export_nets.py
 """
 import os

@@ -32,10 +32,15 @@ def random_inputs(net, seed=0) -> dict:
 
 
 def reference(net, inputs: dict) -> dict:
-    """sncaffe's outputs for ``inputs`` (copies)."""
+    """sncaffe's outputs for ``inputs`` (copies). A TRAIN-phase forward moves BatchNorm's sums:
+    the check puts them back."""
+    state = [b for n in net.graph.layers if not n.layer.learnable for b in n.layer.blobs]
+    saved = [np.array(b.data) for b in state]
     for name, x in inputs.items():
         net.blobs[name].data[...] = x
     net.forward()
+    for b, a in zip(state, saved):
+        b.data[...] = a
     return {name: np.array(net.blobs[name].data) for name in net.outputs}
 
 

@@ -153,6 +153,7 @@ class TorchSource:
     class_name: str
     state: dict
     blob_keys: dict = field(default_factory=dict)
+    transposed: set = field(default_factory=set)      # keys stored as the transpose of Caffe's blob
 
     def module(self):
         """The module, defined from the source and loaded with the weights."""
@@ -182,7 +183,7 @@ class TorchSource:
 class Gen:
     def __init__(self, net):
         self.net = net
-        self.init, self.body, self.state, self.blob_keys = [], [], {}, {}
+        self.init, self.body, self.state, self.blob_keys, self.transposed = [], [], {}, {}, set()
         self.helpers = []
         self.vars, self.var = set(), {}       # blob -> its Python variable now
         self.attrs = set(dir(__import__("torch").nn.Module))
@@ -203,6 +204,10 @@ class Gen:
             self.state[f"{attr}.{k}"] = v
             keys.append(f"{attr}.{k}")
         self.blob_keys[node.name] = keys
+        if node.layer.learnable:
+            for k, need in zip(keys, node.param_need_backward):
+                if not need:
+                    self.init.append(f"self.{k}.requires_grad_(False)      # lr_mult 0: frozen, as in Caffe")
         return attr
 
     def assign(self, blob) -> str:
@@ -282,7 +287,7 @@ def source(net) -> TorchSource:
                  f"    def forward(self, {', '.join(args)}):\n"
                  + textwrap.indent("\n".join(gen.body + [f"return {ret}"]), " " * 8) + "\n")
     text = "\n".join(lines)
-    return TorchSource(text, cls, gen.state, gen.blob_keys)
+    return TorchSource(text, cls, gen.state, gen.blob_keys, gen.transposed)
 
 
 def runner(model, net):
@@ -403,6 +408,8 @@ def inner_product(gen, node):
     w = blobs[0].T.copy() if p.transpose else blobs[0]
     state = {"weight": w} | ({"bias": blobs[1]} if len(blobs) > 1 else {})
     attr = gen.submodule(node, f"nn.Linear({w.shape[1]}, {w.shape[0]}, bias={len(blobs) > 1})", state)
+    if p.transpose:
+        gen.transposed.add(f"{attr}.weight")
     x = gen.bottom(node)
     flat = x if axis == len(node.bottoms[0].shape) - 1 else f"{x}.flatten({axis})"
     return [f"self.{attr}({flat})"]
@@ -443,8 +450,11 @@ def affine(x, scale, shift):
 @maps("Power")
 def power(gen, node):
     p = node.layer.param.power_param
-    y = affine(gen.bottom(node), p.scale, p.shift)
-    return [f"{y} ** {num(p.power)}" if p.power != 1 else f"1 * {y}" if y == gen.bottom(node) else y]
+    x = gen.bottom(node)
+    y = affine(x, p.scale, p.shift)
+    if p.power == 1:
+        return [Alias(x) if y == x else y]
+    return [f"{y if y == x or y.startswith('(') else f'({y})'} ** {num(p.power)}"]
 
 
 @maps("Exp")

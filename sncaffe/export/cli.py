@@ -74,16 +74,17 @@ def main(args) -> int:
     if args.rtol is None or not args.rtol >= 0:
         raise ExportError(f"--rtol {args.rtol}: give a number >= 0")
     what = "ONNX" if args.onnx else "PyTorch"
+    import importlib
     try:
-        if args.onnx:
-            from . import onnx as exporter
-            import onnx, onnxruntime  # noqa: F401  (the check needs both)
-        else:
-            from . import pytorch as exporter
-            import torch  # noqa: F401
+        for package in ("onnx", "onnxruntime") if args.onnx else ("torch",):    # the check runs them
+            importlib.import_module(package)
     except ImportError as e:
         extra = "onnx" if args.onnx else "torch"
         raise ExportError(f"{what} export needs {e.name}: pip install 'sncaffe[{extra}]'") from None
+    if args.onnx:
+        from . import onnx as exporter
+    else:
+        from . import pytorch as exporter
     net = load(args.net, args.phase, args.stage, args.level, args.weights, parse_inputs(args.input), args.batch)
     out = args.onnx or args.torch
     unset = [] if args.weights else unset_statistics(net)

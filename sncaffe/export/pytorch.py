@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import keyword
-import math
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from . import geometry as g
 MAPS = {}       # layer type -> fn(gen, node) -> the tops' Python expressions
 
 HELPERS = {
-    "math": "",
     "caffe_pool2d": '''
 def caffe_pool2d(x, method, kernel, stride, pad, end_pad):
     """Caffe's pooling where PyTorch's padding or rounding differ: the input padded to exactly

@@ -102,3 +102,9 @@ def test_net_methods_export_the_deploy_part(tmp_path):
     assert train.training
     with pytest.raises(ExportError, match="batch's statistics"):
         cifar_resnet("TRAIN").to_onnx()
+
+
+def test_a_missing_extra_is_named(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)       # as if not installed
+    assert main(["export", LENET, "--onnx", "x.onnx", "--input", "data=1,1,28,28"]) == 1
+    assert "needs onnxruntime: pip install 'sncaffe[onnx]'" in capsys.readouterr().err

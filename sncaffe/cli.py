@@ -9,6 +9,7 @@ import sys
 from contextlib import nullcontext
 
 from . import __version__, caffe_cli, run
+from .export import cli as export_cli
 from .parallel import BUCKET_BYTES, TIMEOUT
 from .parallel.placement import sharing
 from .plan.planner import MODES
@@ -237,6 +238,7 @@ def parser() -> argparse.ArgumentParser:
             q.add_argument(*names, dest=flag, **kw)
             q.options.update((n, kw.get("action") not in ("store_true",)) for n in names)
         q.set_defaults(func=func)
+    p.commands["export"] = export_cli.add_parser(sub)      # export: ONNX and PyTorch, checked
     return p
 
 

@@ -434,3 +434,18 @@ class Net:
         """The data of blob ``name`` as a NumPy array (a GPU's copied to the host)."""
         data = self.blobs[name].data
         return data.get() if hasattr(data, "get") else np.asarray(data)
+
+    # -- export (sncaffe/export/) ------------------------------------------------
+    def to_onnx(self, path=None, rtol=1e-4):
+        """The net's deploy part (export/deploy.py) as an ONNX ModelProto, written to ``path``
+        if given, after one random batch through onnxruntime gave outputs within ``rtol``
+        (relative) of sncaffe's (None: unchecked); ExportError otherwise."""
+        from .export import deploy, onnx
+        return onnx.export(deploy.deploy_net(self), path, rtol)[0]
+
+    def to_torch(self, path=None, rtol=1e-4):
+        """The net's deploy part as a PyTorch nn.Module with these parameters, in train mode for
+        the TRAIN phase; with ``path`` its source (.py) and weights (.pt) are written. Checked
+        as ``to_onnx`` is."""
+        from .export import deploy, pytorch
+        return pytorch.export(deploy.deploy_net(self), path, rtol)[0]

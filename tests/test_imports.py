@@ -20,11 +20,20 @@ def _modules():
 MODULES = _modules()
 
 
+# Imported inside a method, as an optional extra: Net.to_onnx and to_torch reach the exporters,
+# which need onnx or torch, only when called.
+OPTIONAL = ("sncaffe.export",)
+
+
 def _imports(name, path):
-    """The sncaffe modules ``name`` imports, anywhere in its file (a function's imports too)."""
+    """The sncaffe modules ``name`` imports, anywhere in its file (a function's imports too, but
+    an optional extra's)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f)}
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.split(".")[0] == "sncaffe")
         elif isinstance(node, ast.ImportFrom):
@@ -35,6 +44,8 @@ def _imports(name, path):
             else:
                 module = node.module or ""
             if module.split(".")[0] != "sncaffe":
+                continue
+            if id(node) in inner and module.startswith(OPTIONAL) and not name.startswith(OPTIONAL):
                 continue
             for alias in node.names:
                 sub = f"{module}.{alias.name}"

@@ -20,23 +20,6 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   off: NumPy's calls. This one times the solver's update, the others forward + backward;
 - ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
   two forms plan different workspaces, so they are two nets with the same weights and inputs;
-- ``nhwc``: convolutions whose channels do not fill oneDNN's blocks in NHWC
-  (``conv_onednn.layout``); off: blocked or NCHW (``conv_onednn.blocked``). Two nets, as pooling
-  (LeNet: ``--net prototxt/lenet_train_test.prototxt --batch 64``);
-- ``avx2-1x1``: on a CPU without AVX-512, 1x1 convolutions with many input channels and few
-  positions on oneDNN's blocked kernels (``conv_onednn.blocked``); off: the AVX-512 machines'
-  rule (1x1s on NCHW). Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
-- ``strided-1x1``: on a CPU without AVX-512, strided 1x1 convolutions with many input channels
-  and few output positions on sncaffe's ConvPlan (``conv_onednn.native``); off: on oneDNN. Two
-  nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``). ``avx2-1x1``'s off form turns
-  this one off too;
-- ``forward-nhwc``: on a CPU without AVX-512, the forward of 3x3 stride-1 convolutions with few
-  positions or many outputs in NHWC, their backward passes blocked (``conv_onednn.forward_layout``);
-  off: every pass in the backward passes' layout. Two nets, as pooling
-  (``--net prototxt/cifar10_resnet.prototxt --batch 128``);
-- ``weights-nchw``: on a CPU without AVX-512, the weight gradient of convolutions with many input
-  and output channels on NCHW (``conv_onednn.weights_layout``); off: in the input gradient's
-  layout. Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
 - ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
   layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
   off form's workspace holds the gradient), the switch also flipped at each iteration.
@@ -61,8 +44,7 @@ from unittest.mock import patch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1",
-         "strided-1x1", "forward-nhwc", "weights-nchw", "dw-add"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "dw-add"]
 
 
 def _switch(path, net):
@@ -97,19 +79,9 @@ def _off_net(path):
     """(owner, name, value) that turns ``path`` off while the off form's net is built, where the
     two forms plan different nets (workspaces, layouts, kernels), else None."""
     from sncaffe.backend import onednn
-    from sncaffe.layers import conv_onednn, pooling
-    if path == "avx2-1x1":
-        vendor, avx512 = conv_onednn._cpu()
-        if avx512:
-            print("note: this CPU has AVX-512: both nets take its rules", file=sys.stderr)
-        return conv_onednn, "_CPU", [(vendor, True)]
+    from sncaffe.layers import pooling
     return {
         "pooling": (pooling, "ONEDNN", False),
-        "nhwc": (conv_onednn, "layout",
-                 lambda plan: conv_onednn.BLOCKED if conv_onednn.blocked(plan) else conv_onednn.NCHW),
-        "strided-1x1": (conv_onednn, "native", lambda plan: False),
-        "forward-nhwc": (conv_onednn, "forward_layout", lambda plan, chosen: ""),
-        "weights-nchw": (conv_onednn, "weights_layout", lambda plan, chosen: ""),
         "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),    # and switched each turn
     }.get(path)
 

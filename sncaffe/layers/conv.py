@@ -29,7 +29,7 @@ from ..backend import is_gpu
 from ..fillers import fill
 from . import conv_gpu, conv_onednn
 from .base import Layer, array_module, register
-from .grouped import make_plan
+from .im2col import ConvPlan
 
 
 def _spatial(layer, p, name, default):
@@ -89,14 +89,14 @@ class _ConvolutionBase(Layer):
             if min(out) < 1:
                 raise self.error(f"output size {out} < 1 (input {H}x{W}, kernel extent {extent}, pad {pad})")
             # conv view: the image side is top (M channels), the grid side is bottom (C)
-            self.plan = make_plan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
+            self.plan = ConvPlan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
             self.dnn = conv_onednn.geometry(self, self.plan, out)
             self.param_shapes = [(C, M // group) + kernel]
         else:
             if any(n + 2 * q < e for n, q, e in zip((H, W), pad, extent)):
                 raise self.error(f"kernel extent {extent} exceeds the padded input "
                                  f"{H + 2 * pad[0]}x{W + 2 * pad[1]}")
-            self.plan = make_plan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
+            self.plan = ConvPlan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
             self.dnn = conv_onednn.geometry(self, self.plan, (H, W))
             out = self.plan.out_shape
             self.param_shapes = [(M, C // group) + kernel]

@@ -20,6 +20,9 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   off: NumPy's calls. This one times the solver's update, the others forward + backward;
 - ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
   two forms plan different workspaces, so they are two nets with the same weights and inputs;
+- ``nhwc``: convolutions whose outputs per group do not fill a block of 8 in NHWC
+  (``conv_onednn.nhwc``); off: in oneDNN's own layout. Two nets, as pooling (LeNet:
+  ``--net prototxt/lenet_train_test.prototxt --batch 64``);
 - ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
   layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
   off form's workspace holds the gradient), the switch also flipped at each iteration.
@@ -44,7 +47,7 @@ from unittest.mock import patch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "dw-add"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "dw-add"]
 
 
 def _switch(path, net):
@@ -79,9 +82,10 @@ def _off_net(path):
     """(owner, name, value) that turns ``path`` off while the off form's net is built, where the
     two forms plan different nets (workspaces, layouts, kernels), else None."""
     from sncaffe.backend import onednn
-    from sncaffe.layers import pooling
+    from sncaffe.layers import conv_onednn, pooling
     return {
         "pooling": (pooling, "ONEDNN", False),
+        "nhwc": (conv_onednn, "nhwc", lambda plan: False),
         "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),    # and switched each turn
     }.get(path)
 

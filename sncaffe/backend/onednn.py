@@ -31,7 +31,7 @@ LIBRARY = "libdnnl.so.3"
 INSTALL = "pip install onednn-cpu-gomp==2023.2.0 (a dependency of sncaffe on Linux x86_64)"
 # dnnl_types.h / dnnl_common_types.h (oneDNN v3.2)
 _CPU, _F32, _ANY, _A = 1, 3, 1, 2
-_NCHW, _OIHW, _GOIHW = 5, 5, 6
+_NCHW, _OIHW, _GOIHW, _NHWC = 5, 5, 6, 22
 _NCHW8C = 102                # dnnl_nChw8c (dnnl_aBcd8b): channels in blocks of 8
 _FWD_TRAINING, _DIRECT, _SCRATCHPAD_USER = 64, 1, 1
 _Q_IMPL_INFO, _Q_EXEC_ARG_MD = 8, 255
@@ -407,10 +407,10 @@ class Conv:
     """One 2-D convolution (Caffe's conv view: image x (n, C, H, W) -> grid y (n, M, Ho, Wo),
     weight (M, C/group, kh, kw)) at one batch size: its forward, backward-data and
     backward-weights primitives on NCHW arrays. oneDNN chooses the kernels' layouts of x, y and
-    the weights (``format_tag::any``); where they are not the arrays', the arguments are reordered
-    in and out through the workspace."""
+    the weights (``format_tag::any``), or, ``nhwc``, takes x and y in NHWC; where they are not the
+    arrays', the arguments are reordered in and out through the workspace."""
 
-    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation):
+    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, nhwc=False):
         self.threads = _set_threads()
         out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, k, st, p, d in zip(size, kernel, stride, pad, dilation)]
         self.geometry = dict(strides=_dims(stride), dilates=_dims([d - 1 for d in dilation]), padding_l=_dims(pad),
@@ -422,7 +422,8 @@ class Conv:
                      "y": _Desc((n, num_output) + tuple(out), _NCHW),
                      "w": _Desc(wdims, _OIHW if group == 1 else _GOIHW),
                      "b": _Desc((num_output,), _A)}
-        self._kern = {"x": _Desc((n, channels) + tuple(size), _ANY), "y": _Desc((n, num_output) + tuple(out), _ANY),
+        data = _NHWC if nhwc else _ANY
+        self._kern = {"x": _Desc((n, channels) + tuple(size), data), "y": _Desc((n, num_output) + tuple(out), data),
                       "w": _Desc(wdims, _ANY)}
         self.attr = _attr()
         self.fwd_pd = self._pd_forward(self._kern, with_bias=False)
@@ -539,10 +540,10 @@ class Conv:
 _cache: dict = {}
 
 
-def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation) -> Conv:
+def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, nhwc=False) -> Conv:
     """The Conv of this geometry and batch size (primitive creation is slow: kept per process)."""
     key = (n, channels, num_output, group, tuple(size), tuple(kernel), tuple(stride), tuple(pad), tuple(dilation),
-           _threads.current().threads)
+           bool(nhwc), _threads.current().threads)
     return _kept(_cache, key, lambda: Conv(*key[:-1]))
 
 

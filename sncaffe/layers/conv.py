@@ -1,9 +1,11 @@
 """Convolution and Deconvolution (Caffe's ConvolutionParameter), 2-D over NCHW.
 
-Both run on the kernels of ``im2col.ConvPlan`` in Caffe's conv view (image ->
-grid side): a Convolution's forward is the plan's forward; a Deconvolution's
-forward is the plan's backward-data (Caffe's transposed convolution) and its
-backward-data the plan's forward. The batch runs in chunks of ``self.chunk``
+Both run in Caffe's conv view (image -> grid side) on one of two CPU engines:
+oneDNN (``conv_onednn.py``) for float32 where it loads, else the reference
+kernels of ``im2col.ConvPlan`` (float64, ``SNCAFFE_CONV=native``); on the GPU,
+cuDNN (``conv_gpu.py``). A Convolution's forward is the plan's forward; a
+Deconvolution's forward is the plan's backward-data (Caffe's transposed
+convolution) and its backward-data the plan's forward. The batch runs in chunks of ``self.chunk``
 images (None: the whole batch) and the workspace is sized for one chunk, so
 the memory runtime can trade speed for memory: set ``chunk`` (and
 ``plan_options``) before ``setup``. Only a 4-D bottom with channel axis 1 is

@@ -21,8 +21,10 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
 - ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
   two forms plan different workspaces, so they are two nets with the same weights and inputs;
 - ``nhwc``: convolutions whose outputs per group do not fill a block of 8 in NHWC
-  (``conv_onednn.nhwc``); off: in oneDNN's own layout. Two nets, as pooling (LeNet:
+  (``conv_onednn.layout``); off: in oneDNN's own layout. Two nets, as pooling (LeNet:
   ``--net prototxt/lenet_train_test.prototxt --batch 64``);
+- ``nchw-1x1``: 1x1 convolutions on x and y as given, NCHW (``conv_onednn.layout``); off: in
+  oneDNN's own layout. Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
 - ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
   layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
   off form's workspace holds the gradient), the switch also flipped at each iteration.
@@ -47,7 +49,8 @@ from unittest.mock import patch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "dw-add"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "nchw-1x1",
+         "dw-add"]
 
 
 def _switch(path, net):
@@ -85,7 +88,10 @@ def _off_net(path):
     from sncaffe.layers import conv_onednn, pooling
     return {
         "pooling": (pooling, "ONEDNN", False),
-        "nhwc": (conv_onednn, "nhwc", lambda plan: False),
+        "nhwc": (conv_onednn, "layout", lambda plan, rule=conv_onednn.layout: "any" if rule(plan) == "nhwc"
+                 else rule(plan)),
+        "nchw-1x1": (conv_onednn, "layout", lambda plan, rule=conv_onednn.layout: "any" if rule(plan) == "nchw"
+                     else rule(plan)),
         "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),    # and switched each turn
     }.get(path)
 

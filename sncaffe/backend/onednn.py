@@ -407,10 +407,11 @@ class Conv:
     """One 2-D convolution (Caffe's conv view: image x (n, C, H, W) -> grid y (n, M, Ho, Wo),
     weight (M, C/group, kh, kw)) at one batch size: its forward, backward-data and
     backward-weights primitives on NCHW arrays. oneDNN chooses the kernels' layouts of x, y and
-    the weights (``format_tag::any``), or, ``nhwc``, takes x and y in NHWC; where they are not the
-    arrays', the arguments are reordered in and out through the workspace."""
+    the weights (``format_tag::any``), or takes x and y in the ``layout`` "nchw" (as given) or
+    "nhwc"; where the kernels' layouts are not the arrays', the arguments are reordered in and out
+    through the workspace."""
 
-    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, nhwc=False):
+    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="any"):
         self.threads = _set_threads()
         out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, k, st, p, d in zip(size, kernel, stride, pad, dilation)]
         self.geometry = dict(strides=_dims(stride), dilates=_dims([d - 1 for d in dilation]), padding_l=_dims(pad),
@@ -422,7 +423,7 @@ class Conv:
                      "y": _Desc((n, num_output) + tuple(out), _NCHW),
                      "w": _Desc(wdims, _OIHW if group == 1 else _GOIHW),
                      "b": _Desc((num_output,), _A)}
-        data = _NHWC if nhwc else _ANY
+        data = {"any": _ANY, "nchw": _NCHW, "nhwc": _NHWC}[layout]
         self._kern = {"x": _Desc((n, channels) + tuple(size), data), "y": _Desc((n, num_output) + tuple(out), data),
                       "w": _Desc(wdims, _ANY)}
         self.attr = _attr()
@@ -540,10 +541,10 @@ class Conv:
 _cache: dict = {}
 
 
-def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, nhwc=False) -> Conv:
+def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="any") -> Conv:
     """The Conv of this geometry and batch size (primitive creation is slow: kept per process)."""
     key = (n, channels, num_output, group, tuple(size), tuple(kernel), tuple(stride), tuple(pad), tuple(dilation),
-           bool(nhwc), _threads.current().threads)
+           layout, _threads.current().threads)
     return _kept(_cache, key, lambda: Conv(*key[:-1]))
 
 

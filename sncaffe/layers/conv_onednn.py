@@ -3,8 +3,8 @@
 In Caffe's conv view (image -> grid), as ``im2col.ConvPlan``: a Convolution's forward is
 oneDNN's forward, its input gradient oneDNN's backward-data; a Deconvolution's forward is
 the backward-data and its input gradient the forward. oneDNN chooses the layouts of x, y and
-the weights (``format_tag::any``) but where ``nhwc`` says NHWC; the arrays stay NCHW and OIHW,
-reordered in and out through the workspace where its kernels want another. Every primitive runs on blocks of
+the weights (``format_tag::any``) but where ``layout`` names one for x and y; the arrays stay NCHW
+and OIHW, reordered in and out through the workspace where its kernels want another. Every primitive runs on blocks of
 ``layer.reduce_block`` images counted from the chunk's first image (``reduce_block``: enough
 images for BLOCK_POSITIONS output positions, from the geometry alone; the chunk contract of
 ``conv.py``): the weight gradient of each block is added into the diff in image order, and
@@ -35,12 +35,12 @@ class Geometry:
     stride: tuple
     pad: tuple
     dilation: tuple
-    nhwc: bool = False      # x and y in NHWC in the kernels (``nhwc``), else oneDNN's choice
+    layout: str = "any"     # of x and y in the kernels (``layout``)
 
     def conv(self, n) -> onednn.Conv:
         """The primitives at n images."""
         return onednn.conv(n, self.channels, self.num_output, self.group, self.size, self.kernel, self.stride,
-                           self.pad, self.dilation, self.nhwc)
+                           self.pad, self.dilation, self.layout)
 
     @property
     def weight_size(self):
@@ -58,14 +58,16 @@ def geometry(layer, plan, size):
     except (ValueError, RuntimeError) as e:
         raise layer.error(str(e)) from None
     return Geometry(plan.C, plan.M, plan.group, tuple(size), plan.kernel, (plan.h.stride, plan.w.stride),
-                    (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), nhwc(plan))
+                    (plan.h.pad, plan.w.pad), (plan.h.dilation, plan.w.dilation), layout(plan))
 
 
-def nhwc(plan) -> bool:
-    """NHWC, not oneDNN's choice (blocks padded to 8 or 16 channels), where the outputs per group do
-    not fill a block of 8 (brgemm kernels, no padding): LeNet 1.14-1.24x (tools/bench_toggle.py --path
-    nhwc --net prototxt/lenet_train_test.prototxt --batch 64, README "CPU convolutions")."""
-    return plan.kernel != (1, 1) and plan.Cg >= 4 and plan.Mg % 8 != 0
+def layout(plan) -> str:
+    """The layout of x and y in the layer's kernels: oneDNN's choice ("any") but for two rules."""
+    if plan.kernel == (1, 1):      # one GEMM on x as given: tools/bench_toggle.py --path nchw-1x1, ResNet-50
+        return "nchw"
+    if plan.Cg >= 4 and plan.Mg % 8:   # no block padded to 8 or 16 outputs: bench_toggle.py --path nhwc, LeNet
+        return "nhwc"
+    return "any"
 
 
 # A block is large enough that oneDNN's kernels run at full speed on it (the GPU path's rule:

@@ -65,8 +65,8 @@ def test_float32_on_onednn_matches_convplan_in_float64(kind, shape, M, kw):
     ref, *want = _run(kind, shape, M, kw, np.float64)
     assert ref.dnn is None, "float64 runs on ConvPlan"
     layer, *got = _run(kind, shape, M, kw, np.float32, params=[b.data for b in ref.blobs])
-    p = layer.plan      # NHWC only where the outputs per group do not fill a block of 8 (conv_onednn.nhwc)
-    assert layer.dnn.nhwc == (p.kernel != (1, 1) and p.Cg >= 4 and p.Mg % 8 != 0)
+    p = layer.plan      # conv_onednn.layout: 1x1s as given, NHWC where the outputs do not fill a block
+    assert layer.dnn.layout == ("nchw" if p.kernel == (1, 1) else "nhwc" if p.Cg >= 4 and p.Mg % 8 else "any")
     top, dx, dparams = got
     for what, g, w in [("top", top, want[0]), ("bottom diff", dx, want[1])] + [
             (f"param diff {i}", g, w) for i, (g, w) in enumerate(zip(dparams, want[2]))]:
@@ -478,7 +478,7 @@ def test_eltwise_sum_on_onednn_passes_the_gradient_checker():
 
 @needs_onednn
 @pytest.mark.parametrize("path", ["share-dy", "sum", "binary", "relu", "bn-scale", "sgd-step", "pooling", "nhwc",
-                                  "dw-add"])
+                                  "nchw-1x1", "dw-add"])
 def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
     """tools/bench_toggle.py switches one fast path off on every other iteration: it prints both
     forms' times and leaves the entry point it replaced as it found it (nhwc: on LeNet, whose data
@@ -492,7 +492,8 @@ def test_bench_toggle_times_both_forms_and_puts_the_path_back(path, capsys):
                    "binary": (onednn, "binary_for"), "relu": (onednn, "relu_for"), "sgd-step": (SGD, "step"),
                    "bn-scale": (onednn, "binary_for"),     # (bn-scale flips the net's own flags,
                    "pooling": (onednn, "pool"),             # pooling and nhwc build a second net)
-                   "nhwc": (conv_onednn, "nhwc"), "dw-add": (onednn.Conv, "adds")}[path]
+                   "nhwc": (conv_onednn, "layout"), "nchw-1x1": (conv_onednn, "layout"),
+                   "dw-add": (onednn.Conv, "adds")}[path]
     before = getattr(owner, name)
     net = ["--net", "prototxt/lenet_train_test.prototxt"] if path == "nhwc" else []
     assert bench_toggle.main(["--path", path, "--batch", "2", "--iterations", "1"] + net) == 0

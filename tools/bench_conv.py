@@ -6,17 +6,11 @@ fraction of the GEMM rate) and, when torch is importable, torch's conv2d on the
 same shape. The totals weight each shape by how often ResNet-50 has it (conv1's
 backward-data is left out: the data layer below it takes no gradient).
 
-With --backends: per shape (ResNet-50's at --batch, CIFAR ResNet-20's at --cifar-batch)
-forward + both backward passes of the layer on oneDNN (backend/onednn.py, layouts of the
-kernels' choice), on oneDNN with NCHW arguments, on sncaffe's own ConvPlan, and torch's.
+With --backends: per shape (LeNet's at --lenet-batch, CIFAR ResNet-20's at --cifar-batch,
+ResNet-50's at --batch) forward + both backward passes of the layer on each CPU engine: oneDNN
+(backend/onednn.py, the layouts of its choice) and sncaffe's own ConvPlan, and torch's.
 
-With --passes: per shape (the same nets) each pass alone (forward, backward-data,
-backward-weights) on oneDNN in each layout of x and y (NCHW as given, the blocked kernels', NHWC;
-reorders through the workspace included), the runs interleaved, and the layout sncaffe's layer
-takes for that pass at this thread count (``conv_onednn.layout``, ``forward_layout``,
-``weights_layout``; "native": sncaffe's ConvPlan).
-
-    .venv/bin/python tools/bench_conv.py [--threads 1] [--repeat 3] [--batch 8] [--quick] [--backends | --passes]
+    .venv/bin/python tools/bench_conv.py [--threads 1] [--repeat 3] [--batch 8] [--quick] [--backends]
 """
 from __future__ import annotations
 
@@ -63,8 +57,7 @@ def parse_args():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--only", default="", help="run shapes whose name contains this")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--backends", action="store_true", help="oneDNN, oneDNN on NCHW, ConvPlan and torch")
-    ap.add_argument("--passes", action="store_true", help="each pass alone on oneDNN in each layout")
+    ap.add_argument("--backends", action="store_true", help="oneDNN, ConvPlan and torch")
     ap.add_argument("--cifar-batch", type=int, default=128)
     ap.add_argument("--lenet-batch", type=int, default=64)
     return ap.parse_args()
@@ -95,22 +88,27 @@ def gemm_rate(np, repeat):
     return 2 * 2048 ** 3 / best_times([lambda: gemm(a, b, c)], repeat)[0] / 1e9
 
 
-def sncaffe_passes(np, shape, N, options=None):
-    """(forward, backward-data, backward-filter) of sncaffe's Convolution, as functions
-    (``options``: ConvPlan's, which keep the layer off oneDNN)."""
+def sncaffe_passes(np, shape, N, engine=""):
+    """(forward, backward-data, backward-filter) of sncaffe's Convolution, as functions, on the
+    engine ``SNCAFFE_CONV`` names (``engine``; "": the default)."""
     from sncaffe.gradcheck import Harness, make_layer
     _, C, M, H, k, s, p, bias, _ = shape
     text = (f'type: "Convolution" convolution_param {{ num_output: {M} kernel_size: {k} '
             f'stride: {s} pad: {p} bias_term: {str(bias).lower()} }}')
     x = np.random.default_rng(0).standard_normal((N, C, H, H), dtype=np.float32)
 
-    def layer(frozen):
-        one = make_layer(text + frozen)
-        one.plan_options = options or {}
-        return one
+    def harness(frozen):
+        before = os.environ.get("SNCAFFE_CONV")
+        os.environ["SNCAFFE_CONV"] = engine         # read when the layer is set up
+        try:
+            return Harness(make_layer(text + frozen), [x], np.float32)
+        finally:
+            if before is None:
+                del os.environ["SNCAFFE_CONV"]
+            else:
+                os.environ["SNCAFFE_CONV"] = before
     # lr_mult 0: Caffe (and sncaffe) skip the parameter gradients, leaving backward-data
-    h, hd = (Harness(layer(frozen), [x], np.float32)
-             for frozen in ("", " param { lr_mult: 0 } param { lr_mult: 0 }"))
+    h, hd = (harness(frozen) for frozen in ("", " param { lr_mult: 0 } param { lr_mult: 0 }"))
     for one in (h, hd):
         one.forward()
         for t in one.top:
@@ -144,68 +142,13 @@ def torch_passes(torch, shape, N):
             run([False, True, bias]))
 
 
-def onednn_plain(np, shape, N, layout="nchw"):
-    """forward + both backward passes on oneDNN with x and y in ``layout`` in the kernels (NCHW: no
-    reorders; "blocked", "nhwc": reordered through the workspace), one function."""
-    fns = pass_functions(np, shape, N, (layout,))
-    return lambda: [fns[layout, kind]() for kind in PASSES]
-
-
-LAYOUTS = ("nchw", "blocked", "nhwc")
-PASSES = ("forward", "data", "weights")
-
-
-def pass_functions(np, shape, N, layouts=LAYOUTS):
-    """{(layout, pass): function running that pass of ``shape`` alone on oneDNN in that layout}."""
-    from sncaffe.backend import onednn
-    _, C, M, H, k, s, p, bias, _ = shape
-    rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((N, C, H, H), dtype=np.float32), rng.standard_normal((M, C, k, k), dtype=np.float32)
-    Ho = (H + 2 * p - k) // s + 1
-    dy = rng.standard_normal((N, M, Ho, Ho), dtype=np.float32)
-    y, dx, dw = np.zeros_like(dy), np.zeros_like(x), np.zeros_like(w)
-    fns = {}
-    for lay in layouts:
-        conv = onednn.conv(N, C, M, 1, (H, H), (k, k), (s, s), (p, p), (1, 1), layout=lay)
-        ws = np.zeros(max(conv.nbytes(kind) for kind in PASSES), np.uint8)
-        args = {"forward": dict(x=x, w=w, y=y), "data": dict(x=dx, w=w, y=dy), "weights": dict(x=x, w=dw, y=dy)}
-        for kind in PASSES:
-            fns[lay, kind] = lambda conv=conv, ws=ws, kind=kind, a=args[kind]: conv.run(kind, ws, **a)
-    return fns
-
-
-def passes(np, args):
-    """The --passes table: per shape and pass, ms in each layout and the one sncaffe takes."""
-    from sncaffe.backend import onednn
-    if onednn.choice() != "onednn":
-        raise SystemExit("--passes needs oneDNN (SNCAFFE_CONV=native, or the library is not installed)")
-    repeat = 1 if args.quick else args.repeat
-    head = f"{'shape':22s} {'n':>3s} {'x':>2s} | " + " | ".join(
-        f"{kind:7s} {'/'.join(LAYOUTS)} ms, taken" for kind in PASSES)
-    print(head + "\n" + "-" * len(head))
-    for shapes, N in ((LENET, args.lenet_batch), (CIFAR, args.cifar_batch), (SHAPES, args.batch)):
-        for shape in shapes:
-            name, C, M, H, k, s, p, bias, count = shape
-            if args.only not in name:
-                continue
-            fns = pass_functions(np, shape, N)
-            keys = list(fns)
-            times = dict(zip(keys, best_times([fns[key] for key in keys], repeat)))
-            g = sncaffe_layer(np, shape, N).dnn
-            cells = []
-            for kind in PASSES:
-                taken = "native" if g is None else g.conv(N, "" if kind == "data" else kind).layout
-                cells.append(" / ".join(f"{times[lay, kind] * 1e3:.2f}" for lay in LAYOUTS) + f", {taken}")
-            print(f"{name:22s} {N:3d} {count:2d} | " + " | ".join(cells), flush=True)
-
-
 def backends(np, torch, args):
-    """The --backends table: fwd+bwd ms per shape on each path, and the weighted totals."""
+    """The --backends table: fwd+bwd ms per shape on each engine, and the weighted totals."""
     from sncaffe.backend import onednn
     have = onednn.choice() == "onednn"
-    paths = ("oneDNN", "NCHW", "blocked", "NHWC", "native", "torch")
+    paths = ("oneDNN", "native", "torch")
     head = f"{'shape':22s} {'n':>3s} {'x':>2s} | " + " ".join(f"{p:>7s}" for p in paths) + " | " \
-           f"{'dnn/torch':>9s} {'nat/torch':>9s}  sncaffe's layout: oneDNN kernels (fwd, bwd-data, bwd-weights)"
+           f"{'dnn/torch':>9s} {'nat/torch':>9s}  oneDNN's kernels (fwd, bwd-data, bwd-weights)"
     print(head + "\n" + "-" * len(head))
     totals = {}
     for net, shapes, N in (("LeNet", LENET, args.lenet_batch), ("CIFAR ResNet-20", CIFAR, args.cifar_batch),
@@ -216,40 +159,29 @@ def backends(np, torch, args):
             if args.only not in name:
                 continue
             fns = []
-            if have:
-                f = sncaffe_passes(np, shape, N)
-                fns += [lambda f=f: (f[0](), f[1](), f[2]())] + [onednn_plain(np, shape, N, lay)
-                                                                 for lay in ("nchw", "blocked", "nhwc")]
-            f = sncaffe_passes(np, shape, N, {"grouped": None})
-            fns.append(lambda f=f: (f[0](), f[1](), f[2]()))
+            for engine in ("onednn", "native")[0 if have else 1:]:
+                f = sncaffe_passes(np, shape, N, engine)
+                fns.append(lambda f=f: (f[0](), f[1](), f[2]()))
             if torch:
                 t = torch_passes(torch, shape, N)
                 fns.append(lambda t=t: (t[0](), t[1](), t[2]()))
             times = best_times(fns, 1 if args.quick else args.repeat)
-            times = ([None] * 4 if not have else []) + times + ([None] if not torch else [])
+            times = ([] if have else [None]) + times + ([None] if not torch else [])
             for i, t in enumerate(times):
                 sums[i] += count * (t or 0)
             ms = " ".join(f"{t * 1e3:7.2f}" if t else f"{'-':>7s}" for t in times)
-            ratio = " ".join(f"{t / times[5]:9.2f}" if t and times[5] else f"{'-':>9s}" for t in (times[0], times[4]))
+            ratio = " ".join(f"{t / times[2]:9.2f}" if t and times[2] else f"{'-':>9s}" for t in times[:2])
             kinds = ""
             if have:
-                layer = sncaffe_layer(np, shape, N)
-                g = layer.dnn
-            if have and g is None:            # the layer runs on sncaffe's own ConvPlan (``native``)
-                kinds = "ConvPlan (native)"
-            elif have:
-                own = "".join(f", {k} {lay}" for k, lay in (("forward", g.forward_layout),
-                                                            ("weights", g.weights_layout)) if lay)
-                kinds = (f"{g.layout}" + (f" ({own[2:]})" if own else "") + ": "
-                         + ", ".join(g.conv(N, "" if kind == "data" else kind).impl(kind)
-                                     for kind in ("forward", "data", "weights")))
+                g = sncaffe_layer(np, shape, N).dnn
+                kinds = ", ".join(g.conv(N).impl(kind) for kind in ("forward", "data", "weights"))
             print(f"{name:22s} {N:3d} {count:2d} | {ms} | {ratio}  {kinds}", flush=True)
         totals[net] = sums
     for net, sums in totals.items():
         line = ", ".join(f"{what} {t:.3f} s" for what, t in zip(paths, sums) if t)
         print(f"{net} convolutions, fwd+bwd, weighted by count: {line}"
-              + (f"; oneDNN/torch {sums[0] / sums[5]:.2f}, native/torch {sums[4] / sums[5]:.2f}"
-                 if sums[0] and sums[5] else ""))
+              + (f"; oneDNN/torch {sums[0] / sums[2]:.2f}, native/torch {sums[1] / sums[2]:.2f}"
+                 if sums[0] and sums[2] else ""))
 
 
 def main():
@@ -277,8 +209,8 @@ def main():
     from sncaffe.backend.blas import BLAS
     print(f"fp32 GEMM (2048^3, {BLAS.describe()}): {rate:.1f} GFLOP/s")
     print(f"torch {torch.__version__}" if torch else "torch: not importable, sncaffe only")
-    if args.backends or args.passes:
-        (passes(np, args) if args.passes else backends(np, torch, args))
+    if args.backends:
+        backends(np, torch, args)
         print("load average %.2f %.2f %.2f" % os.getloadavg())
         return
     head = f"{'shape':22s} {'n':>2s} | {'fwd ms':>7s} {'GF/s':>5s} {'%gemm':>5s} | {'bwdD ms':>7s} {'GF/s':>5s} " \

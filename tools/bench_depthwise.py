@@ -1,18 +1,16 @@
-"""Benchmark depthwise and grouped convolution on the CPU against PyTorch eager (not a test).
+"""Benchmark depthwise convolution on the CPU against PyTorch eager (not a test).
 
-Three tables, every ratio from runs interleaved in this one process (the same machine load):
+Two tables, every ratio from runs interleaved in this one process (the same machine load):
 
 1. MobileNet v1/v2 depthwise 3x3 layers at batch 8, forward + backward (data and weights):
-   sncaffe's GroupedPlan (layers/grouped.py), its ConvPlan (a GEMM set per group, the
-   form before it) and torch.nn.functional.conv2d(groups=C).
+   sncaffe's layer (oneDNN where it loads), its ConvPlan (a GEMM set per group: the reference
+   path) and torch.nn.functional.conv2d(groups=C).
 2. Depthwise-separable blocks at batch 8, forward + backward of the whole block as a Net:
    MobileNet v1 (dw 3x3 + BN + Scale + ReLU, then 1x1 + BN + Scale + ReLU) and MobileNet v2
    (1x1 expand x6, dw 3x3, 1x1 project, BN + Scale after each, ReLU after the first two, a
    residual sum where the shapes allow), against the same layers in torch.
-3. With --grouped: grouped 3x3 convolutions of 1 to 32 channels per group, GroupedPlan
-   against ConvPlan (the rule ``depthwise.MAX_GROUP_CHANNELS`` comes from it).
 
-    python tools/bench_depthwise.py [--threads 1] [--repeat 5] [--batch 8] [--only 14x14] [--grouped]
+    python tools/bench_depthwise.py [--threads 1] [--repeat 5] [--batch 8] [--only 14x14]
 """
 from __future__ import annotations
 
@@ -40,7 +38,6 @@ def parse_args():
     ap.add_argument("--repeat", type=int, default=5, help="interleaved timed runs; the median is kept")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--only", default="", help="run rows whose name contains this")
-    ap.add_argument("--grouped", action="store_true", help="also the grouped-convolution table")
     return ap.parse_args()
 
 
@@ -157,14 +154,13 @@ def layer_table(np, torch, args, tables):
         if args.only not in name:
             continue
         fast, kind = sncaffe_layer(np, C, C, H, s, C, {})
-        native, _ = sncaffe_layer(np, C, C, H, s, C, {"grouped": None})     # options: off oneDNN
-        old, _ = sncaffe_layer(np, C, C, H, s, C, {"grouped": False})
-        fns = [fast, native, old] + ([torch_layer(torch, C, C, H, s, C)] if torch else [])
+        native, _ = sncaffe_layer(np, C, C, H, s, C, {"flip": None})     # ConvPlan options: off oneDNN
+        fns = [fast, native] + ([torch_layer(torch, C, C, H, s, C)] if torch else [])
         t = medians(fns, args.repeat)
-        rows.append([name, kind, f"{t[0] * 1e3:.2f}", f"{t[1] * 1e3:.2f}", f"{t[2] * 1e3:.2f}", f"{t[1] / t[0]:.2f}"]
-                    + ([f"{t[3] * 1e3:.2f}", f"{t[3] / t[0]:.2f}"] if torch else []))
-    tables.table(rows, ["depthwise 3x3, fwd+bwd", "kernel", "sncaffe ms", "GroupedPlan ms", "ConvPlan ms",
-                        "Grouped/sncaffe", "torch ms", "torch/sncaffe"][:8 if torch else 6])
+        rows.append([name, kind, f"{t[0] * 1e3:.2f}", f"{t[1] * 1e3:.2f}", f"{t[1] / t[0]:.2f}"]
+                    + ([f"{t[2] * 1e3:.2f}", f"{t[2] / t[0]:.2f}"] if torch else []))
+    tables.table(rows, ["depthwise 3x3, fwd+bwd", "kernel", "sncaffe ms", "ConvPlan ms",
+                        "ConvPlan/sncaffe", "torch ms", "torch/sncaffe"][:7 if torch else 5])
 
 
 def block_table(np, torch, args, tables):
@@ -179,20 +175,6 @@ def block_table(np, torch, args, tables):
             rows.append([name, f"{t[0] * 1e3:.2f}"] + ([f"{t[1] * 1e3:.2f}", f"{t[1] / t[0]:.2f}"] if torch else []))
             net.release()
     tables.table(rows, ["block fwd+bwd, batch %d" % BATCH, "sncaffe ms", "torch ms", "torch/sncaffe"][:4 if torch else 2])
-
-
-def grouped_table(np, args, tables):
-    rows = []
-    for C, H in ((64, 56), (256, 28), (512, 14)):
-        for cg in (1, 2, 4, 8, 16, 32):
-            name = f"{C}ch {H}x{H} {cg}/group"
-            if args.only not in name:
-                continue
-            fast, _ = sncaffe_layer(np, C, C, H, 1, C // cg, {"grouped": True})
-            old, _ = sncaffe_layer(np, C, C, H, 1, C // cg, {"grouped": False})
-            t = medians([fast, old], args.repeat)
-            rows.append([name, f"{t[0] * 1e3:.2f}", f"{t[1] * 1e3:.2f}", f"{t[1] / t[0]:.2f}"])
-    tables.table(rows, ["grouped 3x3, fwd+bwd", "GroupedPlan ms", "ConvPlan ms", "ConvPlan/Grouped"])
 
 
 BATCH = 8
@@ -222,8 +204,6 @@ def main():
           f"interleaved runs ({'CPU time' if CLOCK is time.process_time else 'wall clock'}); batch {BATCH}\n")
     layer_table(np, torch, args, tables)
     block_table(np, torch, args, tables)
-    if args.grouped:
-        grouped_table(np, args, tables)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Time one of sncaffe's CPU fast paths on and off, iteration by iteration in one process (not a test).
 
     python tools/bench_toggle.py --path share-dy [--net prototxt/cifar10_resnet.prototxt] [--batch 128]
-                                 [--threads 1] [--iterations 8] [--input 1,28,28]
+                                 [--threads 1] [--iterations 8] [--input 1,28,28] [--cpu-time]
 
 The paths (each is on by default; "off" is what sncaffe ran before it):
 
@@ -20,23 +20,11 @@ The paths (each is on by default; "off" is what sncaffe ran before it):
   off: NumPy's calls. This one times the solver's update, the others forward + backward;
 - ``pooling``: MAX and AVE pooling on oneDNN's kernel (``onednn.Pool``); off: NumPy's taps. The
   two forms plan different workspaces, so they are two nets with the same weights and inputs;
-- ``nhwc``: convolutions whose channels do not fill oneDNN's blocks in NHWC
-  (``conv_onednn.layout``); off: blocked or NCHW (``conv_onednn.blocked``). Two nets, as pooling
-  (LeNet: ``--net prototxt/lenet_train_test.prototxt --batch 64``);
-- ``avx2-1x1``: on a CPU without AVX-512, 1x1 convolutions with many input channels and few
-  positions on oneDNN's blocked kernels (``conv_onednn.blocked``); off: the AVX-512 machines'
-  rule (1x1s on NCHW). Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
-- ``strided-1x1``: on a CPU without AVX-512, strided 1x1 convolutions with many input channels
-  and few output positions on sncaffe's ConvPlan (``conv_onednn.native``); off: on oneDNN. Two
-  nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``). ``avx2-1x1``'s off form turns
-  this one off too;
-- ``forward-nhwc``: on a CPU without AVX-512, the forward of 3x3 stride-1 convolutions with few
-  positions or many outputs in NHWC, their backward passes blocked (``conv_onednn.forward_layout``);
-  off: every pass in the backward passes' layout. Two nets, as pooling
-  (``--net prototxt/cifar10_resnet.prototxt --batch 128``);
-- ``weights-nchw``: on a CPU without AVX-512, the weight gradient of convolutions with many input
-  and output channels on NCHW (``conv_onednn.weights_layout``); off: in the input gradient's
-  layout. Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
+- ``nhwc``: convolutions whose outputs per group do not fill a block of 8 in NHWC
+  (``conv_onednn.layout``); off: in oneDNN's own layout. Two nets, as pooling (LeNet:
+  ``--net prototxt/lenet_train_test.prototxt --batch 64``);
+- ``nchw-1x1``: 1x1 convolutions on x and y as given, NCHW (``conv_onednn.layout``); off: in
+  oneDNN's own layout. Two nets, as pooling (``--net prototxt/resnet50.prototxt --batch 2``);
 - ``dw-add``: a convolution's weight gradient added into the diff by oneDNN's reorder out of its
   layout (``onednn.Conv.adds``); off: written to the workspace and added by NumPy. Two nets (the
   off form's workspace holds the gradient), the switch also flipped at each iteration.
@@ -61,8 +49,8 @@ from unittest.mock import patch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "avx2-1x1",
-         "strided-1x1", "forward-nhwc", "weights-nchw", "dw-add"]
+PATHS = ["share-dy", "sum", "binary", "relu", "bn-scale", "eltwise-relu", "sgd-step", "pooling", "nhwc", "nchw-1x1",
+         "dw-add"]
 
 
 def _switch(path, net):
@@ -98,18 +86,12 @@ def _off_net(path):
     two forms plan different nets (workspaces, layouts, kernels), else None."""
     from sncaffe.backend import onednn
     from sncaffe.layers import conv_onednn, pooling
-    if path == "avx2-1x1":
-        vendor, avx512 = conv_onednn._cpu()
-        if avx512:
-            print("note: this CPU has AVX-512: both nets take its rules", file=sys.stderr)
-        return conv_onednn, "_CPU", [(vendor, True)]
     return {
         "pooling": (pooling, "ONEDNN", False),
-        "nhwc": (conv_onednn, "layout",
-                 lambda plan: conv_onednn.BLOCKED if conv_onednn.blocked(plan) else conv_onednn.NCHW),
-        "strided-1x1": (conv_onednn, "native", lambda plan: False),
-        "forward-nhwc": (conv_onednn, "forward_layout", lambda plan, chosen: ""),
-        "weights-nchw": (conv_onednn, "weights_layout", lambda plan, chosen: ""),
+        "nhwc": (conv_onednn, "layout", lambda plan, rule=conv_onednn.layout: "any" if rule(plan) == "nhwc"
+                 else rule(plan)),
+        "nchw-1x1": (conv_onednn, "layout", lambda plan, rule=conv_onednn.layout: "any" if rule(plan) == "nchw"
+                     else rule(plan)),
         "dw-add": (onednn.Conv, "adds", lambda self, first=None: False),    # and switched each turn
     }.get(path)
 
@@ -122,7 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--input", default="1,28,28", help="C,H,W of the data of a net with data layers (LeNet's)")
     ap.add_argument("--iterations", type=int, default=8, help="timed iterations of each form")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the process's CPU time (at one thread every kernel runs on the calling thread: "
+                         "time other processes hold the core is not counted)")
     args = ap.parse_args(argv)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
@@ -169,17 +155,18 @@ def main(argv=None) -> int:
         for i in range(2 * (args.iterations + 1)):
             form = ("on", "off")[i % 2]
             forms[form]()
-            t0 = time.perf_counter()
+            t0 = clock()
             runs[form]()
             if i >= 2:                      # the first of each: warm-up
-                times[form].append(time.perf_counter() - t0)
+                times[form].append(clock() - t0)
     finally:
         on()
     a, b = (statistics.median(times[f]) * 1e3 for f in ("on", "off"))
     load = os.getloadavg()[0]
     what = "update" if args.path == "sgd-step" else "forward + backward"
+    timed_by = "CPU time" if args.cpu_time else "wall clock"
     print(f"{args.net} batch {args.batch}, {args.threads} thread(s), {args.path} ({what}): on {a:.1f} ms, off {b:.1f} ms, "
-          f"off/on {b / a:.3f} (median of {args.iterations} each, alternating; load average {load:.2f})")
+          f"off/on {b / a:.3f} (median of {args.iterations} each, alternating, {timed_by}; load average {load:.2f})")
     return 0
 
 

@@ -86,15 +86,26 @@ def _load():
 def preload():
     """Load oneDNN (and the libgomp it links) before the BLAS loads: MKL then takes its GNU
     OpenMP layer, and oneDNN's and MKL's threads are one team, never two spinning at once."""
-    if not _tried and os.environ.get("SNCAFFE_CONV", "").strip().lower() != "native":
+    try:
+        native = setting() == "native"
+    except ValueError:          # a layer reports it, naming itself
+        native = False
+    if not _tried and not native:
         _load()
 
 
-def choice(env=None) -> str:
-    """``onednn`` or ``native``: ``SNCAFFE_CONV``, else oneDNN where it loads."""
+def setting(env=None) -> str:
+    """``SNCAFFE_CONV``, the one switch between the two CPU convolution engines: ``onednn`` (an
+    error if the library is absent), ``native`` (ConvPlan), or "" (oneDNN where it loads)."""
     value = (os.environ if env is None else env).get("SNCAFFE_CONV", "").strip().lower()
     if value not in ("", "onednn", "native"):
         raise ValueError(f"SNCAFFE_CONV={value!r}: give 'onednn' or 'native'")
+    return value
+
+
+def choice(env=None) -> str:
+    """``onednn`` or ``native``: ``SNCAFFE_CONV`` (``setting``), else oneDNN where it loads."""
+    value = setting(env)
     if value == "native":
         return "native"
     if not _tried:
@@ -395,12 +406,13 @@ def _memory(md, ptr):
 class Conv:
     """One 2-D convolution (Caffe's conv view: image x (n, C, H, W) -> grid y (n, M, Ho, Wo),
     weight (M, C/group, kh, kw)) at one batch size: its forward, backward-data and
-    backward-weights primitives on NCHW arrays. ``layout`` of x and y in the kernels: "blocked"
-    (the kernels choose), "nhwc", both reordered in and out through the workspace, or "nchw" (as
-    given); the weights always in the kernels' own layout."""
+    backward-weights primitives on NCHW arrays. oneDNN chooses the kernels' layouts of x, y and
+    the weights (``format_tag::any``), or takes x and y in the ``layout`` "nchw" (as given) or
+    "nhwc"; where the kernels' layouts are not the arrays', the arguments are reordered in and out
+    through the workspace."""
 
-    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="blocked"):
-        self.threads, self.layout = _set_threads(), layout
+    def __init__(self, n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="any"):
+        self.threads = _set_threads()
         out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, k, st, p, d in zip(size, kernel, stride, pad, dilation)]
         self.geometry = dict(strides=_dims(stride), dilates=_dims([d - 1 for d in dilation]), padding_l=_dims(pad),
                              padding_r=_dims([(o - 1) * st + d * (k - 1) + 1 - s - p for o, st, d, k, s, p in
@@ -411,15 +423,12 @@ class Conv:
                      "y": _Desc((n, num_output) + tuple(out), _NCHW),
                      "w": _Desc(wdims, _OIHW if group == 1 else _GOIHW),
                      "b": _Desc((num_output,), _A)}
-        any_ = {"x": _Desc((n, channels) + tuple(size), _ANY), "y": _Desc((n, num_output) + tuple(out), _ANY),
-                "w": _Desc(wdims, _ANY)}
-        kern = {"blocked": any_, "nchw": dict(self.user, w=any_["w"]),
-                "nhwc": dict(any_, x=_Desc((n, channels) + tuple(size), _NHWC),
-                             y=_Desc((n, num_output) + tuple(out), _NHWC))}[layout]
-        self._kern = kern
+        data = {"any": _ANY, "nchw": _NCHW, "nhwc": _NHWC}[layout]
+        self._kern = {"x": _Desc((n, channels) + tuple(size), data), "y": _Desc((n, num_output) + tuple(out), data),
+                      "w": _Desc(wdims, _ANY)}
         self.attr = _attr()
-        self.fwd_pd = self._pd_forward(kern, with_bias=False)
-        self.fwd_bias_pd = self._pd_forward(kern, with_bias=True)
+        self.fwd_pd = self._pd_forward(self._kern, with_bias=False)
+        self.fwd_bias_pd = self._pd_forward(self._kern, with_bias=True)
         self._steps = {}
         self._pairs = {}
 
@@ -532,7 +541,7 @@ class Conv:
 _cache: dict = {}
 
 
-def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="blocked") -> Conv:
+def conv(n, channels, num_output, group, size, kernel, stride, pad, dilation, layout="any") -> Conv:
     """The Conv of this geometry and batch size (primitive creation is slow: kept per process)."""
     key = (n, channels, num_output, group, tuple(size), tuple(kernel), tuple(stride), tuple(pad), tuple(dilation),
            layout, _threads.current().threads)

@@ -1,9 +1,11 @@
 """Convolution and Deconvolution (Caffe's ConvolutionParameter), 2-D over NCHW.
 
-Both run on the kernels of ``im2col.ConvPlan`` in Caffe's conv view (image ->
-grid side): a Convolution's forward is the plan's forward; a Deconvolution's
-forward is the plan's backward-data (Caffe's transposed convolution) and its
-backward-data the plan's forward. The batch runs in chunks of ``self.chunk``
+Both run in Caffe's conv view (image -> grid side) on one of two CPU engines:
+oneDNN (``conv_onednn.py``) for float32 where it loads, else the reference
+kernels of ``im2col.ConvPlan`` (float64, ``SNCAFFE_CONV=native``); on the GPU,
+cuDNN (``conv_gpu.py``). A Convolution's forward is the plan's forward; a
+Deconvolution's forward is the plan's backward-data (Caffe's transposed
+convolution) and its backward-data the plan's forward. The batch runs in chunks of ``self.chunk``
 images (None: the whole batch) and the workspace is sized for one chunk, so
 the memory runtime can trade speed for memory: set ``chunk`` (and
 ``plan_options``) before ``setup``. Only a 4-D bottom with channel axis 1 is
@@ -29,7 +31,7 @@ from ..backend import is_gpu
 from ..fillers import fill
 from . import conv_gpu, conv_onednn
 from .base import Layer, array_module, register
-from .grouped import make_plan
+from .im2col import ConvPlan
 from ..validate import check_shape
 
 
@@ -91,14 +93,14 @@ class _ConvolutionBase(Layer):
                 raise self.error(f"output size {out} < 1 (input {H}x{W}, kernel extent {extent}, pad {pad})")
             check_shape((N, M) + out, f'top "{self.param.top[0]}"', self.error)    # before an engine sees it
             # conv view: the image side is top (M channels), the grid side is bottom (C)
-            self.plan = make_plan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
+            self.plan = ConvPlan(M, C, group, out, kernel, stride, pad, dilation, **self.plan_options)
             self.dnn = conv_onednn.geometry(self, self.plan, out)
             self.param_shapes = [(C, M // group) + kernel]
         else:
             if any(n + 2 * q < e for n, q, e in zip((H, W), pad, extent)):
                 raise self.error(f"kernel extent {extent} exceeds the padded input "
                                  f"{H + 2 * pad[0]}x{W + 2 * pad[1]}")
-            self.plan = make_plan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
+            self.plan = ConvPlan(C, M, group, (H, W), kernel, stride, pad, dilation, **self.plan_options)
             check_shape((N, M) + tuple(self.plan.out_shape), f'top "{self.param.top[0]}"', self.error)
             self.dnn = conv_onednn.geometry(self, self.plan, (H, W))
             out = self.plan.out_shape

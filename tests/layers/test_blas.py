@@ -66,11 +66,10 @@ def test_gemm_layouts_blas_cannot_take(name):
 
 
 @pytest.mark.parametrize("name", blas.CHOICES)
-@pytest.mark.parametrize("layout", [x for x in LAYOUTS if "grouped" not in x],
-                         ids=[i for x, i in zip(LAYOUTS, LAYOUT_IDS) if "grouped" not in x])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_conv_gradients_on_each_blas(monkeypatch, name, layout):
     """A strided, grouped, padded convolution's gradients, with its GEMMs on this BLAS (ConvPlan's
-    layouts: grouped.GroupedPlan stacks its GEMMs in NumPy's matmul)."""
+    layouts)."""
     lib = _blas(name)
     monkeypatch.setattr(blas, "BLAS", lib)
     check_gradient(_layer("Convolution", 4, dict(kernel_size=3, stride=2, pad=1, group=2), layout),

@@ -29,17 +29,14 @@ CASES = [
 # the forms of im2col.ConvPlan: per image or batched, per tap or column matrix (always batched;
 # col_bytes=1: one image per block), stride-1 backward-data by the flipped kernel or by scatter-add,
 # the weight gradient per tap or by a column matrix under a per-tap forward; batched per-tap with a
-# flipped backward-data packs dy once where the geometry allows (ConvPlan.lead); depthwise.GroupedPlan's
-# stacked column matrices over all groups at once, or one group and one image a block (block_bytes=1)
+# flipped backward-data packs dy once where the geometry allows (ConvPlan.lead)
 LAYOUTS = [dict(batched=False, col=False, flip=True), dict(batched=True, col=False, flip=False, col_filter=False),
            dict(col=True, flip=True), dict(col=True, col_bytes=1, flip=False),
            dict(batched=True, col=False, col_filter=True, flip=False),
            dict(batched=True, col=False, col_filter=True, col_bytes=1, flip=True),
-           dict(batched=True, col=False, col_filter=False, flip=True),
-           dict(grouped=True), dict(grouped=True, block_bytes=1)]
+           dict(batched=True, col=False, col_filter=False, flip=True)]
 LAYOUT_IDS = ["image-taps-flip", "batch-taps-scatter", "col-flip", "col-blocks-scatter",
-              "taps-colfilter-scatter", "taps-colfilter-blocks-flip", "batch-taps-flip",
-              "grouped", "grouped-blocks"]
+              "taps-colfilter-scatter", "taps-colfilter-blocks-flip", "batch-taps-flip"]
 
 
 def _text(kind, M, kw):

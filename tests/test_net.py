@@ -1,6 +1,9 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend.cpu import CPUDevice
 from sncaffe.graph import GraphError
@@ -150,7 +153,7 @@ def smallest_fit(graph, mode):
 def test_a_plan_that_does_not_fit_is_refused_with_what_would_fit(monkeypatch):
     # ConvPlan: its workspace shrinks with the chunk, so liveness's leanest plan is below none's
     # (oneDNN's scratchpad and 16-channel blocks for this 3-channel conv make the workspace the peak)
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
     net_param = parse_text(SMALL % "", pb.NetParameter())
     from sncaffe.plan.planner import make_plan
     graph = Net(net_param, "TRAIN", device=CPUDevice(64 << 20)).graph

@@ -1,9 +1,12 @@
 """The solvers on small Input-layer nets: update arithmetic by hand, lr policies, the loop, snapshots."""
 import logging
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend.cpu import CPUDevice
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -510,7 +513,7 @@ def test_sgd_step_on_onednn_gives_numpys_bytes(tmp_path, monkeypatch, weight_dec
     monkeypatch.setattr(onednn.Binary, "run", lambda self, *a: calls.append(1) or real(self, *a))
     for native in (False, True):
         if native:
-            monkeypatch.setenv("SNCAFFE_CONV", "native")
+            monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
         calls.clear()
         s = make(tmp_path, hidden=hidden, momentum=0.9, weight_decay=weight_decay, max_iter=3)
         s.solve()
@@ -536,7 +539,7 @@ def test_sgd_step_compiled_gives_numpys_bytes(tmp_path, monkeypatch, weight_deca
     runs = []
     for compiled in (True, False):
         if not compiled:
-            monkeypatch.setenv("SNCAFFE_CONV", "native")
+            monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
             monkeypatch.setattr(fused, "_kernels", False)
         calls.clear()
         s = make(tmp_path, hidden=hidden, momentum=0.9, weight_decay=weight_decay, max_iter=3)

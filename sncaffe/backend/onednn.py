@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from .. import config
 from . import threads as _threads
 
 LIBRARY = "libdnnl.so.3"
@@ -95,9 +96,10 @@ def preload():
 
 
 def setting(env=None) -> str:
-    """``SNCAFFE_CONV``, the one switch between the two CPU convolution engines: ``onednn`` (an
-    error if the library is absent), ``native`` (ConvPlan), or "" (oneDNN where it loads)."""
-    value = (os.environ if env is None else env).get("SNCAFFE_CONV", "").strip().lower()
+    """``SNCAFFE_CONV`` (config.settings.conv, or ``env``'s), the one switch between the two CPU
+    convolution engines: ``onednn`` (an error if the library is absent), ``native`` (ConvPlan),
+    or "" (oneDNN where it loads)."""
+    value = config.settings.conv if env is None else env.get("SNCAFFE_CONV", "").strip().lower()
     if value not in ("", "onednn", "native"):
         raise ValueError(f"SNCAFFE_CONV={value!r}: give 'onednn' or 'native'")
     return value

@@ -27,7 +27,7 @@ def two_threads(monkeypatch):
     # oneDNN's convolutions split a weight gradient's batch over their OpenMP threads, so their
     # bits follow the thread count (as a threaded GEMM's may); these tests are about the layers
     # sncaffe splits itself, so convolutions run on sncaffe's own kernels
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
 
     def use():
         monkeypatch.setattr(threads, "_decision", threads.Decision(2, 2, "--threads"))

@@ -2,10 +2,13 @@
 found only where it is sound, the same forward bits as the two layers apart, the same gradients
 up to the order of the sums, oneDNN's bytes equal to NumPy's, and pycaffe's partial passes see
 each layer's own result."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import sncaffe.pycaffe as caffe
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import onednn
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -103,7 +106,7 @@ def test_fused_pair_on_onednn_gives_numpys_bytes(monkeypatch):
     monkeypatch.setattr(onednn.Binary, "run", lambda self, *a: calls.append(1) or real(self, *a))
     fast = step(make(net_text(shape)))
     assert calls
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
     calls.clear()
     native = step(make(net_text(shape)))
     assert not calls

@@ -2,9 +2,12 @@
 against ConvPlan in float64, numerical gradients in float32, the weight gradient's block
 sums (same bits for every chunk that is a multiple of reduce_block), the pool peak against
 the plan, and the errors of SNCAFFE_CONV."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import CPUDevice, onednn
 from sncaffe.gradcheck import Harness, check_gradient, make_layer
@@ -45,7 +48,7 @@ IDS = [f"{k}-{'x'.join(map(str, s))}-{M}-" + "-".join(f"{a}{v}" for a, v in kw.i
 
 @pytest.fixture(autouse=True)
 def default_choice(monkeypatch):
-    monkeypatch.delenv("SNCAFFE_CONV", raising=False)
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv=""))
 
 
 def _run(kind, shape, M, kw, dtype, params=None, chunk=None, seed=0):
@@ -201,13 +204,13 @@ def test_workspace_is_one_blocks_and_the_tight_plan_meets_its_peak(monkeypatch):
 def test_float64_and_native_stay_on_convplan(monkeypatch):
     layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float64)
     assert layer.dnn is None
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
     layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
     assert layer.dnn is None and "xq" in layer.workspace_specs
 
 
 def test_bad_choice_is_a_layer_error(monkeypatch):
-    monkeypatch.setenv("SNCAFFE_CONV", "mkldnn")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="mkldnn"))
     with pytest.raises(LayerError, match=r'layer "convolution".*SNCAFFE_CONV=.mkldnn.: give .onednn. or .native.'):
         _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
 
@@ -218,10 +221,10 @@ def test_forced_and_absent_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setattr(onednn, "_candidates", lambda: [str(tmp_path / onednn.LIBRARY)])
     for name, value in (("_lib", None), ("_engine", None), ("_tried", False)):
         monkeypatch.setattr(onednn, name, value)
-    monkeypatch.setenv("SNCAFFE_CONV", "onednn")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="onednn"))
     with pytest.raises(LayerError, match=r"SNCAFFE_CONV=onednn.*not found.*pip install onednn-cpu-gomp"):
         _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
-    monkeypatch.delenv("SNCAFFE_CONV")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv=""))
     layer, *_ = _run("Convolution", (1, 2, 5, 5), 2, dict(kernel_size=3), np.float32)
     assert layer.dnn is None
 
@@ -331,9 +334,9 @@ def _onednn_and_native(monkeypatch, text, bottoms, dy, counted, inplace=False, n
     runs = []
     for native in (False, True):
         if native:
-            monkeypatch.setenv("SNCAFFE_CONV", "native")
+            monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
         else:
-            monkeypatch.delenv("SNCAFFE_CONV", raising=False)
+            monkeypatch.setattr(config, "settings", replace(config.settings, conv=""))
         layer = make_layer(text, inplace=inplace, n_bottoms=n_bottoms, n_tops=n_tops)
         h = Harness(layer, bottoms, dtype=np.float32)
         y = h.forward()

@@ -1,9 +1,12 @@
 """Pooling on oneDNN's kernel (onednn.Pool) against sncaffe's own NumPy taps, which the golden
 tests hold to Caffe: MAX the same values and the same argmax (the first maximum of a window,
 ties included), AVE the same up to float rounding; and where it is not used."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import onednn
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -52,7 +55,7 @@ def test_onednn_pooling_gives_numpys_results(monkeypatch, name, method, ties):
     net = make(shape, pooling, method)
     dy = rng.standard_normal(net.blobs["y"].shape).astype(np.float32)
     fast, y, dx = run(shape, pooling, method, x, dy)
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
     native, y0, dx0 = run(shape, pooling, method, x, dy)
     past = name == "googlenet 3x3/2 ceil"       # its last windows reach past the input
     assert fast == (method == "MAX" or not past) and not native

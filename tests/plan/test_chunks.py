@@ -1,7 +1,9 @@
 """Workspaces in chunks (plan/chunks.py): the chunk search finds the largest candidate whose
 workspace fits, by bisection, on a real net's convolutions."""
 import math
+from dataclasses import replace
 
+from sncaffe import config
 from sncaffe.plan.chunks import choose_chunk, chunk_sizes, chunk_workspace
 from sncaffe.plan.liveness import workspaces
 from sncaffe.sizes import align
@@ -10,7 +12,7 @@ from test_modes import graph_of, net_param
 
 
 def test_the_search_takes_the_largest_chunk_that_fits_in_log_trials(monkeypatch):
-    monkeypatch.setenv("SNCAFFE_CONV", "native")    # sncaffe's kernels: workspaces that shrink with the chunk
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))    # sncaffe's kernels: workspaces that shrink with the chunk
     graph = graph_of(net_param(ROOT / "prototxt" / "lenet_train_test.prototxt", batch=64))
     ops = [op for op in graph.ops if op.node.type == "Convolution" and workspaces(op)]
     assert ops

@@ -6,11 +6,13 @@ keep every layer and connection, so the memory runtime sees the same graph with 
 tensors. ResNet-2500 (0.9 billion parameters) is only planned: see test_planner.py.
 """
 import math
-import os
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.graph import build_graph
@@ -144,7 +146,7 @@ _reference = {}
 def reference(path):
     """Mode none's run of ``path`` on this test's convolutions (cases are ordered net by net:
     keep only the last)."""
-    key = (path, os.environ.get("SNCAFFE_CONV"))
+    key = (path, config.settings.conv)
     if key not in _reference:
         _reference.clear()
         _reference[key] = train(net_param(path), "none")
@@ -156,7 +158,7 @@ def native_conv(monkeypatch):
     """Convolutions on ConvPlan: these tests need workspaces that shrink with the chunk down to
     a few images, and capacities drawn from ConvPlan's sizes (oneDNN's scratchpads do not
     shrink with the chunk; tests/layers/test_onednn.py checks its pool peak against the plan)."""
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
 
 
 def assert_same_bits(steps, ref_steps):

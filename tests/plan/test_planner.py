@@ -1,8 +1,11 @@
 """The planner: peaks per mode, the lower bound, schedules that are valid step by step,
 ``auto``, exhaustion errors, and ResNet-2500 in 12 GiB."""
 
+from dataclasses import replace
+
 import pytest
 
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.plan.liveness import op_tensors, workspaces
@@ -234,7 +237,7 @@ def test_a_huge_batch_chunks_by_bisection(monkeypatch):
     """--batch 1000000 must not try every smaller chunk one by one (a million workspace
     trials per convolution). The search is a bisection: at most log2(batch) + 1
     trials per choice, counted by the plan."""
-    monkeypatch.setenv("SNCAFFE_CONV", "native")    # ConvPlan's workspace grows with the chunk
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))    # ConvPlan's workspace grows with the chunk
     import math
     from sncaffe.prototxt import parse_text, prepare_net
     from sncaffe.graph import build_graph

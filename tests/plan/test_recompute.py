@@ -1,8 +1,11 @@
 """Recomputation: segments split at checkpoints, cross-segment in-place writes, BatchNorm's
 running statistics moved once, Dropout's mask kept, each segment replayed once."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.gradcheck import Harness, make_layer
@@ -147,7 +150,7 @@ def test_dropout_recompute_keeps_its_mask():
 def test_batchnorm_and_dropout_nets_recompute_exactly(mode, monkeypatch):
     # ConvPlan: the planner replays bn1 and drop1 where that lowers the peak, which its conv1
     # workspace leaves them to do (oneDNN's smaller one moves the peak elsewhere)
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
     plan, steps = train(param_of(BN_DROP), mode, iters=2)
     replayed = {ins.op.node.name for ins in plan.schedule.backward if ins.kind == "run" and ins.recompute}
     assert {"bn1", "drop1"} <= replayed

@@ -2,10 +2,13 @@
 learnable blobs; checked by the gradient checker and against the built-in layers, in the memory runtime."""
 import sys
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import sncaffe.pycaffe as caffe
+from sncaffe import config
 from sncaffe.gradcheck import check_gradient, make_layer
 from sncaffe.graph import GraphError
 from sncaffe.layers import LayerError
@@ -252,7 +255,7 @@ def pyrelu(tmp_path, monkeypatch):
 def test_a_recomputable_python_layer_is_recomputed_with_the_same_bits(pyrelu, tmp_path, mode, monkeypatch):
     # mode all drops relu1 only where that lowers the peak: on ConvPlan the activations set it (on
     # oneDNN this 6x6 net's peak is the convolution's blocked copies and scratchpad)
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
     for cls in ("PyReLU", "KeptReLU"):
         (tmp_path / f"{cls}.prototxt").write_text(CONV_NET % cls)
     _, ref = _train_two_steps(str(tmp_path / "PyReLU.prototxt"), "none")

@@ -13,8 +13,11 @@ These run on sncaffe's own kernels (SNCAFFE_CONV=native), whose workspace shrink
 chunk: oneDNN's runs block by block whatever the chunk (layers/conv_onednn.py), so its
 workspace is one block's and a plan gains nothing by chunking it.
 """
+from dataclasses import replace
+
 import pytest
 
+from sncaffe import config
 from sncaffe.backend import CPUDevice
 from sncaffe.plan.planner import make_plan
 from sncaffe.runtime.spill import spill_of
@@ -34,7 +37,7 @@ NETS = [("prototxt/lenet_train_test.prototxt", 64, "offload"),
 
 @pytest.fixture(autouse=True)
 def native_kernels(monkeypatch):
-    monkeypatch.setenv("SNCAFFE_CONV", "native")
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
 
 
 def _path(name):

@@ -3,10 +3,13 @@ flight, copies run on the copy streams' threads, and partial iterations are clea
 import threading
 from types import SimpleNamespace
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import sncaffe.backend.cpu as cpu
+from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.graph import Operator, Tensor
@@ -47,7 +50,7 @@ def test_copies_run_on_the_copy_stream_threads(slow_copies):
 @pytest.mark.parametrize("mode", ["offload", "all"])
 def test_slow_copies_give_the_same_bits(slow_copies, mode, monkeypatch):
     """Prefetches and offloads that finish late: every operator waits for what it needs."""
-    monkeypatch.setenv("SNCAFFE_CONV", "native")     # plan_capacity's steps are drawn for ConvPlan's workspaces
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))     # plan_capacity's steps are drawn for ConvPlan's workspaces
     _, ref = train(param_of(TEXT), "none")
     plan, steps = train(param_of(TEXT), mode, capacity=plan_capacity(mode))
     assert plan.h2d_bytes > 0

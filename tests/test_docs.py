@@ -126,8 +126,6 @@ def test_the_tree_speaks_of_the_project_only():
     assert not found, "\n".join(found)
 
 
-@pytest.mark.xfail(strict=False, reason="comments quoting milliseconds remain in the backend, convolution, CLI "
-                                        "and dispatcher modules, being rewritten beside this test")
 def test_no_comment_quotes_milliseconds():
     """A comment says why; figures live in benchmarks/results/ and the comment names the tool."""
     found = timings_in_comments()

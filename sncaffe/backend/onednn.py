@@ -652,10 +652,8 @@ class _PoolKernels:
 
 
 # Blocked pooling runs on blocks of images whose reordered copies (x and y, channels padded to
-# blocks of 8) hold at most this many bytes: its workspace. Measured on an AMD EPYC (AVX2, one
-# thread, forward + backward): LeNet's pool1 at 64 images in one block 0.78 ms with 4.2 MiB of
-# workspace, blocks of 32 0.88 ms (2.1 MiB), 16 0.99 (1.1 MiB), 8 1.70; ResNet-50's at 8 images
-# (3.8 MiB an image) 8.0 ms in one block, 6.5 a block of one image.
+# blocks of 8) hold at most this many bytes: its workspace. Larger blocks gain little and cost
+# workspace (tools/bench_kernels.py).
 POOL_BLOCK_BYTES = 2 << 20
 
 
@@ -717,11 +715,9 @@ _pools: dict = {}
 def pool(shape, pooled, kernel, stride, pad, alg) -> Pool | None:
     """The Pool of this geometry (kept per process), or None where oneDNN is not in use or has no
     JIT kernel for it. NCHW where oneDNN has JIT kernels for it, else blocked (reorders in and
-    out) where it has them there. Measured on an AMD EPYC with AVX2 (forward + backward, one
-    thread; oneDNN 3.2 has only its reference kernel ``simple_nchw`` for NCHW there): LeNet's
-    pool1 (64x20x24x24, 2x2/2) NCHW 11.9 ms, blocked 1.5, PyTorch 5.5; ResNet-50's (2x64x112x112,
-    3x3/2) 34.7, 3.3 and 17.5; NumPy's taps (``pooling.py``) beat NCHW's reference kernel too
-    (LeNet's step 28.6 against 39.5 ms)."""
+    out) where it has them there: on CPUs where oneDNN 3.2 has only its reference kernel for
+    NCHW pooling (AVX2), the blocked kernel and NumPy's taps (``pooling.py``) both beat it
+    (tools/bench_kernels.py)."""
     if choice() != "onednn":
         return None
     key = (tuple(shape), tuple(pooled), tuple(kernel), tuple(stride), tuple(pad), alg, _threads.current().threads)
@@ -824,8 +820,7 @@ def _fits(arrays, least) -> bool:
 def flat(n) -> tuple:
     """An (outer, 1, inner) view of ``n`` values for a Binary whose operands are whole tensors or
     one scalar: oneDNN's binary kernel splits a plain tensor over its threads by the outer rows,
-    so (1, 1, n) runs on one thread whatever the team (2.36 M values, 2 threads: 0.24 ms as
-    (1, 1, n), 0.12 ms as (64, 1, n / 64)). The rows: the most of 64, 32, ... dividing ``n`` that
+    so (1, 1, n) runs on one thread whatever the team (tools/bench_elementwise.py). The rows: the most of 64, 32, ... dividing ``n`` that
     leave 4 Ki values or more each; element by element, the view changes no bit."""
     k = 64
     while k > 1 and (n % k or n // k < 4096):
@@ -847,8 +842,7 @@ def copy_on_team(src, dst) -> bool:
     """Copy ``src`` into ``dst`` as ``src * 1`` on oneDNN's team (every bit kept: signed zeros,
     subnormals, infinities, NaN; tests/layers/test_onednn.py) and return True, or return False
     and copy nothing where np.copyto is the caller's to run: one thread (there a memcpy is as fast
-    or faster: ResNet-50 b8's Eltwise gradient copies 21.6 ms as np.copyto, 23.4 as oneDNN's; on
-    two threads 19.8 and 17.7, the CIFAR ResNet's 4.8 and 4.1), or ``binary_for``'s rule."""
+    or faster; tools/bench_elementwise.py), or ``binary_for``'s rule."""
     if _threads.current().threads < 2:
         return False
     mul = binary_for(flat(src.size), (src, dst), MUL)

@@ -105,7 +105,7 @@ def read_solver_or_net(path):
         solver = parse_text(text, pb.SolverParameter(), str(path))
     except PrototxtError as solver_error:
         try:
-            net = parse_text(text, pb.NetParameter(), str(path))
+            net = parse_text(text, pb.NetParameter(), str(path), upgrade=True)   # V0/V1: located errors
         except PrototxtError as net_error:
             # Report the error against what the file looks like.
             # [ \t]*, not \s*: \s* spans newlines, so a run of blank lines is scanned quadratically.

@@ -95,7 +95,7 @@ def types_net():
     return net
 
 
-def test_every_mapped_type_is_in_the_net(types_net):
+def test_every_bvlc_type_is_in_the_net(types_net):
     used = {n.type for n in types_net.graph.layers}
     assert set(to_onnx.MAPS) - used == set()
     assert set(to_torch.MAPS) - used == set()

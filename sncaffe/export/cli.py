@@ -25,9 +25,10 @@ Power, Exp, Log, Clip, Swish, Threshold, Dropout, BatchNorm, Scale, Bias, MVN, E
 coefficients, PROD, MAX), Concat, Slice, Split, Flatten, Reshape, Crop, Softmax, ArgMax, Reduction,
 Tile, Parameter; the forks' Interp, ShuffleChannel, Axpy, Permute, Normalize, PriorBox (a
 constant), BN (its stored-statistics modes), ROIPooling, Upsample with its Pooling mask.
-Any other type (recurrent, Python, Embed, SPP, DetectionOutput, PSROIPooling, ...) is refused
-by name, as are settings without an exact mapping (STOCHASTIC pooling, BN by the batch's
-statistics, ONNX with batch statistics or TRAIN-phase dropout); nothing is exported approximately.
+Any other type (recurrent, Python, Embed, SPP, DetectionOutput, PSROIPooling, ...) is
+refused by name, as are settings without an exact mapping (STOCHASTIC pooling, BN by the
+batch's statistics, ONNX with batch statistics or TRAIN-phase dropout); nothing is exported
+approximately.
 
 The check: one random N(0,1) batch runs through sncaffe and through onnxruntime (or the module);
 the largest difference of every output, relative to the output's largest value, is printed, and

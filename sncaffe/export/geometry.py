@@ -145,10 +145,14 @@ def upsample_mask_source(net, node):
     """The Pooling layer whose mask top an Upsample reads; refused when the mask comes from
     elsewhere (its values would be any floats, not the cells a pooling chose)."""
     mask = node.bottoms[1].name
-    for other in net.graph.layers:
-        if other.type == "Pooling" and len(other.tops) > 1 and other.tops[1].name == mask:
-            return other
-    refuse(node, f'its mask "{mask}" is not the second top of a MAX Pooling layer')
+    source = {t.name: (other, i) for other in net.graph.layers for i, t in enumerate(other.tops)}
+    name = mask
+    while name in source and source[name][0].type == "Split":
+        name = source[name][0].bottoms[0].name
+    other, i = source.get(name, (None, 0))
+    if other is None or other.type != "Pooling" or i != 1:
+        refuse(node, f'its mask "{mask}" is not the second top of a MAX Pooling layer')
+    return other
 
 
 def prior_boxes(node) -> np.ndarray:

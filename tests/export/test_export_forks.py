@@ -42,6 +42,7 @@ FORK_NET = (
     + layer("roi", "ROIPooling", ["data", "rois"], body="roi_pooling_param { pooled_h: 3 pooled_w: 2 spatial_scale: 0.25 }")
     + layer("pool", "Pooling", "data", ["pool", "mask"], "pooling_param { pool: MAX kernel_size: 2 stride: 2 }")
     + layer("unpool", "Upsample", ["pool", "mask"], body="upsample_param { scale: 2 pad_out_h: true }")
+    + layer("unpool_sized", "Upsample", ["pool", "mask"], body="upsample_param { upsample_h: 7 upsample_w: 9 }")
     # padded, ceil-rounded windows; the mask an output of the net
     + layer("pool_pad", "Pooling", "data", ["pool_pad", "mask_pad"], "pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }")
 )
@@ -110,6 +111,21 @@ def test_torch_gradients_match_sncaffe():
         assert len(keys) == 2 if name.startswith("bn") else 1
         for blob, key in zip(net.params[name], keys):
             assert check.relative(blob.diff, state[key].grad.numpy().reshape(blob.diff.shape)) <= 1e-4, key
+
+
+def test_roi_pooling_rounding_matches_fast_rcnn():
+    """Corners on a half cell after scaling (rounded away from zero), rois past the map (empty
+    bins give 0), a roi of one cell; and an Interp to a single row (its position 0)."""
+    net = net_of(DATA + layer("rois", "Parameter", [], body="parameter_param { shape { dim: 6 dim: 5 } }")
+                 + layer("roi", "ROIPooling", ["data", "rois"],
+                         body="roi_pooling_param { pooled_h: 4 pooled_w: 3 spatial_scale: 0.25 }")
+                 + layer("row", "Interp", "data", body="interp_param { height: 1 width: 3 }"))
+    net.params["rois"][0].data[...] = [[0, 2, 2, 6, 6], [1, -6, -2, 10, 30], [1, 30, 22, 40, 40],
+                                       [0, 0, 0, 0, 0], [1, 14, 10, 18, 30], [0, 1.9999, 6.0001, 26, 22]]
+    against = check.expected(net)
+    assert np.any(against[1]["roi"] == 0) and np.any(against[1]["roi"] != 0)
+    for exporter in (to_onnx, to_torch):
+        assert all(d.relative == 0 for d in exporter.export(net, None, rtol=1e-4, against=against)[-1])
 
 
 def refused(text, match, phase="TEST", exporters=(to_onnx, to_torch)):

@@ -9,6 +9,7 @@ pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
 from test_export_layers import TYPES_NET, layer, net_of  # noqa: E402
+from test_fork_nets import RCNN, SEGNET  # noqa: E402
 
 from sncaffe import Net  # noqa: E402
 from sncaffe.export import ExportError, check, deploy, onnx as to_onnx, pytorch as to_torch  # noqa: E402
@@ -195,3 +196,27 @@ def test_fork_data_and_loss_layers_follow_the_deploy_rules():
     assert net.inputs == ["data", "image"] and net.outputs == ["conf", "prior", "box"]   # loc is read by prior
     assert not {"MultiBoxLoss", "SmoothL1Loss", "DetectionEvaluate", "AnnotatedData", "DenseImageData"} & {
         n.type for n in net.graph.layers}
+
+
+@pytest.mark.parametrize("name, text, shapes", [
+    ("rcnn", RCNN, None),
+    ("segnet", SEGNET.replace("bn_param {", "bn_param { bn_mode: INFERENCE"), {"data": (2, 3, 16, 16)}),
+])
+def test_training_fork_nets_export_their_deploy_part(tmp_path, name, text, shapes):
+    """The forks' nets that train (tests/test_fork_nets.py): the R-CNN head on random valid rois,
+    SegNet with its BN in INFERENCE, their losses and label inputs dropped."""
+    path = tmp_path / f"{name}.prototxt"
+    path.write_text(text % {"source": tmp_path / "absent.txt"} if "%(" in text else text)
+    net = deploy.load(path, "TEST", shapes=shapes)
+    assert net.inputs == (["data", "rois"] if name == "rcnn" else ["data"])
+    against = check.expected(net)
+    for exporter in (to_onnx, to_torch):
+        assert all(d.relative <= 1e-4 for d in exporter.export(net, None, rtol=1e-4, against=against)[-1])
+
+
+def test_segnet_learning_bn_is_refused_through_a_file(tmp_path):
+    path = tmp_path / "segnet.prototxt"
+    path.write_text(SEGNET % {"source": tmp_path / "absent.txt"})
+    net = deploy.load(path, "TEST", shapes={"data": (2, 3, 16, 16)})
+    with pytest.raises(ExportError, match='layer "conv1_bn" \\(BN\\): caffe-segnet\'s bn_mode LEARN'):
+        to_onnx.export(net, None, rtol=1e-4)

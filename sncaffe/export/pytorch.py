@@ -197,7 +197,8 @@ def max_pool_mask(x, kernel, stride, pad, ceil_mode):
     "upsample": '''
 def upsample(x, mask, size):
     """SegNet's Upsample: each value to the cell of its output plane that its mask names (h * W
-    + w); every other cell 0."""
+    + w); every other cell 0. A cell named twice takes the later value on the CPU, as in Caffe
+    (CUDA's scatter takes either)."""
     n, c = x.shape[:2]
     y = x.new_zeros((n, c, size[0] * size[1]))
     return y.scatter(2, mask.long().flatten(2), x.flatten(2)).reshape(n, c, *size)

@@ -44,6 +44,11 @@ FORK_NET = (
     + layer("pool", "Pooling", "data", ["pool", "mask"], "pooling_param { pool: MAX kernel_size: 2 stride: 2 }")
     + layer("unpool", "Upsample", ["pool", "mask"], body="upsample_param { scale: 2 pad_out_h: true }")
     + layer("unpool_sized", "Upsample", ["pool", "mask"], body="upsample_param { upsample_h: 7 upsample_w: 9 }")
+    # overlapping windows: a cell named by two windows takes the later value, as in Caffe
+    + layer("pool_ov", "Pooling", "data", ["pool_ov", "mask_ov"], "pooling_param { pool: MAX kernel_size: 3 stride: 2 }")
+    + layer("gain_ov", "Convolution", "pool_ov", body='convolution_param { num_output: 4 kernel_size: 1 '
+            'weight_filler { type: "gaussian" std: 1 } }')      # mixes channels: the two values differ
+    + layer("unpool_ov", "Upsample", ["gain_ov", "mask_ov"], body="upsample_param { upsample_h: 7 upsample_w: 9 }")
     # padded, ceil-rounded windows; the mask an output of the net
     + layer("pool_pad", "Pooling", "data", ["pool_pad", "mask_pad"], "pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }")
 )

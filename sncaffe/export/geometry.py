@@ -11,7 +11,7 @@ from . import ExportError
 # Types that have no faithful export to either format, with the reason
 REFUSED = {
     "DetectionOutput": "its non-maximum suppression keeps a number of boxes that depends on the data, in "
-                       "the fork's own rows and order; export the net up to its inputs and run it after",
+                       "the fork's own rows and order; without it in the prototxt, the net up to its inputs exports",
     "PSROIPooling": "position-sensitive roi pooling has no ONNX operator, and its averages over bins whose "
                     "edges depend on the rois' values have no exact composition of ONNX operators",
 }

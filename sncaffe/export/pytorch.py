@@ -5,7 +5,9 @@ weights in a state_dict saved beside it (``out.py`` and ``out.pt``), never a pic
 Layers PyTorch lacks are small helpers written into the file, only those the net uses:
 ``CaffeBatchNorm`` keeps Caffe's sums and moving-average factor (train mode normalizes by the
 batch and updates them as Caffe does), ``caffe_pool2d`` covers the pooling shapes where
-PyTorch's padding or rounding differ from Caffe's.
+PyTorch's padding or rounding differ from Caffe's; the forks' types get ``interp``,
+``CaffeNormalize``, ``ForkBN``, ``roi_max_pool`` (a loop, without torchvision), ``max_pool_mask``
+and ``upsample``.
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ExportError
+from .geometry import writer
 
 DEFAULT_RTOL = 1e-4
 
@@ -31,8 +32,10 @@ def random_inputs(net, seed=0) -> dict:
     rng = np.random.default_rng(seed)
     out = {name: rng.standard_normal(net.blobs[name].data.shape).astype(np.float32) for name in net.inputs}
     for node in net.graph.layers:
-        if node.type == "ROIPooling" and node.bottoms[1].name in out:
-            out[node.bottoms[1].name] = random_rois(rng, node)
+        if node.type == "ROIPooling":
+            source, i = writer(net, node.bottoms[1].name)         # through Split layers
+            if source is not None and source.type == "Input":
+                out[source.tops[i].name] = random_rois(rng, node)
     return out
 
 

@@ -145,14 +145,19 @@ def upsample_mask_source(net, node):
     """The Pooling layer whose mask top an Upsample reads; refused when the mask comes from
     elsewhere (its values would be any floats, not the cells a pooling chose)."""
     mask = node.bottoms[1].name
-    source = {t.name: (other, i) for other in net.graph.layers for i, t in enumerate(other.tops)}
-    name = mask
-    while name in source and source[name][0].type == "Split":
-        name = source[name][0].bottoms[0].name
-    other, i = source.get(name, (None, 0))
+    other, i = writer(net, mask)
     if other is None or other.type != "Pooling" or i != 1:
         refuse(node, f'its mask "{mask}" is not the second top of a MAX Pooling layer')
     return other
+
+
+def writer(net, blob) -> tuple:
+    """(the layer, its top index) that wrote ``blob``, looking through Split layers; (None, 0)
+    for a blob no layer writes."""
+    source = {t.name: (node, i) for node in net.graph.layers for i, t in enumerate(node.tops)}
+    while blob in source and source[blob][0].type == "Split":
+        blob = source[blob][0].bottoms[0].name
+    return source.get(blob, (None, 0))
 
 
 def prior_boxes(node) -> np.ndarray:

@@ -41,6 +41,8 @@ FORK_NET = (
     + layer("bn_segnet", "BN", "data", body='bn_param { bn_mode: INFERENCE scale_filler { type: "gaussian" std: 1 } '
             'shift_filler { type: "gaussian" std: 1 } }')
     + layer("roi", "ROIPooling", ["data", "rois"], body="roi_pooling_param { pooled_h: 3 pooled_w: 2 spatial_scale: 0.25 }")
+    # the rois read twice (through a Split): the check's rois are valid for both
+    + layer("roi_axpy", "ROIPooling", ["axpy", "rois"], body="roi_pooling_param { pooled_h: 2 pooled_w: 2 spatial_scale: 0.5 }")
     + layer("pool", "Pooling", "data", ["pool", "mask"], "pooling_param { pool: MAX kernel_size: 2 stride: 2 }")
     + layer("unpool", "Upsample", ["pool", "mask"], body="upsample_param { scale: 2 pad_out_h: true }")
     + layer("unpool_sized", "Upsample", ["pool", "mask"], body="upsample_param { upsample_h: 7 upsample_w: 9 }")

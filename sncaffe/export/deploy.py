@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 from ..proto import sncaffe_pb2 as pb
-from ..prototxt import DATA_LAYERS as BVLC_DATA_LAYERS, PrototxtError, filter_net, prepare_net, read_text, set_batch, upgrade_inputs
+from ..prototxt import DATA_LAYERS as BVLC_DATA_LAYERS
+from ..prototxt import PrototxtError, filter_net, prepare_net, read_text, set_batch, upgrade_inputs
 from . import ExportError
 
 DROPPED = ("Accuracy", "DetectionEvaluate", "Silence")

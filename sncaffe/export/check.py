@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ExportError
+from .geometry import writer
 
 DEFAULT_RTOL = 1e-4
 
@@ -26,9 +27,28 @@ class Difference:
 
 
 def random_inputs(net, seed=0) -> dict:
-    """N(0, 1) for every input blob of a deploy net, float32."""
+    """N(0, 1) for every input blob of a deploy net, float32; an input read as ROIPooling's
+    rois gets valid rows instead (a batch index, then corners inside the image)."""
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(net.blobs[name].data.shape).astype(np.float32) for name in net.inputs}
+    out = {name: rng.standard_normal(net.blobs[name].data.shape).astype(np.float32) for name in net.inputs}
+    for node in net.graph.layers:
+        if node.type == "ROIPooling":
+            source, i = writer(net, node.bottoms[1].name)         # through Split layers
+            if source is not None and source.type == "Input":
+                out[source.tops[i].name] = random_rois(rng, node)
+    return out
+
+
+def random_rois(rng, node) -> np.ndarray:
+    """(batch index, x1, y1, x2, y2) rows over the image a ROIPooling's feature map scales from."""
+    n, _, h, w = node.bottoms[0].shape
+    scale = node.layer.param.roi_pooling_param.spatial_scale
+    shape = node.bottoms[1].shape
+    r = shape[0]
+    x = np.sort(rng.uniform(0, w / scale, (r, 2)), 1)
+    y = np.sort(rng.uniform(0, h / scale, (r, 2)), 1)
+    rows = np.stack([rng.integers(0, n, r), x[:, 0], y[:, 0], x[:, 1], y[:, 1]], 1)
+    return rows.astype(np.float32).reshape(shape)
 
 
 def reference(net, inputs: dict) -> dict:

@@ -13,18 +13,22 @@ Write a net as an ONNX graph (--onnx, opset 18, run by onnxruntime) or as a PyTo
 (--torch out.py: readable source, the weights beside it in out.pt as a state_dict).
 
 What is exported, the net's deploy part for --phase (default TEST) and --stage:
-  - data layers (Input, Data, ImageData, HDF5Data, MemoryData, WindowData) become inputs, for
-    the tops a kept layer reads; a data layer's shape comes from its source, or from --input;
-  - loss layers (every *Loss type), Accuracy and Silence are dropped;
+  - data layers (Input, Data, ImageData, HDF5Data, MemoryData, WindowData, DenseImageData,
+    AnnotatedData) become inputs, for the tops a kept layer reads; a data layer's shape comes
+    from its source, or from --input;
+  - loss layers (every *Loss type), Accuracy, DetectionEvaluate and Silence are dropped;
   - the outputs are the blobs no kept layer reads (a loss's scores become an output).
 Layer types mapped: Convolution (group, dilation, 1-3 spatial axes), Deconvolution,
 ConvolutionDepthwise, Pooling (MAX, AVE, global; Caffe's ceil rounding and padding), LRN (across
 and within channels), InnerProduct (axis, transpose), ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, BNLL,
 Power, Exp, Log, Clip, Swish, Threshold, Dropout, BatchNorm, Scale, Bias, MVN, Eltwise (SUM with
 coefficients, PROD, MAX), Concat, Slice, Split, Flatten, Reshape, Crop, Softmax, ArgMax, Reduction,
-Tile, Parameter. Any other type (recurrent, Python, Embed, SPP, ...) is refused by name, as are
-settings without an exact mapping (STOCHASTIC pooling, Pooling's mask top, ONNX with batch
-statistics or TRAIN-phase dropout); nothing is exported approximately.
+Tile, Parameter; the forks' Interp, ShuffleChannel, Axpy, Permute, Normalize, PriorBox (a
+constant), BN (its stored-statistics modes), ROIPooling, Upsample with its Pooling mask.
+Any other type (recurrent, Python, Embed, SPP, DetectionOutput, PSROIPooling, ...) is
+refused by name, as are settings without an exact mapping (STOCHASTIC pooling, BN by the
+batch's statistics, ONNX with batch statistics or TRAIN-phase dropout); nothing is exported
+approximately.
 
 The check: one random N(0,1) batch runs through sncaffe and through onnxruntime (or the module);
 the largest difference of every output, relative to the output's largest value, is printed, and

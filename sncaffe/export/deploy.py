@@ -1,21 +1,25 @@
 """The part of a net an export carries, as a user deploying it expects:
 
-- data layers (Input, Data, ImageData, HDF5Data, MemoryData, WindowData) become inputs, only
-  for the tops a kept layer reads (a label read only by a loss is no input);
-- loss layers (every ``*Loss`` type), Accuracy and Silence are dropped;
+- data layers (Input, Data, ImageData, HDF5Data, MemoryData, WindowData, and the forks'
+  DenseImageData and AnnotatedData) become inputs, only for the tops a kept layer reads (a
+  label read only by a loss is no input);
+- loss layers (every ``*Loss`` type: MultiBoxLoss and SmoothL1Loss too), Accuracy,
+  DetectionEvaluate and Silence are dropped;
 - the outputs are the blobs that no kept layer reads (a loss's logits become one).
 """
 from __future__ import annotations
 
 from ..proto import sncaffe_pb2 as pb
-from ..prototxt import DATA_LAYERS, PrototxtError, filter_net, prepare_net, read_text, set_batch, upgrade_inputs
+from ..prototxt import DATA_LAYERS as BVLC_DATA_LAYERS
+from ..prototxt import PrototxtError, filter_net, prepare_net, read_text, set_batch, upgrade_inputs
 from . import ExportError
 
-DROPPED = ("Accuracy", "Silence")
+DROPPED = ("Accuracy", "DetectionEvaluate", "Silence")
+DATA_LAYERS = BVLC_DATA_LAYERS + ("DenseImageData", "AnnotatedData")
 
 
 def dropped(layer_type: str) -> bool:
-    """Whether an export drops layers of this type (losses, Accuracy, Silence)."""
+    """Whether an export drops layers of this type (losses, Accuracy, DetectionEvaluate, Silence)."""
     return layer_type.endswith("Loss") or layer_type in DROPPED
 
 

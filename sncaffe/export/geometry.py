@@ -8,6 +8,14 @@ import numpy as np
 
 from . import ExportError
 
+# Types that have no faithful export to either format, with the reason
+REFUSED = {
+    "DetectionOutput": "its non-maximum suppression keeps a number of boxes that depends on the data, in "
+                       "the fork's own rows and order; without it in the prototxt, the net up to its inputs exports",
+    "PSROIPooling": "position-sensitive roi pooling has no ONNX operator, and its averages over bins whose "
+                    "edges depend on the rois' values have no exact composition of ONNX operators",
+}
+
 
 def refuse(node, why):
     raise ExportError(f'layer "{node.name}" ({node.type}): {why}')
@@ -62,8 +70,8 @@ def pool(node) -> Pool:
     that the last window covers, and AVE's divisor (each window clipped at the padded end)."""
     from ..layers.pooling import AVE, MAX
     layer = node.layer
-    if len(node.tops) > 1:
-        refuse(node, "the second top (the argmax mask) is not exported")
+    if len(node.tops) > 1 and layer.is_global:
+        refuse(node, "the second top (the argmax mask) of global pooling is not exported")
     if layer.method not in (MAX, AVE):
         refuse(node, "only MAX and AVE pooling are exported (STOCHASTIC draws at random)")
     method = "MAX" if layer.method == MAX else "AVE"
@@ -114,3 +122,46 @@ def slice_sizes(node) -> tuple:
 def concat_axis(node) -> int:
     p = node.layer.param.concat_param
     return p.concat_dim if p.HasField("concat_dim") else canonical(p.axis, len(node.bottoms[0].shape))
+
+
+def refuse_batch_bn(node):
+    """A fork BN that normalizes by the batch's statistics has nothing to export."""
+    layer = node.layer
+    if layer.batch_stats:
+        refuse(node, "caffe-segnet's bn_mode LEARN normalizes by the batch's statistics: export with "
+                     "bn_mode: INFERENCE" if layer.segnet else "normalizes by the batch's statistics "
+                     "(the TRAIN phase without frozen): export the TEST phase")
+    if len(node.tops) > 1:
+        refuse(node, "the batch mean and variance tops are not exported")
+
+
+def interp(node) -> tuple:
+    """An Interp's crop of the input (rows, columns as slices) and its output size."""
+    layer = node.layer
+    return layer.crop, tuple(node.tops[0].shape[2:])
+
+
+def upsample_mask_source(net, node):
+    """The Pooling layer whose mask top an Upsample reads; refused when the mask comes from
+    elsewhere (its values would be any floats, not the cells a pooling chose)."""
+    mask = node.bottoms[1].name
+    other, i = writer(net, mask)
+    if other is None or other.type != "Pooling" or i != 1:
+        refuse(node, f'its mask "{mask}" is not the second top of a MAX Pooling layer')
+    return other
+
+
+def writer(net, blob) -> tuple:
+    """(the layer, its top index) that wrote ``blob``, looking through Split layers; (None, 0)
+    for a blob no layer writes."""
+    source = {t.name: (node, i) for node in net.graph.layers for i, t in enumerate(node.tops)}
+    while blob in source and source[blob][0].type == "Split":
+        blob = source[blob][0].bottoms[0].name
+    return source.get(blob, (None, 0))
+
+
+def prior_boxes(node) -> np.ndarray:
+    """A PriorBox top's values: they depend on the bottoms' shapes only, fixed in an export."""
+    layer = node.layer
+    boxes = layer.boxes(tuple(node.bottoms[0].shape[-2:]), tuple(node.bottoms[1].shape[-2:]))
+    return boxes.astype(np.float32).reshape(node.tops[0].shape)

@@ -104,6 +104,8 @@ def build(net, opset=OPSET):
     unmapped = [n for n in net.graph.layers if n.type not in MAPS and n.type != "Input"]
     if unmapped:
         n = unmapped[0]
+        if n.type in g.REFUSED:
+            g.refuse(n, f"not exported: {g.REFUSED[n.type]}")
         raise ExportError(f'layer "{n.name}": type "{n.type}" has no ONNX mapping (mapped: '
                           f"{', '.join(sorted(MAPS))})")
     b = Builder(net)
@@ -175,6 +177,11 @@ def pooling(b, node):
     if tuple(onnx_out) != tuple(p.out):
         g.refuse(node, f"Caffe's output size {p.out} has no ONNX padding (got {tuple(onnx_out)})")
     attrs = dict(kernel_shape=list(p.kernel), strides=list(p.stride), pads=pads)
+    if p.method == "MAX" and len(node.tops) > 1:
+        # ONNX's indices run over the whole (N, C, H, W) input, Caffe's mask within each H x W plane
+        y, idx = b.op(node, "MaxPool", [x], n_out=2, **attrs)
+        plane = b.const(node, "plane", np.array(math.prod(node.layer.in_hw), np.int64))
+        return [y, b.op(node, "Cast", [b.op(node, "Mod", [idx, plane])], to=1)]
     if p.method == "MAX":
         return [b.op(node, "MaxPool", [x], **attrs)]
     y = b.op(node, "AveragePool", [x], count_include_pad=1, **attrs)
@@ -455,3 +462,87 @@ def tile(b, node):
 @maps("Parameter")
 def parameter(b, node):
     return [b.op(node, "Identity", [b.const(node, "value", g.params(node)[0])])]
+
+
+# -- the forks' layers ----------------------------------------------------------------------
+@maps("Interp")
+def interp(b, node):
+    (rows, cols), size = g.interp(node)
+    x, shape = b.bottom(node), node.bottoms[0].shape
+    if (rows.start, rows.stop, cols.start, cols.stop) != (0, shape[2], 0, shape[3]):     # pad_beg/pad_end crop
+        x = b.op(node, "Slice", [x, b.ints(node, "starts", [rows.start, cols.start]),
+                                 b.ints(node, "ends", [rows.stop, cols.stop]), b.ints(node, "axes", [2, 3])])
+    sizes = b.ints(node, "sizes", list(node.tops[0].shape))
+    return [b.op(node, "Resize", [x, "", "", sizes], mode="linear", coordinate_transformation_mode="align_corners")]
+
+
+@maps("ShuffleChannel")
+def shuffle_channel(b, node):
+    n, group, per, rest = node.layer.view
+    y = b.op(node, "Transpose", [reshape_to(b, node, b.bottom(node), (n, group, per, rest))], perm=[0, 2, 1, 3])
+    return [reshape_to(b, node, y, node.tops[0].shape)]
+
+
+@maps("Axpy")
+def axpy(b, node):
+    shape = node.bottoms[1].shape
+    a = reshape_to(b, node, b.bottom(node, 0), tuple(shape[:2]) + (1,) * (len(shape) - 2))
+    return [b.op(node, "Add", [b.op(node, "Mul", [a, b.bottom(node, 1)]), b.bottom(node, 2)])]
+
+
+@maps("Permute")
+def permute(b, node):
+    return [b.op(node, "Transpose", [b.bottom(node)], perm=list(node.layer.order))]
+
+
+@maps("Normalize")
+def normalize(b, node):
+    layer = node.layer
+    n = len(node.bottoms[0].shape)
+    x = b.bottom(node)
+    axes = b.ints(node, "axes", list(range(1, n)) if layer.across else [1])
+    sq = b.op(node, "ReduceSumSquare", [x, axes], keepdims=1)
+    norm = b.op(node, "Sqrt", [b.op(node, "Add", [sq, b.scalar(node, "eps", layer.param.norm_param.eps)])])
+    s = g.params(node)[0]
+    s = s.reshape(()) if layer.shared else s.reshape((-1,) + (1,) * (n - 2))
+    return [b.op(node, "Mul", [b.op(node, "Div", [x, norm]), b.const(node, "scale", s)])]
+
+
+@maps("PriorBox")
+def prior_box(b, node):
+    return [b.op(node, "Identity", [b.const(node, "boxes", g.prior_boxes(node))])]
+
+
+@maps("BN")
+def fork_bn(b, node):
+    g.refuse_batch_bn(node)
+    layer = node.layer
+    blobs = [v.reshape(-1) for v in g.params(node)]
+    if layer.segnet:            # INFERENCE: scale x + shift
+        c = (1, -1) + (1,) * (len(node.bottoms[0].shape) - 2)
+        y = b.op(node, "Mul", [b.bottom(node), b.const(node, "scale", blobs[0].reshape(c))])
+        return [b.op(node, "Add", [y, b.const(node, "shift", blobs[1].reshape(c))])]
+    ins = [b.bottom(node)] + [b.const(node, what, v) for what, v in zip(("slope", "bias", "mean", "var"), blobs)]
+    return [b.op(node, "BatchNormalization", ins, epsilon=layer.eps)]
+
+
+@maps("ROIPooling")
+def roi_pooling(b, node):
+    # MaxRoiPool is Fast R-CNN's: corners rounded half away from zero after scaling, a roi at
+    # least one cell, bins floor/ceil of the even split clipped to the map, an empty bin 0
+    p = node.layer.param.roi_pooling_param
+    return [b.op(node, "MaxRoiPool", [b.bottom(node, 0), b.bottom(node, 1)],
+                 pooled_shape=[p.pooled_h, p.pooled_w], spatial_scale=p.spatial_scale)]
+
+
+@maps("Upsample")
+def upsample(b, node):
+    g.upsample_mask_source(b.net, node)
+    n, c, h, w = node.tops[0].shape
+    # Caffe's mask is the cell within each output plane; MaxUnpool's indices run over the whole top
+    offsets = b.const(node, "plane_offsets", (np.arange(n * c, dtype=np.int64) * (h * w)).reshape(n, c, 1, 1))
+    idx = b.op(node, "Add", [b.op(node, "Cast", [b.bottom(node, 1)], to=7), offsets])
+    scale = [max(o // i, 1) for o, i in zip((h, w), node.bottoms[0].shape[2:])]
+    return [b.op(node, "MaxUnpool", [b.bottom(node, 0), idx, b.ints(node, "shape", [n, c, h, w])],
+                 kernel_shape=scale, strides=scale)]
+

@@ -5,7 +5,9 @@ weights in a state_dict saved beside it (``out.py`` and ``out.pt``), never a pic
 Layers PyTorch lacks are small helpers written into the file, only those the net uses:
 ``CaffeBatchNorm`` keeps Caffe's sums and moving-average factor (train mode normalizes by the
 batch and updates them as Caffe does), ``caffe_pool2d`` covers the pooling shapes where
-PyTorch's padding or rounding differ from Caffe's.
+PyTorch's padding or rounding differ from Caffe's; the forks' types get ``interp``,
+``CaffeNormalize``, ``ForkBN``, ``roi_max_pool`` (a loop, without torchvision), ``max_pool_mask``
+and ``upsample``.
 """
 from __future__ import annotations
 
@@ -119,6 +121,90 @@ def mvn(x, across_channels, normalize_variance, eps):
     d = x - x.mean(dims, keepdim=True)
     return d / (torch.sqrt((d * d).mean(dims, keepdim=True)) + eps) if normalize_variance else d
 ''',
+    "interp": '''
+def interp(x, size):
+    """PSPNet's Interp: bilinear, the corners aligned."""
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=True)
+''',
+    "CaffeNormalize": '''
+class CaffeNormalize(nn.Module):
+    """SSD's Normalize: x / sqrt(sum x^2 + eps) over each item (across_spatial) or each position's
+    channels, times a learned scale (one, or one per channel)."""
+
+    def __init__(self, channels, across_spatial, eps):
+        super().__init__()
+        self.across_spatial, self.eps = across_spatial, eps
+        self.weight = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x):
+        dims = tuple(range(1, x.dim())) if self.across_spatial else 1
+        scale = self.weight.reshape((1, -1) + (1,) * (x.dim() - 2)) if self.weight.dim() else self.weight
+        return x / torch.sqrt((x * x).sum(dims, keepdim=True) + self.eps) * scale
+''',
+    "ForkBN": '''
+class ForkBN(nn.Module):
+    """The forks' BN with its stored statistics: slope (x - mean) / sqrt(variance + eps) + bias
+    (PSPNet's TEST phase, or frozen); without statistics, slope x + bias (caffe-segnet's
+    INFERENCE). Train mode normalizes the same way (the batch-statistics modes are not exported)."""
+
+    def __init__(self, channels, eps=1e-5, statistics=True):
+        super().__init__()
+        self.eps = eps
+        shape = (1, channels, 1, 1)
+        self.slope = nn.Parameter(torch.ones(shape))
+        self.bias = nn.Parameter(torch.zeros(shape))
+        if statistics:
+            self.register_buffer("mean", torch.zeros(shape))
+            self.register_buffer("variance", torch.ones(shape))
+        else:
+            self.mean = self.variance = None
+
+    def forward(self, x):
+        x3 = x.reshape(x.shape[0], x.shape[1], -1)
+        slope, bias = self.slope.reshape(1, -1, 1), self.bias.reshape(1, -1, 1)
+        if self.mean is not None:
+            x3 = (x3 - self.mean.reshape(1, -1, 1)) / torch.sqrt(self.variance.reshape(1, -1, 1) + self.eps)
+        return (x3 * slope + bias).reshape(x.shape)
+''',
+    "roi_max_pool": '''
+def roi_max_pool(x, rois, pooled, spatial_scale):
+    """Fast R-CNN's ROIPooling, a loop over rois and bins: a roi's corners scaled and rounded
+    half away from zero (in float32), its size at least one cell, bin edges the floor and ceil
+    of the even split clipped to the map; an empty bin gives 0."""
+    out = x.new_zeros((rois.shape[0], x.shape[1]) + tuple(pooled))
+    rois = rois.detach().reshape(-1, 5).float()
+    for r in range(rois.shape[0]):
+        v = rois[r, 1:] * torch.tensor(spatial_scale, dtype=torch.float32)
+        x1, y1, x2, y2 = (torch.sign(v) * torch.floor(v.abs() + 0.5)).int().tolist()
+        edges = []
+        for lo, hi, n, size in ((y1, y2, pooled[0], x.shape[2]), (x1, x2, pooled[1], x.shape[3])):
+            step = torch.tensor(max(hi - lo + 1, 1), dtype=torch.float32) / n
+            p = torch.arange(n, dtype=torch.float32)
+            start = (torch.floor(p * step).int() + lo).clamp(0, size).tolist()
+            end = (torch.ceil((p + 1) * step).int() + lo).clamp(0, size).tolist()
+            edges.append(list(zip(start, end)))
+        b = int(rois[r, 0])
+        for i, (hs, he) in enumerate(edges[0]):
+            for j, (ws, we) in enumerate(edges[1]):
+                if he > hs and we > ws:
+                    out[r, :, i, j] = x[b, :, hs:he, ws:we].amax((1, 2))
+    return out
+''',
+    "max_pool_mask": '''
+def max_pool_mask(x, kernel, stride, pad, ceil_mode):
+    """MAX pooling and Caffe's mask top: the argmax as h * W + w of the input plane, as floats."""
+    y, idx = F.max_pool2d(x, kernel, stride, pad, ceil_mode=ceil_mode, return_indices=True)
+    return y, idx.to(x.dtype)
+''',
+    "upsample": '''
+def upsample(x, mask, size):
+    """SegNet's Upsample: each value to the cell of its output plane that its mask names (h * W
+    + w); every other cell 0. A cell named twice takes the later value on the CPU, as in Caffe
+    (CUDA's scatter takes either)."""
+    n, c = x.shape[:2]
+    y = x.new_zeros((n, c, size[0] * size[1]))
+    return y.scatter(2, mask.long().flatten(2), x.flatten(2)).reshape(n, c, *size)
+''',
 }
 
 
@@ -193,8 +279,9 @@ class Gen:
     def bottom(self, node, i=0):
         return self.var[node.bottoms[i].name]
 
-    def submodule(self, node, ctor, state=None):
-        """``self.<layer> = ctor`` and its state entries; the attribute."""
+    def submodule(self, node, ctor, state=None, buffers=()):
+        """``self.<layer> = ctor`` and its state entries (``buffers``: those that are no
+        parameters); the attribute."""
         attr = python_name(node.name, self.attrs, "layer")
         self.init.append(f"self.{attr} = {ctor}")
         keys = []
@@ -204,7 +291,7 @@ class Gen:
         self.blob_keys[node.name] = keys
         if node.layer.learnable:
             for k, need in zip(keys, node.param_need_backward):
-                if not need:
+                if not need and k.rsplit(".", 1)[1] not in buffers:
                     self.init.append(f"self.{k}.requires_grad_(False)      # lr_mult 0: frozen, as in Caffe")
         return attr
 
@@ -248,6 +335,8 @@ def source(net) -> TorchSource:
     unmapped = [n for n in net.graph.layers if n.type not in MAPS and n.type != "Input"]
     if unmapped:
         n = unmapped[0]
+        if n.type in g.REFUSED:
+            g.refuse(n, f"not exported: {g.REFUSED[n.type]}")
         raise ExportError(f'layer "{n.name}": type "{n.type}" has no PyTorch mapping (mapped: '
                           f"{', '.join(sorted(MAPS))})")
     gen = Gen(net)
@@ -377,6 +466,13 @@ def pooling(gen, node):
     native = all(2 * a <= k for a, k in zip(p.pad, p.kernel)) and all(
         torch_pooled(n, k, s, a, ceil) == o
         for n, k, s, a, o in zip(node.layer.in_hw, p.kernel, p.stride, p.pad, p.out))
+    if len(node.tops) > 1:
+        if not native:
+            g.refuse(node, "with the mask top, PyTorch's own pooling must give Caffe's windows (padding at "
+                           "most half the kernel, the same rounding)")
+        gen.helper("max_pool_mask")
+        gen.blob_keys[node.name] = []
+        return Unpack(f"max_pool_mask({x}, {tup(p.kernel)}, {tup(p.stride)}, {tup(p.pad)}, {ceil})")
     if native:      # PyTorch's windows and (AVE) divisors are Caffe's here
         extra = ", count_include_pad=True" if kind == "avg" else ""
         attr = gen.submodule(node, f"nn.{kind.capitalize()}Pool2d({tup(p.kernel)}, stride={tup(p.stride)}, "
@@ -637,3 +733,81 @@ def parameter(gen, node):
     gen.state[attr] = w
     gen.blob_keys[node.name] = [attr]
     return [f"self.{attr}"]
+
+
+# -- the forks' layers ----------------------------------------------------------------------
+@maps("Interp")
+def interp(gen, node):
+    (rows, cols), size = g.interp(node)
+    x, shape = gen.bottom(node), node.bottoms[0].shape
+    if (rows.start, rows.stop, cols.start, cols.stop) != (0, shape[2], 0, shape[3]):     # pad_beg/pad_end crop
+        x = f"{x}[:, :, {rows.start}:{rows.stop}, {cols.start}:{cols.stop}]"
+    gen.helper("interp")
+    return [f"interp({x}, {tup(size)})"]
+
+
+@maps("ShuffleChannel")
+def shuffle_channel(gen, node):
+    view = tup(node.layer.view)
+    return [f"{gen.bottom(node)}.reshape({view}).transpose(1, 2).reshape({tup(node.tops[0].shape)})"]
+
+
+@maps("Axpy")
+def axpy(gen, node):
+    a, x, y = (gen.bottom(node, i) for i in range(3))
+    ones = ", 1" * (len(node.bottoms[1].shape) - 2)
+    return [f"{a}.reshape({a}.shape[0], -1{ones}) * {x} + {y}"]
+
+
+@maps("Permute")
+def permute(gen, node):
+    return [f"{gen.bottom(node)}.permute({tup(node.layer.order)})"]
+
+
+@maps("Normalize")
+def normalize(gen, node):
+    layer = node.layer
+    w = g.params(node)[0]
+    gen.helper("CaffeNormalize")
+    channels = "()" if layer.shared else str(w.size)
+    attr = gen.submodule(node, f"CaffeNormalize({channels}, across_spatial={layer.across}, "
+                               f"eps={num(layer.param.norm_param.eps)})", {"weight": w})
+    return [f"self.{attr}({gen.bottom(node)})"]
+
+
+@maps("PriorBox")
+def prior_box(gen, node):
+    boxes = g.prior_boxes(node)
+    attr = python_name(node.name, gen.attrs, "layer")
+    # the boxes depend on the input shapes only, fixed in the export
+    gen.init.append(f"self.register_buffer({attr!r}, torch.zeros({tup(boxes.shape)}))")
+    gen.state[attr] = boxes
+    gen.blob_keys[node.name] = []
+    return [f"self.{attr}"]
+
+
+@maps("BN")
+def fork_bn(gen, node):
+    g.refuse_batch_bn(node)
+    layer = node.layer
+    blobs = g.params(node)
+    names = ("slope", "bias", "mean", "variance")
+    gen.helper("ForkBN")
+    attr = gen.submodule(node, f"ForkBN({blobs[0].size}, eps={num(layer.eps)}, statistics={not layer.segnet})",
+                         dict(zip(names, blobs)), buffers=names[2:])
+    return [f"self.{attr}({gen.bottom(node)})"]
+
+
+@maps("ROIPooling")
+def roi_pooling(gen, node):
+    p = node.layer.param.roi_pooling_param
+    gen.helper("roi_max_pool")
+    return [f"roi_max_pool({gen.bottom(node)}, {gen.bottom(node, 1)}, {tup(node.layer.pooled)}, "
+            f"{num(p.spatial_scale)})"]
+
+
+@maps("Upsample")
+def upsample(gen, node):
+    g.upsample_mask_source(gen.net, node)
+    gen.helper("upsample")
+    return [f"upsample({gen.bottom(node)}, {gen.bottom(node, 1)}, {tup(node.tops[0].shape[2:])})"]

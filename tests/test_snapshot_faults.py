@@ -85,7 +85,7 @@ def test_a_snapshot_folder_that_went_away_is_named(tmp_path):
         s.snapshot()
 
 
-def test_leftovers_of_killed_snapshots_are_removed_at_start(tmp_path):
+def test_temporary_files_of_killed_snapshots_are_removed_at_start_and_nothing_else(tmp_path):
     prefix = tmp_path / "t"
     s = Solver(solver_param(prefix, max_iter=2))
     s.feed = lambda net, i: None
@@ -97,16 +97,53 @@ def test_leftovers_of_killed_snapshots_are_removed_at_start(tmp_path):
             dead += 1
         except ProcessLookupError:
             break
-    leftovers = [f"t_iter_5.caffemodel.tmp{dead}", f"t_iter_5.solverstate.tmp{dead}",
-                 "t_iter_7.caffemodel"]                        # killed between the two renames
+    leftovers = [f"t_iter_5.caffemodel.tmp{dead}", f"t_iter_5.solverstate.tmp{dead}"]
     live = f"t_iter_9.caffemodel.tmp{os.getppid()}"             # another process, still writing
-    for name in leftovers + [live]:
+    kept = ["t_iter_7.caffemodel",                              # killed between the two renames, or a user's
+            "t_iter_0.notes", f"t_iter_0.notes.tmp{dead}"]      # not a snapshot's name
+    for name in leftovers + [live] + kept:
         (tmp_path / name).write_bytes(b"partial")
-    (tmp_path / "t_iter_0.notes").write_bytes(b"not ours")
     s.solve()
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert not set(leftovers) & set(names) and live in names and "t_iter_0.notes" in names
+    assert not set(leftovers) & set(names) and {live, *kept} <= set(names)
+    assert (tmp_path / "t_iter_7.caffemodel").read_bytes() == b"partial"
     assert [n for n, _, _ in pairs(str(prefix))] == [0, 2]
+
+
+def _user_models(folder):
+    """Two .caffemodel files of the user's under the snapshot prefix, with no .solverstate."""
+    s = Solver(solver_param(folder / "lenet", max_iter=0))
+    s.feed = lambda net, i: None
+    for n in (10, 20):
+        s.iter = n
+        s.snapshot()
+        os.remove(folder / f"lenet_iter_{n}.solverstate")
+    return {n: (folder / f"lenet_iter_{n}.caffemodel").read_bytes() for n in (10, 20)}
+
+
+def test_train_keeps_the_users_caffemodels_under_its_snapshot_prefix(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    before = _user_models(out)
+    p = solver_param("out/lenet", max_iter=2)
+    (tmp_path / "solver.prototxt").write_text(text_format.MessageToString(p))
+    argv = [sys.executable, "-m", "sncaffe.cli", "train", "solver.prototxt", "--weights", "out/lenet_iter_20.caffemodel"]
+    run = subprocess.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for n, data in before.items():
+        assert (out / f"lenet_iter_{n}.caffemodel").read_bytes() == data
+    assert "interrupted snapshot" not in run.stdout + run.stderr
+    assert [n for n, _, _ in pairs(str(out / "lenet"))] == [2]
+
+
+def test_models_whose_solverstates_were_deleted_are_kept_and_not_resumed_from(tmp_path):
+    before = _user_models(tmp_path)
+    s = Solver(solver_param(tmp_path / "lenet", max_iter=2))
+    s.feed = lambda net, i: None
+    s.solve()
+    assert s.iter == 2 and latest(str(tmp_path / "lenet"))[1].endswith("lenet_iter_2.solverstate")
+    for n, data in before.items():
+        assert (tmp_path / f"lenet_iter_{n}.caffemodel").read_bytes() == data
 
 
 def _train(folder, resume=None):

@@ -79,15 +79,28 @@ class LMDBReader:
         self._release = weakref.finalize(self, _released.append, os.path.realpath(self.path))
 
     def first(self) -> tuple[bytes, bytes]:
-        with self.env.begin(buffers=False) as txn:
-            cur = txn.cursor()
-            cur.first()
-            return cur.key(), cur.value()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                cur = txn.cursor()
+                cur.first()
+                return cur.key(), cur.value()
+        except lmdb.Error as e:
+            raise self._corrupt(e) from None
+
+    def _corrupt(self, e) -> ValueError:
+        where = f"after key {self._last.decode(errors='replace')}" if self._last else "at its first record"
+        return ValueError(f"LMDB {self.path} cannot be read {where}: {e} (is its data.mdb damaged?)")
 
     def __iter__(self):
         return self
 
     def __next__(self) -> tuple[bytes, bytes]:
+        try:
+            return self._step()
+        except lmdb.Error as e:
+            raise self._corrupt(e) from None
+
+    def _step(self) -> tuple[bytes, bytes]:
         # The transaction is opened by the first call, so it belongs to the reading thread.
         if self._cursor is None:
             if self._txn is not None:

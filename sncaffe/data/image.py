@@ -74,15 +74,30 @@ def _open(source, what):
         img.load()
     except UnidentifiedImageError:
         raise ValueError(f"{what}: not an image Pillow can decode") from None
+    except Image.DecompressionBombError as e:     # its size is checked before any pixel is decoded
+        raise ValueError(f"{what}: {e}") from None
     except OSError as e:
         raise ValueError(f"{what}: cannot read image: {e.strerror or e}") from None
     return img
+
+
+def _check_size(buf, what) -> None:
+    """Refuse an image whose header claims more pixels than Pillow's limit, before OpenCV decodes
+    it (which would allocate them all; a 30000 x 30000 PNG is a few KB)."""
+    from PIL import Image
+    try:
+        Image.open(io.BytesIO(buf)).close()      # reads the header only
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{what}: {e}") from None
+    except Exception:                            # a format Pillow does not know: OpenCV decides
+        pass
 
 
 def decode(buf: bytes, color=None, what="encoded image") -> np.ndarray:
     """Decode PNG/JPEG/... bytes to (C, H, W) uint8 BGR (Caffe's DecodeDatumToCVMat)."""
     cv2 = _cv2()
     if cv2 is not None:
+        _check_size(buf, what)
         a = cv2.imdecode(np.frombuffer(buf, np.uint8), _cv_flag(cv2, color))
         if a is None:
             raise ValueError(f"{what}: not an image OpenCV can decode")
@@ -98,6 +113,7 @@ def load(path, height=0, width=0, color=True) -> np.ndarray:
             buf = np.fromfile(str(path), np.uint8)      # cv::imread's decoding, with the OS's error
         except OSError as e:
             raise ValueError(f"{path}: cannot read image: {e.strerror or e}") from None
+        _check_size(buf.data, str(path))
         a = cv2.imdecode(buf, _cv_flag(cv2, bool(color))) if buf.size else None
         if a is None:
             raise ValueError(f"{path}: not an image OpenCV can decode")

@@ -102,7 +102,7 @@ class _Prefetching(_Source):
             yield
         except LayerError:
             raise
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, ImportError) as e:      # ImportError: an optional reader (plyvel)
             raise self.error(f"{where}{e}") from None
 
     def _batch_size(self, n):

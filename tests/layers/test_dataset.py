@@ -5,6 +5,7 @@ values are checked against the records and against a per-pixel transcription
 of Caffe's DataTransformer loop.
 """
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -273,6 +274,13 @@ def test_data_bad_inputs(tmp_path):
     msg = r"mean file .*m.binaryproto has shape \(1, 1, 6, 5\), the data in .*db has \(1, 3, 6, 5\)"
     with pytest.raises(GraphError, match=msg):
         build(src, f'transform_param {{ mean_file: "{mean}" }}')
+
+
+def test_leveldb_without_plyvel_names_the_layer_and_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "plyvel", None)           # as where the leveldb extra is not installed
+    with pytest.raises(GraphError, match=r'"src" \(Data\): reading or writing LevelDB needs plyvel: '
+                                         r"pip install 'sncaffe\[leveldb\]'"):
+        net_of(f'type: "Data" data_param {{ source: "{tmp_path}" batch_size: 2 backend: LEVELDB }}')
 
 
 def test_data_shape_change_is_an_error_from_forward(tmp_path):

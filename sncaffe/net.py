@@ -7,8 +7,10 @@
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
+import weakref
 import zlib
 from collections import OrderedDict
 from pathlib import Path
@@ -38,6 +40,38 @@ def _some(names, n=5) -> str:
     return ", ".join(f'"{x}"' for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
+# The pool blocks of nets collected without release(), given back when the next net is made: never
+# from inside a garbage collection, which may run while a pool is in the middle of an allocation.
+_dropped = collections.deque()         # (weak reference to the device, its method that frees, offset)
+
+
+def _on_dropped(ex, locations, states):
+    """A net was collected: note its blocks (plain reads only, as inside a collection)."""
+    devices = {loc: weakref.ref(d) for loc, d in ex["devices"].items()}
+    for key, off in list(ex["offsets"].items()):
+        t = ex["transient"].get(key)
+        _dropped.append((devices[t.location if t is not None else locations.get(key, "")], "free", off))
+    for key, (off, _) in list(ex["host"].items()):
+        _dropped.append((devices[ex["host_loc"].get(key) or locations.get(key, "")], "host_free", off))
+    for off, loc in list(ex["disk"].values()):
+        _dropped.append((devices[loc], "spill_free", off))
+    for in_host_pool, off in states:
+        _dropped.append((devices[""], "host_free" if in_host_pool else "free", off))
+
+
+def _give_back_dropped():
+    while _dropped:
+        device, method, off = _dropped.popleft()
+        device = device()
+        if device is None:                      # a net's own device, gone with it
+            continue
+        if method == "spill_free":
+            from .mem.spill import spill_of
+            spill_of(device).free(off)
+        else:
+            getattr(device, method)(off)
+
+
 class Net:
     """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
     ``offload``, ``recompute``, ``all`` or ``auto``); None takes the net's own
@@ -49,6 +83,7 @@ class Net:
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
                  weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
                  devices=None, defer=False):
+        _give_back_dropped()
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -170,6 +205,12 @@ class Net:
             if layer.blobs:
                 self.params[node.name] = layer.blobs
         self.executor = Executor(self.device, self._binders(), self._run_op, self.devices)
+        self._state_blocks = []         # (in the host pool, offset) of alloc_state's arrays
+        # What the executor holds, by its containers (never the executor: its binders hold the net).
+        ex = {k: getattr(self.executor, k) for k in ("offsets", "transient", "host", "host_loc", "disk")}
+        ex["devices"] = self.devices
+        locations = {id(t): t.location for t in (*self.plan.persistent, *self.plan.host_params)}
+        self._finalizer = weakref.finalize(self, _on_dropped, ex, locations, self._state_blocks)
         for root in self.plan.persistent:
             self.executor.alloc(root, fill=0, persistent=True)
         for root in self.plan.host_params:
@@ -186,10 +227,13 @@ class Net:
             return self.executor.disk_state(shape, dtype, name)
         if self.host_params:
             off, raw = self.device.host_alloc(max(nbytes, 1), name)
+            self._state_blocks.append((True, off))
             arr = raw[:nbytes].view(dtype).reshape(shape)
             arr[...] = 0
             return arr
-        return self.device.alloc(shape, dtype, name, zero=True)[1]
+        off, arr = self.device.alloc(shape, dtype, name, zero=True)
+        self._state_blocks.append((False, off))
+        return arr
 
     def _set_loss_diffs(self):
         for node in self.graph.layers:

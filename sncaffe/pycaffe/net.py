@@ -299,6 +299,7 @@ class Net:
         """Caffe's ShareTrainedLayersWith: layers named alike use ``other``'s parameter arrays."""
         from ..layers.base import Blob as SnBlob
         src = other._net if isinstance(other, Net) else other
+        self._net.__dict__.setdefault("shares_from", []).append(src)   # its blocks stay while these views do
         for node in self._net.graph.layers:
             theirs = src.params.get(node.name)
             mine = node.layer.blobs
@@ -341,10 +342,19 @@ class Net:
                     lp.input_param.shape.add().dim.extend(int(d) for d in dims)
         old, staged = self._net, self._staged
         params = {name: [np.array(b.data) for b in blobs] for name, blobs in old.params.items()}
-        kept = {n: np.array(old.blobs[n].data) for n in self.inputs if n not in staged}
+        inputs = {n: np.array(old.blobs[n].data) for n in self.inputs}
         old.release()
+        try:
+            self._bind(self._build(raw))
+        except BaseException:           # the net as it was (the same plan fits again), then the error
+            self._bind(self._build(self._raw))
+            self._refill(old, params, inputs)
+            raise
         self._raw = raw
-        self._bind(self._build(raw))
+        self._refill(old, params, {n: a for n, a in inputs.items() if n not in staged} | staged)
+
+    def _refill(self, old, params, inputs):
+        """Give the rebuilt net ``old``'s callbacks, parameters and input values."""
         callbacks = old.__dict__.get("pycaffe_callbacks")
         if callbacks:                   # the rebuilt net calls them too
             self._net.pycaffe_callbacks = callbacks
@@ -352,7 +362,7 @@ class Net:
         for name, arrays in params.items():
             for blob, a in zip(self._net.params.get(name, []), arrays):
                 transfer(blob.data, a)
-        for n, a in list(kept.items()) + list(staged.items()):
+        for n, a in inputs.items():
             transfer(self._net.blobs[n].data, a)
 
     # -- running ------------------------------------------------------------------

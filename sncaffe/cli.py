@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .mem.pool import fmt_bytes
+from .progress import rate as rate_text
 
 log = logging.getLogger("sncaffe")
 
@@ -389,7 +390,7 @@ class _TrainProgress:
         rate = self.images / max(now - self.t, 1e-9)
         self.t = now
         self.rate = rate if self.rate is None else 0.9 * self.rate + 0.1 * rate
-        self.bar.update(1, f"loss={_g(loss)}, lr={_g(lr)}, {self.rate:.0f} img/s, "
+        self.bar.update(1, f"loss={_g(loss)}, lr={_g(lr)}, {rate_text(self.rate, 1, 'img/s')}, "
                            f"peak {_peak(self.solver.device, self.solver.net)}")
 
 
@@ -492,9 +493,9 @@ def _train(args, comm=None) -> int:
             wall = time.perf_counter() - t0
             done = solver.iter - (progress.start if progress.start is not None else solver.iter)
             from .mem.budget import process_memory
-            log.info("Trained to iteration %d in %.1f s (%.0f images/s); pool peak %s, host pool peak %s, "
+            log.info("Trained to iteration %d in %.1f s (%s); pool peak %s, host pool peak %s, "
                      "%speak resident memory %s%s", solver.iter, wall,
-                     done * progress.images / max(wall, 1e-9), _peak(device, solver.net),
+                     rate_text(done * progress.images, wall, iterations=done), _peak(device, solver.net),
                      fmt_bytes(device.host_pool.peak),
                      f"spill file peak {fmt_bytes(device._spill.pool.peak)}, " if getattr(device, "_spill", None)
                      else "", fmt_bytes(process_memory()["hwm"]),
@@ -612,7 +613,7 @@ def cmd_time(args) -> int:
     print(f"Average Forward pass: {f_all:.3f} ms.")
     print(f"Average Backward pass: {b_all:.3f} ms.")
     print(f"Average Forward-Backward: {total / n * 1e3:.3f} ms"
-          + (f" ({batch * n / total:.1f} images/s)." if batch else "."))
+          + (f" ({rate_text(batch * n, total)})." if batch else "."))
     print(f"Total Time: {total * 1e3:.1f} ms.")
     st = net.device.pool.stats()
     print(f"Pool peak: {fmt_bytes(st['peak'])} ({st['peak']} bytes) of {fmt_bytes(st['capacity'])}.")

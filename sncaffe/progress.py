@@ -21,6 +21,16 @@ def is_terminal() -> bool:
     return all(getattr(f, "isatty", lambda: False)() for f in (sys.stdout, sys.stderr))
 
 
+def rate(images, seconds, unit="images/s", iterations=0) -> str:
+    """A throughput that never reads 0: three significant digits (whole numbers from 100 on),
+    and with ``iterations`` the seconds per iteration where an iteration takes over a second."""
+    r = images / max(seconds, 1e-9)
+    text = f"{r:.0f} {unit}" if r >= 100 else f"{r:.3g} {unit}"
+    if iterations and seconds > iterations:
+        text += f", {seconds / iterations:.3g} s/iteration"
+    return text
+
+
 class GlogFormatter(logging.Formatter):
     """``I1130 08:33:12.123456 4242 solver.py:301] message``: glog's prefix."""
 

@@ -46,6 +46,7 @@ def load(net, path) -> None:
     """Copy the parameters in ``path`` into ``net``'s layers of the same names; names and shapes are
     checked before any data is read."""
     from .blobproto import read_h5_blobs
+    from .net import warn_nonfinite
     nodes = {n.name: n for n in net.graph.layers}
 
     def keep(name, shapes):
@@ -71,7 +72,9 @@ def load(net, path) -> None:
     for name, group in read_h5_blobs(path, keep).items():
         for j, blob in enumerate(nodes[name].layer.blobs):
             if j in group:
-                transfer(blob.data, np.asarray(group[j], dtype=blob.data.dtype))
+                arr = np.asarray(group[j], dtype=blob.data.dtype)
+                transfer(blob.data, arr)
+                warn_nonfinite(arr, f'{path}: layer "{name}" blob {j}')
 
 
 def _host(a):

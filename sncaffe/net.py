@@ -36,6 +36,14 @@ def memory_mode(*params) -> str:
     return "auto"
 
 
+def warn_nonfinite(arr, what) -> None:
+    """Loaded weights that are NaN or infinite make every output they touch so: say which."""
+    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+    if bad:
+        log.warning("%s holds %d non-finite value(s) (NaN or infinity) of %d: outputs computed from it "
+                    "will be non-finite too", what, bad, arr.size)
+
+
 def _some(names, n=5) -> str:
     return ", ".join(f'"{x}"' for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
@@ -319,6 +327,7 @@ class Net:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
                 transfer(blob.data, arr)        # into a NumPy or a device (CuPy) array
+                warn_nonfinite(arr, f'{where}layer "{lp.name}" blob {i}')
 
     def to_proto(self, write_diff=False) -> "pb.NetParameter":
         """The net with its parameters, as Caffe's Net::ToProto."""

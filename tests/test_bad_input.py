@@ -249,6 +249,23 @@ def test_weights_report_what_they_loaded(tmp_path, capsys):
     assert f"{path}: loading 1 layers (2 blobs)" in capsys.readouterr().out
 
 
+def test_test_with_non_finite_weights_warns_naming_the_blob(tmp_path, capsys):
+    path, src = _tiny_model(tmp_path)
+    param = pb.NetParameter.FromString(path.read_bytes())
+    param.layer[1].blobs[1].data[1] = float("nan")
+    path.write_bytes(param.SerializeToString())
+    assert main(["test", write(tmp_path, TINY), "--weights", str(path), "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf'W.*{re.escape(str(path))}: layer "ip" blob 1 holds 1 non-finite value\(s\) \(NaN or '
+                     r"infinity\) of 3", out), out
+    h5 = tmp_path / "w.caffemodel.h5"
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("data/ip/0", data=np.full((3, 48), np.inf, np.float32))
+        f.create_dataset("data/ip/1", data=src.params["ip"][1].data)
+    assert main(["test", str(tmp_path / "net.prototxt"), "--weights", str(h5), "-n", "1"]) == 0
+    assert f'{h5}: layer "ip" blob 0 holds 144 non-finite value(s)' in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("content", ["empty", "renamed"])
 def test_weights_that_match_nothing_are_an_error(tmp_path, capsys, content):
     if content == "empty":

@@ -373,11 +373,13 @@ class Solver:
     def _forward(self, net, index, backward):
         if self.feed is not None:
             self.feed(net, index)
-        loss = net.forward()
+        with np.errstate(all="ignore"):     # a non-finite loss is reported below, by layer
+            loss = net.forward()
         if not math.isfinite(loss):
             raise TrainingError(self._nonfinite_message(net, loss))
         if backward:
-            net.backward()
+            with np.errstate(all="ignore"):
+                net.backward()
         return loss
 
     def _update_smoothed_loss(self, loss, start_iter):
@@ -418,7 +420,8 @@ class Solver:
                 self._log_outputs(self.net, "Train", self._outputs(self.net))
             if self.before_update is not None:
                 self.before_update()
-            rate = self.apply_update()
+            with np.errstate(all="ignore"):     # non-finite parameters: the next forward reports them
+                rate = self.apply_update()
             self.iter += 1
             for fn in self.callbacks:
                 fn(self.iter, self.smoothed_loss, rate)

@@ -148,7 +148,7 @@ def read_h5_blobs(path, keep=None) -> dict:
                     out[name] = {k: np.asarray(d[...]) for k, d in sets.items()}
     except _Refused as e:
         raise ValueError(f"{path}: {e}") from None
-    except (OSError, ValueError, TypeError, KeyError) as e:
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as e:     # RuntimeError: HDF5's, on damage
         raise ValueError(f"{path}: not Caffe HDF5 weights: {e}") from None
     return out
 

@@ -78,6 +78,8 @@ def _open(source, what):
         raise ValueError(f"{what}: {e}") from None
     except OSError as e:
         raise ValueError(f"{what}: cannot read image: {e.strerror or e}") from None
+    except (ValueError, TypeError, IndexError, EOFError, SyntaxError, ZeroDivisionError) as e:   # a damaged file,
+        raise ValueError(f"{what}: cannot decode image: {e}") from None                     # as Pillow's plugins say
     return img
 
 

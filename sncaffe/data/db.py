@@ -12,6 +12,8 @@ from pathlib import Path
 
 import lmdb
 
+from . import lmdb_pages
+
 COMMIT_EVERY = 1000          # records per write transaction, as Caffe's converters
 
 
@@ -48,6 +50,11 @@ def open_lmdb(path) -> "lmdb.Environment":
             return _shared[key][0]
         if not p.exists():
             raise FileNotFoundError(f"LMDB {path} does not exist")
+        if os.path.exists(lmdb_pages.data_file(p)):      # else lmdb.open says what is missing
+            try:
+                lmdb_pages.check(p)
+            except (ValueError, OSError) as e:
+                raise ValueError(f"LMDB {path} cannot be opened: {e}") from None
         try:
             env = lmdb.open(str(p), readonly=True, lock=False, readahead=False, subdir=p.is_dir())
             entries = env.stat()["entries"]

@@ -4,6 +4,7 @@ Each layer runs in a real Net reading files written here (LMDB, PNG, HDF5);
 values are checked against the records and against a per-pixel transcription
 of Caffe's DataTransformer loop.
 """
+import os
 import struct
 import sys
 import threading
@@ -303,24 +304,32 @@ def test_corrupt_record_names_the_key(tmp_path):
         net.forward()
 
 
-def damaged_lmdb(path, at, pages=1):
-    """An LMDB of 300 records with ``pages`` 4 KiB pages from fraction ``at`` of data.mdb overwritten."""
-    src = raw_lmdb(path, images(300, (1, 28, 28)))
+def damage(path, at, pages=1):
+    """Overwrite ``pages`` 4 KiB pages of the LMDB's data.mdb from fraction ``at`` of it, in place."""
     mdb = path / "data.mdb"
     with open(mdb, "r+b") as f:
         f.seek(max(2, int(mdb.stat().st_size * at) // 4096) * 4096)     # pages 0 and 1: LMDB's meta pages
         f.write(np.random.default_rng(1).integers(0, 256, 4096 * pages, np.uint8).tobytes())
-    return src
 
 
-def test_a_damaged_lmdb_is_an_error_naming_it_and_the_layer(tmp_path):
-    src = damaged_lmdb(tmp_path / "early", 0, pages=10**4)             # every page but the meta pages
-    with pytest.raises(GraphError, match=r'"src" \(Data\): LMDB .*early cannot be read at its first record: '
-                                         r".*MDB_CORRUPTED"):
+@pytest.mark.parametrize("at, pages, msg", [(0.3, 1, r"page \d+ is damaged"), (0.0, 10**4, r"page \d+ is damaged"),
+                                            (None, 0, r"its meta page says it has \d+ pages of 4096 bytes; "
+                                                      r"the file has 12288 bytes \(truncated or damaged\)")])
+def test_a_damaged_lmdb_is_an_error_naming_it_and_the_layer(tmp_path, at, pages, msg):
+    src = raw_lmdb(tmp_path / "db", images(300, (1, 28, 28)))
+    if at is None:
+        os.truncate(tmp_path / "db" / "data.mdb", 3 * 4096)              # liblmdb: SIGBUS
+    else:
+        damage(tmp_path / "db", at, pages)                              # liblmdb: an assertion, or abort
+    with pytest.raises(GraphError, match=r'"src" \(Data\): LMDB .*db cannot be opened: ' + msg):
         net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 2 backend: LMDB }}')
-    src = damaged_lmdb(tmp_path / "late", 0.3)
+
+
+def test_an_lmdb_damaged_while_read_is_an_error_from_forward(tmp_path):
+    src = raw_lmdb(tmp_path / "db", images(300, (1, 28, 28)))
     net = net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 50 backend: LMDB }}')
-    with pytest.raises(LayerError, match=r'"src" \(Data\): LMDB .*late cannot be read after key 000\d+: .*MDB_CORRUPTED'):
+    damage(tmp_path / "db", 0.3)
+    with pytest.raises(LayerError, match=r'"src" \(Data\): LMDB .*db cannot be read after key 000\d+: .*MDB_CORRUPTED'):
         for _ in range(6):                                              # from the reader thread
             net.forward()
 

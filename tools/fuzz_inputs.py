@@ -146,8 +146,12 @@ class Reader:
         return self._solver
 
     def case(self, kind: str, seed: int):
-        """Write case ``seed`` of ``kind``, read it; returns what an error about it must name."""
-        rng = random.Random(f"{kind}:{seed}")
+        """Write case ``seed`` of ``kind`` and read it; ``self.named``: what an error must name."""
+        self.read(kind, random.Random(f"{kind}:{seed}"))
+
+    def read(self, kind: str, rng):
+        """A case of ``kind`` whose edits ``rng`` draws (a random.Random, or hypothesis's)."""
+        self.named = ""
         getattr(self, "_" + kind)(rng)
 
     def _file(self, name, data) -> Path:

@@ -210,3 +210,19 @@ def test_sigterm_snapshots_and_stops_like_sigint(tmp_path):
     assert job.returncode == 0, out
     assert "SIGTERM: snapshotting and stopping" in out and "Optimization stopped early." in out
     assert latest(str(tmp_path / "snap" / "t")) is not None
+
+
+def test_signals_with_the_disk_tier_on_lose_no_file_and_leave_a_loadable_pair(tmp_path):
+    """A sample of tools/fault_inject.py: a kill while training, a SIGTERM while snapshotting
+    (offloads going to the spill file), the second run resuming from the first's pair."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fault_inject
+    fault_inject.setup(tmp_path)
+    for sig, phase in (("SIGKILL", "training"), ("SIGTERM", "snapshot")):
+        r = fault_inject.run_once(tmp_path, sig, phase, random.Random(3), ENV)
+        assert r["entered"] and r["sent"] and not r["stuck"] and not r["heap"], r["out"][-3000:]
+        assert fault_inject.lost(tmp_path) == [], r["out"][-3000:]
+        assert fault_inject.check_pair(tmp_path) == ""
+    assert r["rc"] == 0 and "SIGTERM: snapshotting and stopping" in r["out"], r["out"][-3000:]
+    assert "disk peak" in r["out"] and "Restoring previous solver status" in r["out"]
+    assert latest(str(tmp_path / "snap" / "t")) is not None

@@ -226,3 +226,33 @@ def test_signals_with_the_disk_tier_on_lose_no_file_and_leave_a_loadable_pair(tm
     assert r["rc"] == 0 and "SIGTERM: snapshotting and stopping" in r["out"], r["out"][-3000:]
     assert "disk peak" in r["out"] and "Restoring previous solver status" in r["out"]
     assert latest(str(tmp_path / "snap" / "t")) is not None
+
+
+def test_a_database_damaged_while_training_stops_it_with_a_snapshot_of_what_was_trained(tmp_path):
+    from sncaffe.data import datum as datums
+    from sncaffe.data.db import LMDBWriter
+    from sncaffe.layers.base import DataReadError
+    rng = np.random.default_rng(0)
+    with LMDBWriter(tmp_path / "db") as db:
+        for i in range(300):
+            db.put(f"{i:05d}", datums.from_array(rng.integers(0, 256, (1, 28, 28), np.uint8), i % 4).SerializeToString())
+    p = text_format.Parse(f'base_lr: 0.01 lr_policy: "fixed" max_iter: 1000 snapshot_prefix: "{tmp_path}/t"',
+                          pb.SolverParameter())
+    text_format.Parse(f'name: "d" layer {{ name: "src" type: "Data" top: "data" top: "label" data_param {{ '
+                      f'source: "{tmp_path}/db" batch_size: 10 backend: LMDB }} }}'
+                      + NET[NET.index('layer { name: "ip"'):].replace("{outputs}", "4"), p.net_param)
+    s = Solver(p)
+
+    def damage(iteration, loss, rate):
+        if iteration == 5:
+            with open(tmp_path / "db" / "data.mdb", "r+b") as f:
+                f.seek(int(f.seek(0, 2) * 0.3) // 4096 * 4096)
+                f.write(np.random.default_rng(1).integers(0, 256, 4096, np.uint8).tobytes())
+    s.callbacks.append(damage)
+    with pytest.raises(DataReadError, match=r'layer "src" \(Data\): LMDB .*db cannot be read after key .*; training '
+                                            r"up to iteration (\d+) is kept in the snapshot .*t_iter_\1.solverstate"):
+        s.solve()
+    model, state = latest(str(tmp_path / "t"))
+    assert 5 <= s.iter < 1000 and blobproto.read_binary(state, pb.SolverState()).iter == s.iter
+    assert np.array_equal(blobproto.to_array(blobproto.read_caffemodel(model).layer[1].blobs[0]),
+                          s.net.params["ip"][0].data)

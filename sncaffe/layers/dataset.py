@@ -28,7 +28,7 @@ from ..data import image
 from ..data.prefetch import Prefetcher
 from ..data.transform import DataTransformer
 from ..proto import sncaffe_pb2 as pb
-from .base import LayerError, array_module, register
+from .base import DataReadError, LayerError, array_module, register
 from .data import _Source
 
 LEGACY_TRANSFORM = ("scale", "mean_file", "crop_size", "mirror", "force_encoded_color")
@@ -141,9 +141,12 @@ class _Prefetching(_Source):
             self._prefetcher = Prefetcher(fill, buffers, name=f"{self.type} {self.name}")
             # Collected without close(): only signal the thread (a collection must not wait or lock).
             self._finalizer = weakref.finalize(self, self._prefetcher.stop)
-        with self._prefetcher.batch() as batch:
-            _copy_to_top(top, batch)
-            self._consumed = self._after.pop(id(batch), self._consumed)
+        try:
+            with self._prefetcher.batch() as batch:
+                _copy_to_top(top, batch)
+                self._consumed = self._after.pop(id(batch), self._consumed)
+        except LayerError as e:
+            raise DataReadError(str(e)) from None
 
     def close(self):
         """Stop the reader thread and release the source."""

@@ -19,7 +19,8 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 
 def _train(tmp_path, stdout, iterations=30):
     (tmp_path / "net.prototxt").write_text(NET)
-    argv = [sys.executable, "-m", "sncaffe.cli", "train", "net.prototxt", "--max-iter", str(iterations), "--snapshot-prefix", "s/t"]
+    argv = [sys.executable, "-m", "sncaffe.cli", "train", "net.prototxt", "--max-iter", str(iterations),
+            "--snapshot-prefix", "s/t"]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
 

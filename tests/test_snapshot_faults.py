@@ -127,7 +127,8 @@ def test_train_keeps_the_users_caffemodels_under_its_snapshot_prefix(tmp_path):
     before = _user_models(out)
     p = solver_param("out/lenet", max_iter=2)
     (tmp_path / "solver.prototxt").write_text(text_format.MessageToString(p))
-    argv = [sys.executable, "-m", "sncaffe.cli", "train", "solver.prototxt", "--weights", "out/lenet_iter_20.caffemodel"]
+    argv = [sys.executable, "-m", "sncaffe.cli", "train", "solver.prototxt",
+            "--weights", "out/lenet_iter_20.caffemodel"]
     run = subprocess.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     for n, data in before.items():
@@ -235,7 +236,8 @@ def test_a_database_damaged_while_training_stops_it_with_a_snapshot_of_what_was_
     rng = np.random.default_rng(0)
     with LMDBWriter(tmp_path / "db") as db:
         for i in range(300):
-            db.put(f"{i:05d}", datums.from_array(rng.integers(0, 256, (1, 28, 28), np.uint8), i % 4).SerializeToString())
+            record = datums.from_array(rng.integers(0, 256, (1, 28, 28), np.uint8), i % 4)
+            db.put(f"{i:05d}", record.SerializeToString())
     p = text_format.Parse(f'base_lr: 0.01 lr_policy: "fixed" max_iter: 1000 snapshot_prefix: "{tmp_path}/t"',
                           pb.SolverParameter())
     text_format.Parse(f'name: "d" layer {{ name: "src" type: "Data" top: "data" top: "label" data_param {{ '

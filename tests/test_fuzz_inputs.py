@@ -43,10 +43,11 @@ def test_a_mutated_input_is_read_or_refused_naming_it(reader, kind, monkeypatch)
     case()
 
 
-@pytest.mark.parametrize("kind, seed", [("h5", 26), ("h5", 38), ("image", 251), ("lmdb", 39), ("lmdb", 177)])
+@pytest.mark.parametrize("kind, seed", [("h5", 26), ("h5", 38), ("image", 251), ("image", 13329), ("lmdb", 39),
+                                        ("lmdb", 177)])
 def test_cases_the_fuzzer_found(reader, kind, seed, monkeypatch):
-    """HDF5's RuntimeError on a damaged file, Pillow's ValueError on a damaged image, liblmdb's
-    abort (a failed assertion) and SIGBUS on a damaged or truncated data.mdb."""
+    """HDF5's RuntimeError on a damaged file, Pillow's ValueError and OpenCV's cv2.error on a damaged
+    image, liblmdb's abort (a failed assertion) and SIGBUS on a damaged or truncated data.mdb."""
     monkeypatch.setenv("SNCAFFE_IMAGES", "")
     try:
         reader.case(kind, seed)

@@ -95,12 +95,19 @@ def _check_size(buf, what) -> None:
         pass
 
 
+def _imdecode(cv2, buf, flag, what):
+    try:
+        return cv2.imdecode(buf, flag)
+    except cv2.error as e:          # its own checks (sizes past CV_IO_MAX_IMAGE_*) raise, not return None
+        raise ValueError(f"{what}: not an image OpenCV can decode ({getattr(e, 'err', '') or e})") from None
+
+
 def decode(buf: bytes, color=None, what="encoded image") -> np.ndarray:
     """Decode PNG/JPEG/... bytes to (C, H, W) uint8 BGR (Caffe's DecodeDatumToCVMat)."""
     cv2 = _cv2()
     if cv2 is not None:
         _check_size(buf, what)
-        a = cv2.imdecode(np.frombuffer(buf, np.uint8), _cv_flag(cv2, color))
+        a = _imdecode(cv2, np.frombuffer(buf, np.uint8), _cv_flag(cv2, color), what)
         if a is None:
             raise ValueError(f"{what}: not an image OpenCV can decode")
         return _cv_chw(a)
@@ -116,7 +123,7 @@ def load(path, height=0, width=0, color=True) -> np.ndarray:
         except OSError as e:
             raise ValueError(f"{path}: cannot read image: {e.strerror or e}") from None
         _check_size(buf.data, str(path))
-        a = cv2.imdecode(buf, _cv_flag(cv2, bool(color))) if buf.size else None
+        a = _imdecode(cv2, buf, _cv_flag(cv2, bool(color)), path) if buf.size else None
         if a is None:
             raise ValueError(f"{path}: not an image OpenCV can decode")
         if height > 0 and width > 0:

@@ -213,19 +213,34 @@ def test_sigterm_snapshots_and_stops_like_sigint(tmp_path):
     assert latest(str(tmp_path / "snap" / "t")) is not None
 
 
+def test_a_snapshot_taking_the_name_of_a_lone_caffemodel_moves_it_aside(tmp_path, caplog):
+    before = _user_models(tmp_path)
+    s = Solver(solver_param(tmp_path / "lenet", max_iter=10))
+    s.feed = lambda net, i: None
+    s.solve()                                               # its last snapshot: lenet_iter_10
+    assert latest(str(tmp_path / "lenet"))[1].endswith("lenet_iter_10.solverstate")
+    assert (tmp_path / "lenet_iter_10.kept.caffemodel").read_bytes() == before[10]
+    assert (tmp_path / "lenet_iter_10.caffemodel").read_bytes() != before[10]
+    assert "lenet_iter_10.caffemodel was there without a .solverstate: kept as" in caplog.text
+    s.solve()                                               # again: a complete pair is replaced, as in Caffe
+    assert sorted(p.name for p in tmp_path.glob("*.kept*")) == ["lenet_iter_10.kept.caffemodel"]
+
+
 def test_signals_with_the_disk_tier_on_lose_no_file_and_leave_a_loadable_pair(tmp_path):
-    """A sample of tools/fault_inject.py: a kill while training, a SIGTERM while snapshotting
-    (offloads going to the spill file), the second run resuming from the first's pair."""
+    """A sample of tools/fault_inject.py: a SIGTERM while snapshotting (offloads going to the
+    spill file), then a kill while training in a run resuming from the first one's pair."""
     sys.path.insert(0, str(ROOT / "tools"))
     import fault_inject
     fault_inject.setup(tmp_path)
-    for sig, phase in (("SIGKILL", "training"), ("SIGTERM", "snapshot")):
+    runs = []
+    for sig, phase in (("SIGTERM", "snapshot"), ("SIGKILL", "training")):
         r = fault_inject.run_once(tmp_path, sig, phase, random.Random(3), ENV)
         assert r["entered"] and r["sent"] and not r["stuck"] and not r["heap"], r["out"][-3000:]
         assert fault_inject.lost(tmp_path) == [], r["out"][-3000:]
         assert fault_inject.check_pair(tmp_path) == ""
-    assert r["rc"] == 0 and "SIGTERM: snapshotting and stopping" in r["out"], r["out"][-3000:]
-    assert "disk peak" in r["out"] and "Restoring previous solver status" in r["out"]
+        runs.append(r)
+    assert runs[0]["rc"] == 0 and "SIGTERM: snapshotting and stopping" in runs[0]["out"], runs[0]["out"][-3000:]
+    assert "disk peak" in runs[0]["out"] and "Restoring previous solver status" in runs[1]["out"]
     assert latest(str(tmp_path / "snap" / "t")) is not None
 
 

@@ -52,7 +52,7 @@ snapshot: 2 snapshot_prefix: "snap/t"
 FLAGS = ["--memory", "offload", "--device-memory", "64MiB", "--host-memory", "1MiB", "--spill", "spill"]
 # A phase is entered when the log shows its line; the signal comes a random moment after.
 PHASES = {"planning": "Creating training net", "binding": "memory plan of", "first forward": "Solving",
-          "training": "Iteration 3 ", "snapshot": "Snapshotting to binary proto file"}
+          "training": "] Iteration ", "snapshot": "Snapshotting to binary proto file"}
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 HEAP_WORDS = ("corrupted", "double free", "free(): ", "malloc(): ", "munmap_chunk", "Fatal Python error",
               "Segmentation fault", "Bus error", "Debug memory block")
@@ -130,8 +130,12 @@ def run_once(folder: Path, sig: str, phase: str, rng: random.Random, env: dict) 
 
 
 def lost(folder: Path) -> list:
-    return [name for name, data in USER_FILES.items()
-            if not (folder / name).is_file() or (folder / name).read_bytes() != data]
+    """The user's files that are neither in place nor moved aside whole (a snapshot took the name)."""
+    def kept(name, data):
+        path = folder / name
+        aside = path.parent.glob(path.name.replace(".caffemodel", ".kept*.caffemodel"))
+        return any(p.is_file() and p.read_bytes() == data for p in [path, *aside])
+    return [name for name, data in USER_FILES.items() if not kept(name, data)]
 
 
 def campaign(n: int, seed: int, malloc_check: bool, folder: Path | None = None, show=3):

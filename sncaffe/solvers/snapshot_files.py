@@ -5,7 +5,7 @@ the model first, the state last, so a .solverstate on disk always has its comple
 .caffemodel, and a resume (which starts from a .solverstate) never sees half a pair. The next
 start removes only the temporary files of processes no longer running. A model without its
 state (a kill between the two renames, or a user's own file) is never removed: it is no pair,
-so nothing resumes from it.
+so nothing resumes from it, and a snapshot that takes its name moves it aside first.
 """
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def write_pair(model, model_chunks, state, state_chunks, kept="") -> None:
         target = tmps[1]
         _write(tmps[1], state_chunks)
         target = model
+        _keep_lone_model(model, state)
         os.replace(tmps[0], model)
         target = state
         os.replace(tmps[1], state)           # the commit: from here the pair exists
@@ -67,6 +68,20 @@ def write_pair(model, model_chunks, state, state_chunks, kept="") -> None:
             what = e.strerror or str(e)
             raise SnapshotWriteError(f"cannot write snapshot {_final(target)}: {what}{kept}") from None
         raise
+
+
+def _keep_lone_model(model, state) -> None:
+    """A .caffemodel at the name a snapshot is about to take, with no .solverstate beside it, is no
+    snapshot of a run (the user's weights, or a pair whose state was deleted): move it aside, never
+    replace it."""
+    if not os.path.exists(model) or os.path.exists(state):
+        return
+    stem = model[:-len(".caffemodel")]
+    aside, n = f"{stem}.kept.caffemodel", 1
+    while os.path.exists(aside):
+        aside, n = f"{stem}.kept{n}.caffemodel", n + 1
+    os.rename(model, aside)
+    log.warning("%s was there without a .solverstate: kept as %s, as the snapshot takes its name", model, aside)
 
 
 def _final(path: str) -> str:

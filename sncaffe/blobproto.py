@@ -114,10 +114,16 @@ def read_caffemodel(path) -> "pb.NetParameter":
     return upgrade_net(read_binary(path, pb.NetParameter()), str(path), binary=True)
 
 
-def read_h5_blobs(path) -> dict:
+class _Refused(Exception):
+    """A layer ``keep`` refused: its own message, not a file that is no HDF5 weights."""
+
+
+def read_h5_blobs(path, keep=None) -> dict:
     """Caffe's HDF5 weights (Net::ToHDF5): a group ``data`` with a group per layer holding datasets
     ``0``, ``1``, ... in blob order. Returns {layer: {index: array}} in the file's dtype; an index
-    may be missing (a parameter its sharer's owner holds)."""
+    may be missing (a parameter its sharer's owner holds). ``keep(layer, {index: shape})`` says
+    (or raises) from the shapes alone whether a layer's data is read: the data can be far larger
+    than the file."""
     import h5py
     out = {}
     try:
@@ -130,8 +136,19 @@ def read_h5_blobs(path) -> dict:
                     raise ValueError(f'data/{name} is not a group of blobs')
                 if any(not k.isdigit() for k in group.keys()):
                     raise ValueError(f"data/{name} holds {sorted(group.keys())}; Caffe names the blobs 0, 1, ...")
-                out[name] = {int(k): np.asarray(group[k][...]) for k in group.keys()}
-    except (OSError, ValueError, TypeError, KeyError) as e:
+                sets = {int(k): group[k] for k in group.keys()}
+                bad = [k for k, d in sets.items() if not isinstance(d, h5py.Dataset) or d.dtype.kind not in "fiub"]
+                if bad:
+                    raise ValueError(f"data/{name}/{bad[0]} is not a dataset of numbers")
+                try:
+                    wanted = keep is None or keep(name, {k: d.shape for k, d in sets.items()})
+                except ValueError as e:
+                    raise _Refused(e) from None
+                if wanted:
+                    out[name] = {k: np.asarray(d[...]) for k, d in sets.items()}
+    except _Refused as e:
+        raise ValueError(f"{path}: {e}") from None
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as e:     # RuntimeError: HDF5's, on damage
         raise ValueError(f"{path}: not Caffe HDF5 weights: {e}") from None
     return out
 

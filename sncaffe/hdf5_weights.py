@@ -43,29 +43,38 @@ def save(net, path, write_diff=False) -> None:
 
 
 def load(net, path) -> None:
-    """Copy the parameters in ``path`` into ``net``'s layers of the same names."""
+    """Copy the parameters in ``path`` into ``net``'s layers of the same names; names and shapes are
+    checked before any data is read."""
     from .blobproto import read_h5_blobs
+    from .net import warn_nonfinite
     nodes = {n.name: n for n in net.graph.layers}
-    for name, group in read_h5_blobs(path).items():
+
+    def keep(name, shapes):
         node = nodes.get(name)
         if node is None:
             log.info("Ignoring source layer %s", name)
-            continue
+            return False
         blobs = node.layer.blobs
-        if len(group) > len(blobs):
-            raise ValueError(f'{path}: incompatible number of blobs for layer "{name}": {len(group)} in '
+        if len(shapes) > len(blobs) or any(j >= len(blobs) for j in shapes):
+            raise ValueError(f'incompatible number of blobs for layer "{name}": {len(shapes)} in '
                              f"the file, {len(blobs)} in the net")
         for j, blob in enumerate(blobs):
-            if j not in group:
+            if j not in shapes:
                 if node.param_owner[j] is not None:     # shared: its owner's dataset fills it
                     continue
-                raise ValueError(f'{path}: incompatible number of blobs for layer "{name}": no dataset '
+                raise ValueError(f'incompatible number of blobs for layer "{name}": no dataset '
                                  f'"data/{name}/{j}"')
-            arr = np.asarray(group[j], dtype=blob.data.dtype)
-            if arr.shape != tuple(blob.data.shape):
-                raise ValueError(f'{path}: layer "{name}" blob {j}: cannot load blob from hdf5; shape '
-                                 f"mismatch: source shape {arr.shape}, target shape {tuple(blob.data.shape)}")
-            transfer(blob.data, arr)
+            if tuple(shapes[j]) != tuple(blob.data.shape):
+                raise ValueError(f'layer "{name}" blob {j}: cannot load blob from hdf5; shape mismatch: '
+                                 f"source shape {tuple(shapes[j])}, target shape {tuple(blob.data.shape)}")
+        return True
+
+    for name, group in read_h5_blobs(path, keep).items():
+        for j, blob in enumerate(nodes[name].layer.blobs):
+            if j in group:
+                arr = np.asarray(group[j], dtype=blob.data.dtype)
+                transfer(blob.data, arr)
+                warn_nonfinite(arr, f'{path}: layer "{name}" blob {j}')
 
 
 def _host(a):

@@ -7,8 +7,10 @@
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
+import weakref
 import zlib
 from collections import OrderedDict
 
@@ -19,7 +21,7 @@ from . import hdf5_weights
 from .backend import default_device, make_device
 from .plan.planner import MODES, MemoryExhausted, PlanError, auto_plan, check_fits, shared_ram_plan
 from .plan.report import plan_line
-from .runtime.spill import spill_room
+from .runtime.spill import spill_of, spill_room
 from .sizes import fmt_bytes
 from .upgrade import upgrade_net
 from .dynamic import DynamicShapes
@@ -42,8 +44,47 @@ def memory_mode(*params) -> str:
     return "auto"
 
 
+def warn_nonfinite(arr, what) -> None:
+    """Loaded weights that are NaN or infinite make every output they touch so: say which."""
+    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+    if bad:
+        log.warning("%s holds %d non-finite value(s) (NaN or infinity) of %d: outputs computed from it "
+                    "will be non-finite too", what, bad, arr.size)
+
+
 def _some(names, n=5) -> str:
     return ", ".join(f'"{x}"' for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+# The pool blocks of nets collected without release(), given back when the next net is made: never
+# from inside a garbage collection, which may run while a pool is in the middle of an allocation.
+_dropped = collections.deque()         # (weak reference to the device, its method that frees, offset)
+
+
+def _on_dropped(ex, locations, states):
+    """A net was collected: note its blocks (plain reads only, as inside a collection)."""
+    devices = {loc: weakref.ref(d) for loc, d in ex["devices"].items()}
+    for key, off in list(ex["offsets"].items()):
+        t = ex["transient"].get(key)
+        _dropped.append((devices[t.location if t is not None else locations.get(key, "")], "free", off))
+    for key, (off, _) in list(ex["host"].items()):
+        _dropped.append((devices[ex["host_loc"].get(key) or locations.get(key, "")], "host_free", off))
+    for off, loc in list(ex["disk"].values()):
+        _dropped.append((devices[loc], "spill_free", off))
+    for in_host_pool, off in states:
+        _dropped.append((devices[""], "host_free" if in_host_pool else "free", off))
+
+
+def _give_back_dropped():
+    while _dropped:
+        device, method, off = _dropped.popleft()
+        device = device()
+        if device is None:                      # a net's own device, gone with it
+            continue
+        if method == "spill_free":
+            spill_of(device).free(off)
+        else:
+            getattr(device, method)(off)
 
 
 class Net:
@@ -57,6 +98,7 @@ class Net:
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
                  weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
                  devices=None, defer=False, setup_shapes=None):
+        _give_back_dropped()
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
             param = prepare_net(source, phase, stages, level)
@@ -174,6 +216,12 @@ class Net:
             if layer.blobs:
                 self.params[node.name] = layer.blobs
         self.executor = Dispatcher(self.device, self._binders(), self._run_op, self.devices)
+        self._state_blocks = []         # (in the host pool, offset) of alloc_state's arrays
+        # What the executor holds, by its containers (never the executor: its binders hold the net).
+        ex = {k: getattr(self.executor, k) for k in ("offsets", "transient", "host", "host_loc", "disk")}
+        ex["devices"] = self.devices
+        locations = {id(t): t.location for t in (*self.plan.persistent, *self.plan.host_params)}
+        self._finalizer = weakref.finalize(self, _on_dropped, ex, locations, self._state_blocks)
         for root in self.plan.persistent:
             self.executor.alloc(root, fill=0, persistent=True)
         for root in self.plan.host_params:
@@ -190,10 +238,13 @@ class Net:
             return self.executor.disk_state(shape, dtype, name)
         if self.host_params:
             off, raw = self.device.host_alloc(max(nbytes, 1), name)
+            self._state_blocks.append((True, off))
             arr = raw[:nbytes].view(dtype).reshape(shape)
             arr[...] = 0
             return arr
-        return self.device.alloc(shape, dtype, name, zero=True)[1]
+        off, arr = self.device.alloc(shape, dtype, name, zero=True)
+        self._state_blocks.append((False, off))
+        return arr
 
     def _set_loss_diffs(self):
         for node in self.graph.layers:
@@ -277,6 +328,7 @@ class Net:
                         raise ValueError(f'{where}layer "{lp.name}" blob {i}: shape {arr.shape} in the '
                                          f"file, {blob.data.shape} in the net")
                 transfer(blob.data, arr)        # into a NumPy or a device (CuPy) array
+                warn_nonfinite(arr, f'{where}layer "{lp.name}" blob {i}')
 
     def to_proto(self, write_diff=False) -> "pb.NetParameter":
         """The net with its parameters, as Caffe's Net::ToProto."""

@@ -97,6 +97,24 @@ class _TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Log lines to stdout; when stdout fails (a closed pipe, a full disk) the run goes on without
+    them: one note on stderr, and stdout pointed at the null device so nothing else fails there."""
+
+    def handleError(self, record):
+        e = sys.exc_info()[1]
+        if not isinstance(e, OSError):
+            return super().handleError(record)
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+            sys.stderr.write(f"sncaffe: cannot write the log to stdout ({e.strerror or e}); "
+                             "the log lines are dropped from here on\n")
+        except (OSError, ValueError):
+            pass
+
+
 class _NoBar:
     def update(self, n=1, status=None):
         pass
@@ -141,7 +159,7 @@ class Console:
 def console(bar: bool | None = None):
     """Show the "sncaffe" logger's INFO lines on stdout while the block runs; yields a Console."""
     bar = is_terminal() if bar is None else bar
-    handler = _TqdmHandler() if bar else logging.StreamHandler(sys.stdout)
+    handler = _TqdmHandler() if bar else _StdoutHandler(sys.stdout)
     handler.setFormatter(ShortFormatter() if bar else GlogFormatter())
     saved = log.level, log.propagate
     log.addHandler(handler)

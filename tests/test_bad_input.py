@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import h5py
@@ -248,6 +249,23 @@ def test_weights_report_what_they_loaded(tmp_path, capsys):
     assert f"{path}: loading 1 layers (2 blobs)" in capsys.readouterr().out
 
 
+def test_test_with_non_finite_weights_warns_naming_the_blob(tmp_path, capsys):
+    path, src = _tiny_model(tmp_path)
+    param = pb.NetParameter.FromString(path.read_bytes())
+    param.layer[1].blobs[1].data[1] = float("nan")
+    path.write_bytes(param.SerializeToString())
+    assert main(["test", write(tmp_path, TINY), "--weights", str(path), "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf'W.*{re.escape(str(path))}: layer "ip" blob 1 holds 1 non-finite value\(s\) \(NaN or '
+                     r"infinity\) of 3", out), out
+    h5 = tmp_path / "w.caffemodel.h5"
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("data/ip/0", data=np.full((3, 48), np.inf, np.float32))
+        f.create_dataset("data/ip/1", data=src.params["ip"][1].data)
+    assert main(["test", str(tmp_path / "net.prototxt"), "--weights", str(h5), "-n", "1"]) == 0
+    assert f'{h5}: layer "ip" blob 0 holds 144 non-finite value(s)' in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("content", ["empty", "renamed"])
 def test_weights_that_match_nothing_are_an_error(tmp_path, capsys, content):
     if content == "empty":
@@ -302,6 +320,28 @@ def test_an_hdf5_caffemodel_is_read(tmp_path):
         f.create_dataset("weights", data=np.zeros(3))
     with pytest.raises(ValueError, match=f'{bad}: not Caffe HDF5 weights: no group "data"'):
         Net(write(tmp_path, TINY), device=cpu(), weights=bad)
+
+
+def test_an_hdf5_caffemodel_is_checked_by_name_and_shape_before_its_data_is_read(tmp_path):
+    _, src = _tiny_model(tmp_path)
+    path = tmp_path / "w.caffemodel.h5"
+    with h5py.File(path, "w") as f:                         # a small file of 256 MiB of zeros, compressed
+        f.create_dataset("data/nothere/0", shape=(2**26,), dtype=np.float32, chunks=(2**20,), compression="gzip")
+        for i, blob in enumerate(src.params["ip"]):
+            f.create_dataset(f"data/ip/{i}", data=blob.data)
+    assert path.stat().st_size < 2**20
+    net = Net(write(tmp_path, TINY), device=cpu(), seed=9)
+    tracemalloc.start()
+    try:
+        net.copy_from(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**26 and np.array_equal(net.params["ip"][0].data, src.params["ip"][0].data)
+    with h5py.File(path, "a") as f:
+        f.create_dataset("data/ip/2", shape=(2**26,), dtype=np.float32, chunks=(2**20,), compression="gzip")
+    with pytest.raises(ValueError, match=rf'{path}: incompatible number of blobs for layer "ip": 3 in the file, 2'):
+        Net(write(tmp_path, TINY), device=cpu(), weights=path)
 
 
 # -- nothing to learn, huge outputs (item 10) --------------------------------------

@@ -85,7 +85,7 @@ def test_a_snapshot_folder_that_went_away_is_named(tmp_path):
         s.snapshot()
 
 
-def test_leftovers_of_killed_snapshots_are_removed_at_start(tmp_path):
+def test_temporary_files_of_killed_snapshots_are_removed_at_start_and_nothing_else(tmp_path):
     prefix = tmp_path / "t"
     s = Solver(solver_param(prefix, max_iter=2))
     s.feed = lambda net, i: None
@@ -97,16 +97,54 @@ def test_leftovers_of_killed_snapshots_are_removed_at_start(tmp_path):
             dead += 1
         except ProcessLookupError:
             break
-    leftovers = [f"t_iter_5.caffemodel.tmp{dead}", f"t_iter_5.solverstate.tmp{dead}",
-                 "t_iter_7.caffemodel"]                        # killed between the two renames
+    leftovers = [f"t_iter_5.caffemodel.tmp{dead}", f"t_iter_5.solverstate.tmp{dead}"]
     live = f"t_iter_9.caffemodel.tmp{os.getppid()}"             # another process, still writing
-    for name in leftovers + [live]:
+    kept = ["t_iter_7.caffemodel",                              # killed between the two renames, or a user's
+            "t_iter_0.notes", f"t_iter_0.notes.tmp{dead}"]      # not a snapshot's name
+    for name in leftovers + [live] + kept:
         (tmp_path / name).write_bytes(b"partial")
-    (tmp_path / "t_iter_0.notes").write_bytes(b"not ours")
     s.solve()
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert not set(leftovers) & set(names) and live in names and "t_iter_0.notes" in names
+    assert not set(leftovers) & set(names) and {live, *kept} <= set(names)
+    assert (tmp_path / "t_iter_7.caffemodel").read_bytes() == b"partial"
     assert [n for n, _, _ in pairs(str(prefix))] == [0, 2]
+
+
+def _user_models(folder):
+    """Two .caffemodel files of the user's under the snapshot prefix, with no .solverstate."""
+    s = Solver(solver_param(folder / "lenet", max_iter=0))
+    s.feed = lambda net, i: None
+    for n in (10, 20):
+        s.iter = n
+        s.snapshot()
+        os.remove(folder / f"lenet_iter_{n}.solverstate")
+    return {n: (folder / f"lenet_iter_{n}.caffemodel").read_bytes() for n in (10, 20)}
+
+
+def test_train_keeps_the_users_caffemodels_under_its_snapshot_prefix(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    before = _user_models(out)
+    p = solver_param("out/lenet", max_iter=2)
+    (tmp_path / "solver.prototxt").write_text(text_format.MessageToString(p))
+    argv = [sys.executable, "-m", "sncaffe.cli", "train", "solver.prototxt",
+            "--weights", "out/lenet_iter_20.caffemodel"]
+    run = subprocess.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for n, data in before.items():
+        assert (out / f"lenet_iter_{n}.caffemodel").read_bytes() == data
+    assert "interrupted snapshot" not in run.stdout + run.stderr
+    assert [n for n, _, _ in pairs(str(out / "lenet"))] == [2]
+
+
+def test_models_whose_solverstates_were_deleted_are_kept_and_not_resumed_from(tmp_path):
+    before = _user_models(tmp_path)
+    s = Solver(solver_param(tmp_path / "lenet", max_iter=2))
+    s.feed = lambda net, i: None
+    s.solve()
+    assert s.iter == 2 and latest(str(tmp_path / "lenet"))[1].endswith("lenet_iter_2.solverstate")
+    for n, data in before.items():
+        assert (tmp_path / f"lenet_iter_{n}.caffemodel").read_bytes() == data
 
 
 def _train(folder, resume=None):
@@ -173,3 +211,65 @@ def test_sigterm_snapshots_and_stops_like_sigint(tmp_path):
     assert job.returncode == 0, out
     assert "SIGTERM: snapshotting and stopping" in out and "Optimization stopped early." in out
     assert latest(str(tmp_path / "snap" / "t")) is not None
+
+
+def test_a_snapshot_taking_the_name_of_a_lone_caffemodel_moves_it_aside(tmp_path, caplog):
+    before = _user_models(tmp_path)
+    s = Solver(solver_param(tmp_path / "lenet", max_iter=10))
+    s.feed = lambda net, i: None
+    s.solve()                                               # its last snapshot: lenet_iter_10
+    assert latest(str(tmp_path / "lenet"))[1].endswith("lenet_iter_10.solverstate")
+    assert (tmp_path / "lenet_iter_10.kept.caffemodel").read_bytes() == before[10]
+    assert (tmp_path / "lenet_iter_10.caffemodel").read_bytes() != before[10]
+    assert "lenet_iter_10.caffemodel was there without a .solverstate: kept as" in caplog.text
+    s.solve()                                               # again: a complete pair is replaced, as in Caffe
+    assert sorted(p.name for p in tmp_path.glob("*.kept*")) == ["lenet_iter_10.kept.caffemodel"]
+
+
+def test_signals_with_the_disk_tier_on_lose_no_file_and_leave_a_loadable_pair(tmp_path):
+    """A sample of tools/fault_inject.py: a SIGTERM while snapshotting (offloads going to the
+    spill file), then a kill while training in a run resuming from the first one's pair."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fault_inject
+    fault_inject.setup(tmp_path)
+    runs = []
+    for sig, phase in (("SIGTERM", "snapshot"), ("SIGKILL", "training")):
+        r = fault_inject.run_once(tmp_path, sig, phase, random.Random(3), ENV)
+        assert r["entered"] and r["sent"] and not r["stuck"] and not r["heap"], r["out"][-3000:]
+        assert fault_inject.lost(tmp_path) == [], r["out"][-3000:]
+        assert fault_inject.check_pair(tmp_path) == ""
+        runs.append(r)
+    assert runs[0]["rc"] == 0 and "SIGTERM: snapshotting and stopping" in runs[0]["out"], runs[0]["out"][-3000:]
+    assert "disk peak" in runs[0]["out"] and "Restoring previous solver status" in runs[1]["out"]
+    assert latest(str(tmp_path / "snap" / "t")) is not None
+
+
+def test_a_database_damaged_while_training_stops_it_with_a_snapshot_of_what_was_trained(tmp_path):
+    from sncaffe.data import datum as datums
+    from sncaffe.data.db import LMDBWriter
+    from sncaffe.layers.base import DataReadError
+    rng = np.random.default_rng(0)
+    with LMDBWriter(tmp_path / "db") as db:
+        for i in range(300):
+            record = datums.from_array(rng.integers(0, 256, (1, 28, 28), np.uint8), i % 4)
+            db.put(f"{i:05d}", record.SerializeToString())
+    p = text_format.Parse(f'base_lr: 0.01 lr_policy: "fixed" max_iter: 1000 snapshot_prefix: "{tmp_path}/t"',
+                          pb.SolverParameter())
+    text_format.Parse(f'name: "d" layer {{ name: "src" type: "Data" top: "data" top: "label" data_param {{ '
+                      f'source: "{tmp_path}/db" batch_size: 10 backend: LMDB }} }}'
+                      + NET[NET.index('layer { name: "ip"'):].replace("{outputs}", "4"), p.net_param)
+    s = Solver(p)
+
+    def damage(iteration, loss, rate):
+        if iteration == 5:
+            with open(tmp_path / "db" / "data.mdb", "r+b") as f:
+                f.seek(int(f.seek(0, 2) * 0.3) // 4096 * 4096)
+                f.write(np.random.default_rng(1).integers(0, 256, 4096, np.uint8).tobytes())
+    s.callbacks.append(damage)
+    with pytest.raises(DataReadError, match=r'layer "src" \(Data\): LMDB .*db cannot be read after key .*; training '
+                                            r"up to iteration (\d+) is kept in the snapshot .*t_iter_\1.solverstate"):
+        s.solve()
+    model, state = latest(str(tmp_path / "t"))
+    assert 5 <= s.iter < 1000 and blobproto.read_binary(state, pb.SolverState()).iter == s.iter
+    assert np.array_equal(blobproto.to_array(blobproto.read_caffemodel(model).layer[1].blobs[0]),
+                          s.net.params["ip"][0].data)

@@ -472,7 +472,7 @@ def test_corrupt_or_missing_snapshot_files(tmp_path, saved):
         make(tmp_path).restore(tmp_path / "x.solverstate.h5")
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("error::RuntimeWarning")     # sncaffe's error alone, no NumPy warning before it
 def test_nan_loss_names_the_iteration_and_layer_and_keeps_the_last_snapshot(tmp_path):
     def poisoned(net, it):
         feed_by_iteration(net, it)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import lmdb
 
+from . import lmdb_pages
+
 COMMIT_EVERY = 1000          # records per write transaction, as Caffe's converters
 
 
@@ -50,6 +52,11 @@ def open_lmdb(path) -> "lmdb.Environment":
             raise FileNotFoundError(f"LMDB {path} does not exist")
         if p.is_dir() and not (p / "data.mdb").is_file():     # lmdb's own words: "No such file or directory"
             raise ValueError(f"{path} is not an LMDB: the directory has no data.mdb")
+        if os.path.exists(lmdb_pages.data_file(p)):      # else lmdb.open says what is missing
+            try:
+                lmdb_pages.check(p)
+            except (ValueError, OSError) as e:
+                raise ValueError(f"LMDB {path} cannot be opened: {e}") from None
         try:
             env = lmdb.open(str(p), readonly=True, lock=False, readahead=False, subdir=p.is_dir())
             entries = env.stat()["entries"]
@@ -81,15 +88,28 @@ class LMDBReader:
         self._release = weakref.finalize(self, _released.append, os.path.realpath(self.path))
 
     def first(self) -> tuple[bytes, bytes]:
-        with self.env.begin(buffers=False) as txn:
-            cur = txn.cursor()
-            cur.first()
-            return cur.key(), cur.value()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                cur = txn.cursor()
+                cur.first()
+                return cur.key(), cur.value()
+        except lmdb.Error as e:
+            raise self._corrupt(e) from None
+
+    def _corrupt(self, e) -> ValueError:
+        where = f"after key {self._last.decode(errors='replace')}" if self._last else "at its first record"
+        return ValueError(f"LMDB {self.path} cannot be read {where}: {e} (is its data.mdb damaged?)")
 
     def __iter__(self):
         return self
 
     def __next__(self) -> tuple[bytes, bytes]:
+        try:
+            return self._step()
+        except lmdb.Error as e:
+            raise self._corrupt(e) from None
+
+    def _step(self) -> tuple[bytes, bytes]:
         # The transaction is opened by the first call, so it belongs to the reading thread.
         if self._cursor is None:
             if self._txn is not None:

@@ -75,16 +75,40 @@ def _open(source, what):
         img.load()
     except UnidentifiedImageError:
         raise ValueError(f"{what}: not an image Pillow can decode") from None
+    except Image.DecompressionBombError as e:     # its size is checked before any pixel is decoded
+        raise ValueError(f"{what}: {e}") from None
     except OSError as e:
         raise ValueError(f"{what}: cannot read image: {e.strerror or e}") from None
+    except (ValueError, TypeError, IndexError, EOFError, SyntaxError, ZeroDivisionError) as e:   # a damaged file,
+        raise ValueError(f"{what}: cannot decode image: {e}") from None                     # as Pillow's plugins say
     return img
+
+
+def _check_size(buf, what) -> None:
+    """Refuse an image whose header claims more pixels than Pillow's limit, before OpenCV decodes
+    it (which would allocate them all; a 30000 x 30000 PNG is a few KB)."""
+    from PIL import Image
+    try:
+        Image.open(io.BytesIO(buf)).close()      # reads the header only
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{what}: {e}") from None
+    except Exception:                            # a format Pillow does not know: OpenCV decides
+        pass
+
+
+def _imdecode(cv2, buf, flag, what):
+    try:
+        return cv2.imdecode(buf, flag)
+    except cv2.error as e:          # its own checks (sizes past CV_IO_MAX_IMAGE_*) raise, not return None
+        raise ValueError(f"{what}: not an image OpenCV can decode ({getattr(e, 'err', '') or e})") from None
 
 
 def decode(buf: bytes, color=None, what="encoded image") -> np.ndarray:
     """Decode PNG/JPEG/... bytes to (C, H, W) uint8 BGR (Caffe's DecodeDatumToCVMat)."""
     cv2 = _cv2()
     if cv2 is not None:
-        a = cv2.imdecode(np.frombuffer(buf, np.uint8), _cv_flag(cv2, color))
+        _check_size(buf, what)
+        a = _imdecode(cv2, np.frombuffer(buf, np.uint8), _cv_flag(cv2, color), what)
         if a is None:
             raise ValueError(f"{what}: not an image OpenCV can decode")
         return _cv_chw(a)
@@ -99,7 +123,8 @@ def load(path, height=0, width=0, color=True) -> np.ndarray:
             buf = np.fromfile(str(path), np.uint8)      # cv::imread's decoding, with the OS's error
         except OSError as e:
             raise ValueError(f"{path}: cannot read image: {e.strerror or e}") from None
-        a = cv2.imdecode(buf, _cv_flag(cv2, bool(color))) if buf.size else None
+        _check_size(buf.data, str(path))
+        a = _imdecode(cv2, buf, _cv_flag(cv2, bool(color)), path) if buf.size else None
         if a is None:
             raise ValueError(f"{path}: not an image OpenCV can decode")
         if height > 0 and width > 0:

@@ -65,6 +65,11 @@ class LayerError(ValueError):
     """A bad setting or shape, reported with the layer's name and type."""
 
 
+class DataReadError(LayerError):
+    """A data layer could not read its next batch (a damaged record or database): the net and
+    solver are as they were after the last update, so a snapshot of them is sound."""
+
+
 class Layer:
     type: str = None            # the prototxt type string
     # Bottom/top counts (None: unchecked), like Caffe's ExactNum*/Min*/Max*.

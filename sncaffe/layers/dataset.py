@@ -28,7 +28,7 @@ from ..data import image
 from ..data.prefetch import Prefetcher
 from ..data.transform import DataTransformer
 from ..proto import sncaffe_pb2 as pb
-from .base import LayerError, array_module, register
+from .base import DataReadError, LayerError, array_module, register
 from .data import _Source
 
 LEGACY_TRANSFORM = ("scale", "mean_file", "crop_size", "mirror", "force_encoded_color")
@@ -102,7 +102,7 @@ class _Prefetching(_Source):
             yield
         except LayerError:
             raise
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, ImportError) as e:      # ImportError: an optional reader (plyvel)
             raise self.error(f"{where}{e}") from None
 
     def _batch_size(self, n):
@@ -130,9 +130,12 @@ class _Prefetching(_Source):
             raise self.error("the layer is closed")
         if self._prefetcher is None:            # started here: the net seeds self.rng after setup
             self._start([[np.empty(t.shape, t.data.dtype) for t in top] for _ in range(self.depth)])
-        with self._prefetcher.batch() as batch:
-            _copy_to_top(top, batch)
-            self._consumed = self._after.pop(id(batch), self._consumed)
+        try:
+            with self._prefetcher.batch() as batch:
+                _copy_to_top(top, batch)
+                self._consumed = self._after.pop(id(batch), self._consumed)
+        except LayerError as e:
+            raise DataReadError(str(e)) from None
 
     def _start(self, buffers):
         """Start the reader thread filling ``buffers`` (one list of host arrays per batch)."""

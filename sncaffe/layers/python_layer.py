@@ -155,6 +155,10 @@ def load_class(lp):
     if cls is None:
         raise LayerError(f'{where}: module "{p.module}" ({getattr(module, "__file__", "?")}) has no '
                          f'python_param.layer "{p.layer}"')
+    if not (isinstance(cls, type) and issubclass(cls, PythonLayerBase)):   # never call what it is not
+        what = "a class not derived from caffe.Layer" if isinstance(cls, type) else f"a {type(cls).__name__}"
+        raise LayerError(f'{where}: python_param.layer "{p.layer}" of module "{p.module}" is {what}; it must '
+                         f"name a class derived from caffe.Layer (sncaffe.pycaffe.Layer)")
     return cls
 
 

@@ -322,6 +322,7 @@ class Net:
         """Caffe's ShareTrainedLayersWith: layers named alike use ``other``'s parameter arrays."""
         from ..layers.base import Blob as SnBlob
         src = other._net if isinstance(other, Net) else other
+        self._net.__dict__.setdefault("shares_from", []).append(src)   # its blocks stay while these views do
         for node in self._net.graph.layers:
             theirs = src.params.get(node.name)
             mine = node.layer.blobs
@@ -374,11 +375,20 @@ class Net:
         new = self._build(raw, defer=True, setup_shapes=kept_shapes)     # the graph only: the old net stays
         _check_param_shapes(old, new)                                     # usable where this fails
         params = {name: [np.array(b.data) for b in blobs] for name, blobs in old.params.items()}
-        kept = {n: np.array(old.blobs[n].data) for n in self.inputs if n not in staged}
+        inputs = {n: np.array(old.blobs[n].data) for n in self.inputs}
         old.release()
-        new.place(new.make_plan())
+        try:
+            new.place(new.make_plan())
+        except BaseException:           # the net as it was (the same plan fits again), then the error
+            self._bind(self._build(self._raw))
+            self._refill(old, params, inputs)
+            raise
         self._raw = raw
         self._bind(new, upto if kept_shapes else None)
+        self._refill(old, params, {n: a for n, a in inputs.items() if n not in staged} | staged)
+
+    def _refill(self, old, params, inputs):
+        """Give the rebuilt net ``old``'s callbacks, parameters and input values."""
         callbacks = old.__dict__.get("pycaffe_callbacks")
         if callbacks:                   # the rebuilt net calls them too
             self._net.pycaffe_callbacks = callbacks
@@ -386,7 +396,7 @@ class Net:
         for name, arrays in params.items():
             for blob, a in zip(self._net.params.get(name, []), arrays):
                 transfer(blob.data, a)
-        for n, a in list(kept.items()) + list(staged.items()):
+        for n, a in inputs.items():
             transfer(self._net.blobs[n].data, a)
 
     # -- running ------------------------------------------------------------------

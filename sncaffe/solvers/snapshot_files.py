@@ -2,9 +2,10 @@
 
 Both files are written in full to temporary names (``.tmp<PID>``) and synced, then renamed:
 the model first, the state last, so a .solverstate on disk always has its complete
-.caffemodel, and a resume (which starts from a .solverstate) never sees half a pair. A kill
-between the two renames leaves a model without its state, newer than the newest pair; the
-next start removes it, with the temporary files of processes no longer running.
+.caffemodel, and a resume (which starts from a .solverstate) never sees half a pair. The next
+start removes only the temporary files of processes no longer running. A model without its
+state (a kill between the two renames, or a user's own file) is never removed: it is no pair,
+so nothing resumes from it, and a snapshot that takes its name moves it aside first.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def write_pair(model, model_chunks, state, state_chunks, kept="") -> None:
         target = tmps[1]
         _write(tmps[1], state_chunks)
         target = model
+        _keep_lone_model(model, state)
         os.replace(tmps[0], model)
         target = state
         os.replace(tmps[1], state)           # the commit: from here the pair exists
@@ -66,6 +68,20 @@ def write_pair(model, model_chunks, state, state_chunks, kept="") -> None:
             what = e.strerror or str(e)
             raise SnapshotWriteError(f"cannot write snapshot {_final(target)}: {what}{kept}") from None
         raise
+
+
+def _keep_lone_model(model, state) -> None:
+    """A .caffemodel at the name a snapshot is about to take, with no .solverstate beside it, is no
+    snapshot of a run (the user's weights, or a pair whose state was deleted): move it aside, never
+    replace it."""
+    if not os.path.exists(model) or os.path.exists(state):
+        return
+    stem = model[:-len(".caffemodel")]
+    aside, n = f"{stem}.kept.caffemodel", 1
+    while os.path.exists(aside):
+        aside, n = f"{stem}.kept{n}.caffemodel", n + 1
+    os.rename(model, aside)
+    log.warning("%s was there without a .solverstate: kept as %s, as the snapshot takes its name", model, aside)
 
 
 def _final(path: str) -> str:
@@ -107,22 +123,25 @@ def latest(prefix):
 
 
 def clean(prefix) -> list:
-    """Remove what interrupted snapshots left under ``prefix``: temporary files of processes no
-    longer running, and a model newer than the newest pair (killed between the renames)."""
+    """Remove the temporary files that snapshots of processes no longer running left under
+    ``prefix``; returns them. Finished files are the user's and are kept, pair or not."""
     removed = []
     for tmp in glob.glob(glob.escape(prefix) + "_iter_*.tmp*"):
         m = _TMP.search(tmp)
-        if m and not _alive(int(m.group(1))):
+        ours = any(_iteration(_final(tmp), ext) is not None for ext in (".caffemodel", ".solverstate"))
+        if m and ours and not _alive(int(m.group(1))):
             removed.append(tmp)
-    newest = max((n for n, _, _ in pairs(prefix)), default=-1)
-    for model in glob.glob(glob.escape(prefix) + "_iter_*.caffemodel"):
-        n = _iteration(model, ".caffemodel")
-        if n is not None and n > newest and not os.path.exists(model[:-len(".caffemodel")] + ".solverstate"):
-            removed.append(model)
     for path in removed:
         try:
             os.remove(path)
         except OSError:
             continue
         log.info("Removed %s, left by an interrupted snapshot", path)
+    newest = max((n for n, _, _ in pairs(prefix)), default=-1)
+    lone = sorted(m for m in glob.glob(glob.escape(prefix) + "_iter_*.caffemodel")
+                  if (_iteration(m, ".caffemodel") or -1) > newest
+                  and not os.path.exists(m[:-len(".caffemodel")] + ".solverstate"))
+    if lone:
+        log.info("Kept %d .caffemodel file(s) without a .solverstate (e.g. %s): not a snapshot pair, "
+                 "so never resumed from", len(lone), lone[-1])
     return removed

@@ -46,7 +46,7 @@ from ..plan.report import plan_line, verdict
 from ..runtime.budget import process_memory
 from ..sizes import align
 from .. import blobproto
-from ..layers.base import Blob, array_module
+from ..layers.base import Blob, DataReadError, array_module
 from ..net import Net, memory_mode
 from ..proto import sncaffe_pb2 as pb
 from ..progress import Pace
@@ -389,11 +389,13 @@ class Solver:
     def _forward(self, net, index, backward):
         if self.feed is not None:
             self.feed(net, index)
-        loss = net.forward()
+        with np.errstate(all="ignore"):     # a non-finite loss is reported below, by layer
+            loss = net.forward()
         if not math.isfinite(loss):
             raise TrainingError(self._nonfinite_message(net, loss))
         if backward:
-            net.backward()
+            with np.errstate(all="ignore"):
+                net.backward()
         return loss
 
     def _update_smoothed_loss(self, loss, start_iter):
@@ -430,7 +432,8 @@ class Solver:
                 self._log_outputs(self.net, "Train", self._outputs(self.net))
             if self.before_update is not None:
                 self.before_update()
-            rate = self.apply_update()
+            with np.errstate(all="ignore"):     # non-finite parameters: the next forward reports them
+                rate = self.apply_update()
             self.iter += 1
             for fn in self.callbacks:
                 fn(self.iter, self.smoothed_loss, rate)
@@ -453,7 +456,10 @@ class Solver:
             log.info("Restoring previous solver status from %s", resume_file)
             self.restore(resume_file)
         start_iter = self.iter
-        self.step(p.max_iter - self.iter)
+        try:
+            self.step(p.max_iter - self.iter)
+        except DataReadError as e:
+            raise DataReadError(f"{e}{self._snapshot_after_data_error(start_iter)}") from None
         if (p.snapshot_after_train or self._stop) and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if self._stop:
@@ -571,6 +577,17 @@ class Solver:
                          which, idx, idx + len(values) - MAX_LOGGED - 1, name, len(values) - MAX_LOGGED,
                          len(values), _g(values.min()), _g(values.mean(dtype=np.float64)), _g(values.max()))
                 idx += len(values) - MAX_LOGGED
+
+    def _snapshot_after_data_error(self, start_iter) -> str:
+        """Keep the iterations trained before a data layer failed: the last update is complete."""
+        if not (self.is_root and self.param.snapshot_prefix) or self.iter == start_iter or (
+                self.last_snapshot and self.last_snapshot[1].endswith(f"_iter_{self.iter}.solverstate")):
+            return self._kept()
+        try:
+            self.snapshot()
+        except Exception as e:  # noqa: BLE001 - the data error is the one to report
+            return f"; no snapshot could be written either ({e})"
+        return f"; training up to iteration {self.iter} is kept in the snapshot {self.last_snapshot[1]}"
 
     # -- non-finite values ----------------------------------------------------
     def _nonfinite_message(self, net, loss) -> str:

@@ -4,8 +4,12 @@ Each layer runs in a real Net reading files written here (LMDB, PNG, HDF5);
 values are checked against the records and against a per-pixel transcription
 of Caffe's DataTransformer loop.
 """
+import os
+import struct
+import sys
 import threading
 import time
+import zlib
 
 import h5py
 import numpy as np
@@ -189,6 +193,32 @@ def test_data_float_datums_and_a_single_top(tmp_path):
     np.testing.assert_array_equal(batches(net, 1)[0]["data"], xs)
 
 
+def huge_png(width, height) -> bytes:
+    """A PNG whose header claims width x height 8-bit grey pixels, with no pixel data (a few bytes)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("decoder", ["opencv", "pillow"])
+def test_an_image_of_a_billion_pixels_is_refused_naming_it(tmp_path, monkeypatch, decoder):
+    if decoder == "pillow":
+        monkeypatch.setenv("SNCAFFE_IMAGES", "pillow")
+    elif image.backend() != "opencv":
+        pytest.skip("opencv-python-headless (the opencv extra) is not installed")
+    bomb = huge_png(30000, 30000)
+    src = write_lmdb(tmp_path / "db", [("a", datums.encoded(image.encode(images(1)[0], "png"))),
+                                       ("b", datums.encoded(bomb))])
+    net = net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 2 backend: LMDB }}')
+    with pytest.raises(LayerError, match=r"LMDB .*db key b: Image size \(900000000 pixels\) exceeds limit"):
+        net.forward()
+    listing, root = image_list(tmp_path, images(2))
+    (tmp_path / "im" / "img 0.png").write_bytes(bomb)
+    with pytest.raises(GraphError, match=r"list.txt line 1: .*img 0.png: Image size \(900000000 pixels\)"):
+        image_net(listing, root)
+
+
 @pytest.mark.parametrize("force, channels", [("", 3), ("force_gray: true", 1), ("force_color: true", 3)])
 def test_data_decodes_encoded_datums_in_bgr(tmp_path, force, channels):
     xs = images(3, (3, 5, 4))
@@ -249,6 +279,13 @@ def test_data_bad_inputs(tmp_path):
         build(src, f'transform_param {{ mean_file: "{mean}" }}')
 
 
+def test_leveldb_without_plyvel_names_the_layer_and_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "plyvel", None)           # as where the leveldb extra is not installed
+    with pytest.raises(GraphError, match=r'"src" \(Data\): reading or writing LevelDB needs plyvel: '
+                                         r"pip install 'sncaffe\[leveldb\]'"):
+        net_of(f'type: "Data" data_param {{ source: "{tmp_path}" batch_size: 2 backend: LEVELDB }}')
+
+
 def test_data_shape_change_is_an_error_from_forward(tmp_path):
     xs = list(images(6))
     xs[5] = images(1, (3, 6, 6))[0]
@@ -267,6 +304,36 @@ def test_corrupt_record_names_the_key(tmp_path):
     net = net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 2 backend: LMDB }}')
     with pytest.raises(LayerError, match="key b: not a Datum record"):
         net.forward()
+
+
+def damage(path, at, pages=1):
+    """Overwrite ``pages`` 4 KiB pages of the LMDB's data.mdb from fraction ``at`` of it, in place."""
+    mdb = path / "data.mdb"
+    with open(mdb, "r+b") as f:
+        f.seek(max(2, int(mdb.stat().st_size * at) // 4096) * 4096)     # pages 0 and 1: LMDB's meta pages
+        f.write(np.random.default_rng(1).integers(0, 256, 4096 * pages, np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("at, pages, msg", [(0.3, 1, r"page \d+ is damaged"), (0.0, 10**4, r"page \d+ is damaged"),
+                                            (None, 0, r"its meta page says it has \d+ pages of 4096 bytes; "
+                                                      r"the file has 12288 bytes \(truncated or damaged\)")])
+def test_a_damaged_lmdb_is_an_error_naming_it_and_the_layer(tmp_path, at, pages, msg):
+    src = raw_lmdb(tmp_path / "db", images(300, (1, 28, 28)))
+    if at is None:
+        os.truncate(tmp_path / "db" / "data.mdb", 3 * 4096)              # liblmdb: SIGBUS
+    else:
+        damage(tmp_path / "db", at, pages)                              # liblmdb: an assertion, or abort
+    with pytest.raises(GraphError, match=r'"src" \(Data\): LMDB .*db cannot be opened: ' + msg):
+        net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 2 backend: LMDB }}')
+
+
+def test_an_lmdb_damaged_while_read_is_an_error_from_forward(tmp_path):
+    src = raw_lmdb(tmp_path / "db", images(300, (1, 28, 28)))
+    net = net_of(f'type: "Data" data_param {{ source: "{src}" batch_size: 50 backend: LMDB }}')
+    damage(tmp_path / "db", 0.3)
+    with pytest.raises(LayerError, match=r'"src" \(Data\): LMDB .*db cannot be read after key 000\d+: .*MDB_CORRUPTED'):
+        for _ in range(6):                                              # from the reader thread
+            net.forward()
 
 
 def test_lmdb_reader_wraps_and_writer_grows(tmp_path):

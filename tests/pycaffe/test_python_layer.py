@@ -170,6 +170,20 @@ def test_import_failures_name_the_layer_and_module(tmp_path, pymod):
         make_layer('name: "x" type: "Python" python_param { module: "bad" layer: "L" }')
 
 
+def test_a_layer_that_is_no_caffe_layer_class_is_refused_before_it_is_called(tmp_path, monkeypatch):
+    (tmp_path / "notlayers.py").write_text("import pathlib\nCALLED = pathlib.Path(__file__).with_suffix('.called')\n"
+                                           "def make(*args):\n    CALLED.touch()\n"
+                                           "class Plain:\n    def __init__(self, *args):\n        CALLED.touch()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module, name, what in (("os", "getcwd", "a builtin_function_or_method"), ("notlayers", "make", "a function"),
+                               ("notlayers", "Plain", "a class not derived from caffe.Layer")):
+        with pytest.raises(LayerError, match=rf'layer "x" \(Python\): python_param.layer "{name}" of module '
+                                             rf'"{module}" is {what}; it must name a class derived from caffe.Layer'):
+            make_layer(f'name: "x" type: "Python" python_param {{ module: "{module}" layer: "{name}" }}')
+    assert not (tmp_path / "notlayers.called").exists()
+    sys.modules.pop("notlayers", None)
+
+
 RELU_MODULE = '''
 import numpy as np
 

@@ -26,6 +26,14 @@ def is_hdf5(path) -> bool:
         return False
 
 
+def warn_nonfinite(arr, what) -> None:
+    """Loaded weights that are NaN or infinite make every output they touch so: say which."""
+    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+    if bad:
+        log.warning("%s holds %d non-finite value(s) (NaN or infinity) of %d: outputs computed from it "
+                    "will be non-finite too", what, bad, arr.size)
+
+
 def save(net, path, write_diff=False) -> None:
     """Write ``net``'s (an sncaffe.Net) parameters to ``path``."""
     import h5py
@@ -46,7 +54,6 @@ def load(net, path) -> None:
     """Copy the parameters in ``path`` into ``net``'s layers of the same names; names and shapes are
     checked before any data is read."""
     from .blobproto import read_h5_blobs
-    from .net import warn_nonfinite
     nodes = {n.name: n for n in net.graph.layers}
 
     def keep(name, shapes):

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import blobproto
 from . import hdf5_weights
+from .hdf5_weights import warn_nonfinite
 from .backend import default_device, make_device
 from .plan.planner import MODES, MemoryExhausted, PlanError, auto_plan, check_fits, shared_ram_plan
 from .plan.report import plan_line
@@ -42,14 +43,6 @@ def memory_mode(*params) -> str:
         if p is not None and p.HasField("memory_param") and p.memory_param.HasField("mode"):
             return p.memory_param.mode
     return "auto"
-
-
-def warn_nonfinite(arr, what) -> None:
-    """Loaded weights that are NaN or infinite make every output they touch so: say which."""
-    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
-    if bad:
-        log.warning("%s holds %d non-finite value(s) (NaN or infinity) of %d: outputs computed from it "
-                    "will be non-finite too", what, bad, arr.size)
 
 
 def _some(names, n=5) -> str:

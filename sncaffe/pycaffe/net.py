@@ -372,8 +372,12 @@ class Net:
                     lp.input_param.shape.add().dim.extend(int(d) for d in dims)
         old, staged = self._net, self._staged
         kept_shapes = {n.name: self._setup_shapes[n.name] for n in old.graph.layers[upto + 1:]}
-        new = self._build(raw, defer=True, setup_shapes=kept_shapes)     # the graph only: the old net stays
-        _check_param_shapes(old, new)                                     # usable where this fails
+        try:
+            new = self._build(raw, defer=True, setup_shapes=kept_shapes)     # the graph only: the old net
+            _check_param_shapes(old, new)                                   # stays usable where this fails
+        except BaseException:
+            self._staged = {}           # the inputs as they were, with the net
+            raise
         params = {name: [np.array(b.data) for b in blobs] for name, blobs in old.params.items()}
         inputs = {n: np.array(old.blobs[n].data) for n in self.inputs}
         old.release()

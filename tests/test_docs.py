@@ -130,3 +130,10 @@ def test_no_comment_quotes_milliseconds():
     """A comment says why; figures live in benchmarks/results/ and the comment names the tool."""
     found = timings_in_comments()
     assert not found, "\n".join(found)
+
+
+def test_the_command_line_page_says_what_help_says():
+    """docs/cli.md's usage and argument tables are the parser's (tools/render_cli_docs.py)."""
+    import render_cli_docs
+    assert render_cli_docs.render() == (ROOT / "docs" / "cli.md").read_text(), \
+        "docs/cli.md differs from --help: run python tools/render_cli_docs.py"

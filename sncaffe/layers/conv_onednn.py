@@ -76,11 +76,23 @@ def layout(plan) -> str:
 BLOCK_POSITIONS = 65536
 
 
+# A layer with one input channel per group (not depthwise) has that channel padded to a block
+# of 16 in oneDNN's copies: sixteen times the data. Its blocks hold at most this many bytes of
+# copies, a rule for the plan's peak, not for speed (within noise: tools/bench_toggle.py).
+SINGLE_CHANNEL_BLOCK_BYTES = 2 << 20
+
+
 def reduce_block(plan) -> int:
     """Images per block: enough for BLOCK_POSITIONS positions of the image or the grid side,
-    whichever is larger (the plan's conv view; geometry only)."""
+    whichever is larger (the plan's conv view; geometry only); for a layer with one input channel
+    per group on oneDNN's own layout, no more than SINGLE_CHANNEL_BLOCK_BYTES of padded copies."""
     positions = max(plan.out_size, plan.h.size * plan.w.size)
-    return max(1, -(-BLOCK_POSITIONS // positions))
+    images = max(1, -(-BLOCK_POSITIONS // positions))
+    if plan.Cg == 1 and plan.Mg > 1 and layout(plan) == "any":
+        pad = lambda c: -(-c // 16) * 16           # noqa: E731 - channels in blocks of 16
+        copies = 4 * (plan.h.size * plan.w.size * pad(plan.C) + plan.out_size * pad(plan.M))
+        images = max(1, min(images, SINGLE_CHANNEL_BLOCK_BYTES // copies))
+    return images
 
 
 def _blocks(layer, n):

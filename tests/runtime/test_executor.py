@@ -30,6 +30,9 @@ def slow_copies(monkeypatch):
     oneDNN pools blocked copies (AVX2), their workspace is the tiny net's peak and mode ``all``
     then keeps every offloaded tensor resident, prefetching nothing."""
     monkeypatch.setattr(pooling, "ONEDNN", False)
+    # sncaffe's own convolutions too: the plans these tests need (a prefetch in mode all) should
+    # not follow oneDNN's layouts and workspaces
+    monkeypatch.setattr(config, "settings", replace(config.settings, conv="native"))
     threads, copy = [], cpu._copy
 
     def slow(dst, src, after):

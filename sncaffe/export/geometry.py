@@ -165,3 +165,15 @@ def prior_boxes(node) -> np.ndarray:
     layer = node.layer
     boxes = layer.boxes(tuple(node.bottoms[0].shape[-2:]), tuple(node.bottoms[1].shape[-2:]))
     return boxes.astype(np.float32).reshape(node.tops[0].shape)
+
+
+def check_mapped(net, maps, target):
+    """ExportError naming the first layer of ``net`` with no mapping in ``maps`` (for ``target``,
+    "ONNX" or "PyTorch"); a refused type's reason where there is one."""
+    unmapped = [n for n in net.graph.layers if n.type not in maps and n.type != "Input"]
+    if unmapped:
+        n = unmapped[0]
+        if n.type in REFUSED:
+            refuse(n, f"not exported: {REFUSED[n.type]}")
+        raise ExportError(f'layer "{n.name}": type "{n.type}" has no {target} mapping (mapped: '
+                          f"{', '.join(sorted(maps))})")

@@ -101,13 +101,7 @@ def build(net, opset=OPSET):
     """The ModelProto of a deploy Net; ExportError names the first layer without a mapping."""
     import onnx
     from onnx import TensorProto, helper
-    unmapped = [n for n in net.graph.layers if n.type not in MAPS and n.type != "Input"]
-    if unmapped:
-        n = unmapped[0]
-        if n.type in g.REFUSED:
-            g.refuse(n, f"not exported: {g.REFUSED[n.type]}")
-        raise ExportError(f'layer "{n.name}": type "{n.type}" has no ONNX mapping (mapped: '
-                          f"{', '.join(sorted(MAPS))})")
+    g.check_mapped(net, MAPS, "ONNX")
     b = Builder(net)
     inputs = []
     for node in net.graph.layers:

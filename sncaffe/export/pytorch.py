@@ -332,13 +332,7 @@ class Unpack:
 
 def source(net) -> TorchSource:
     """The module of a deploy Net; ExportError names the first layer without a mapping."""
-    unmapped = [n for n in net.graph.layers if n.type not in MAPS and n.type != "Input"]
-    if unmapped:
-        n = unmapped[0]
-        if n.type in g.REFUSED:
-            g.refuse(n, f"not exported: {g.REFUSED[n.type]}")
-        raise ExportError(f'layer "{n.name}": type "{n.type}" has no PyTorch mapping (mapped: '
-                          f"{', '.join(sorted(MAPS))})")
+    g.check_mapped(net, MAPS, "PyTorch")
     gen = Gen(net)
     args = []
     for node in net.graph.layers:

@@ -306,16 +306,20 @@ class ImageData(_Prefetching):
         self.rng.shuffle(order)
         return order
 
+    def _first_order(self, p):
+        """The list's order (shuffled where ``p.shuffle``) and the first position (rand_skip)."""
+        self._order = np.arange(len(self.lines))
+        if p.shuffle:
+            self._order = self._shuffled(self._order)
+        self._pos = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
+        if self._pos >= len(self.lines):
+            raise self.error(f"rand_skip {p.rand_skip}: not enough images to skip")
+
     def load_batch(self, batch):
         p = self.param.image_data_param
         with self._named():
             if self._order is None:                 # on the reader thread: shuffle, skip
-                self._order = np.arange(len(self.lines))
-                if p.shuffle:
-                    self._order = self._shuffled(self._order)
-                self._pos = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
-                if self._pos >= len(self.lines):
-                    raise self.error(f"rand_skip {p.rand_skip}: not enough images to skip")
+                self._first_order(p)
             data, labels = batch
             for i in self._records(len(data)):
                 k = self._order[self._pos]

@@ -84,12 +84,7 @@ class DenseImageData(ImageData):
         p = self.p
         with self._named():
             if self._order is None:                 # on the reader thread: shuffle, skip
-                self._order = np.arange(len(self.lines))
-                if p.shuffle:
-                    self._order = self._shuffled(self._order)
-                self._pos = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
-                if self._pos >= len(self.lines):
-                    raise self.error(f"rand_skip {p.rand_skip}: not enough images to skip")
+                self._first_order(p)
             data, labels = batch
             for i in self._records(len(data)):
                 k = self._order[self._pos]

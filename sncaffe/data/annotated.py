@@ -9,14 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..proto import sncaffe_pb2 as pb
+from .datum import parse as parse_record
 
 
 def parse(value: bytes, what="record") -> "pb.AnnotatedDatum":
-    record = pb.AnnotatedDatum()
-    try:
-        record.ParseFromString(value)
-    except Exception as e:  # protobuf's DecodeError
-        raise ValueError(f"{what}: not an AnnotatedDatum record ({e})") from None
+    record = parse_record(value, what, pb.AnnotatedDatum())
     if not record.HasField("datum"):
         raise ValueError(f"{what}: an AnnotatedDatum without its datum (is this a plain Datum database? "
                          'read it with type "Data")')

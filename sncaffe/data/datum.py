@@ -7,13 +7,16 @@ from ..proto import sncaffe_pb2 as pb
 from . import image
 
 
-def parse(value: bytes, what="datum") -> "pb.Datum":
-    datum = pb.Datum()
+def parse(value: bytes, what="datum", message=None):
+    """``value`` parsed into ``message`` (default a Datum); a ValueError naming ``what`` where it
+    is not one."""
+    message = pb.Datum() if message is None else message
     try:
-        datum.ParseFromString(value)
+        message.ParseFromString(value)
     except Exception as e:  # protobuf's DecodeError
-        raise ValueError(f"{what}: not a Datum record ({e})") from None
-    return datum
+        raise ValueError(f"{what}: not a{'n' * (message.DESCRIPTOR.name[0] in 'AEIOU')} "
+                         f"{message.DESCRIPTOR.name} record ({e})") from None
+    return message
 
 
 def to_array(datum, color=None, what="datum") -> np.ndarray:

@@ -177,3 +177,14 @@ def check_mapped(net, maps, target):
             refuse(n, f"not exported: {REFUSED[n.type]}")
         raise ExportError(f'layer "{n.name}": type "{n.type}" has no {target} mapping (mapped: '
                           f"{', '.join(sorted(maps))})")
+
+
+def registrar(table):
+    """A decorator factory that files a mapping function under the layer types it maps."""
+    def maps(*types):
+        def deco(fn):
+            for t in types:
+                table[t] = fn
+            return fn
+        return deco
+    return maps

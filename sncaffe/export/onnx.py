@@ -17,12 +17,7 @@ OPSET = 18
 MAPS = {}       # layer type -> fn(builder, node) -> the tops' values
 
 
-def maps(*types):
-    def deco(fn):
-        for t in types:
-            MAPS[t] = fn
-        return fn
-    return deco
+maps = g.registrar(MAPS)
 
 
 class Builder:

@@ -408,13 +408,7 @@ def tup(v):
     return tuple(int(x) for x in v)
 
 
-
-def maps(*types):
-    def deco(fn):
-        for t in types:
-            MAPS[t] = fn
-        return fn
-    return deco
+maps = g.registrar(MAPS)
 
 
 def num(v):

@@ -152,11 +152,7 @@ class AnnotatedData(Data):
     def load_batch(self, batch):
         """Fill one batch: the images, then (boxes) the rows and their count, or (labels) the labels."""
         with self._named():
-            if not self._started:
-                self._started = True
-                skip = self.param.data_param.rand_skip
-                for _ in range(self.rng.integers(skip) if skip else 0):
-                    self._next()
+            self._skip_at_start()
             data, found = batch[0], []
             for i in self._records(len(data)):
                 key, value = self._next()

@@ -215,13 +215,17 @@ class Data(_Prefetching):
         self._read += 1
         return next(self.db)
 
+    def _skip_at_start(self):
+        """Caffe's rand_skip: the first batch starts at a random record."""
+        if not self._started:
+            self._started = True
+            skip = self.param.data_param.rand_skip
+            for _ in range(self.rng.integers(skip) if skip else 0):
+                self._next()
+
     def load_batch(self, batch):
         with self._named():
-            if not self._started:
-                self._started = True
-                skip = self.param.data_param.rand_skip
-                for _ in range(self.rng.integers(skip) if skip else 0):
-                    self._next()                    # Caffe's rand_skip: start at a random record
+            self._skip_at_start()
             data = batch[0]
             for i in self._records(len(data)):
                 key, value = self._next()

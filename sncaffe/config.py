@@ -70,9 +70,3 @@ def process_environment() -> dict:
     the user set is kept). OpenBLAS's threads spin after every GEMM before they sleep; beside
     oneDNN's OpenMP team that spin holds the core the other pool's thread needs (tools/bench_threads.py)."""
     return {"OPENBLAS_THREAD_TIMEOUT": "4"}
-
-
-def describe() -> str:
-    """Each setting, its variable and its value: for ``sncaffe --version`` and bug reports."""
-    return "\n".join(f"{f.name} = {getattr(settings, f.name)!r}"
-                     + (f"  ({VARIABLES[f.name]})" if f.name in VARIABLES else "") for f in fields(Settings))

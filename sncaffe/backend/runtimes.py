@@ -15,11 +15,10 @@ def configure(threads=None, share=1, shared_by="ranks") -> _threads.Decision:
     of one process whose workers compute at once, ``shared_by``) and hold every loaded runtime
     to it. Called before the BLAS loads, the decision also picks MKL's threading layer."""
     global _configured
-    _threads.settle(_threads.current(), threads, share)    # the flag, for the BLAS that loads next
+    _threads.request(threads, share)     # the flag, for the BLAS that loads next
     onednn.preload()                     # before the BLAS: one OpenMP runtime for both
     lib = blas.BLAS                      # loads the BLAS under this flag
-    decision = _threads.settle(_threads.decide(threads, blas_name=lib.name, share=share, shared_by=shared_by),
-                               threads, share)
+    decision = _threads.settle(_threads.decide(threads, blas_name=lib.name, share=share, shared_by=shared_by))
     threadpool_limits(decision.threads, user_api="blas")     # another library's OpenMP pool is its own
     if lib.name == "mkl":
         blas.set_openblas_threads(1)    # NumPy's own BLAS runs nothing of size here

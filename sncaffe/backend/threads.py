@@ -158,10 +158,17 @@ _share: int = 1                      # ranks or replicas sharing the cores, once
 _decision: Decision | None = None
 
 
-def settle(decision: Decision, threads=None, share=1) -> Decision:
+def request(threads=None, share=1) -> None:
+    """Record the --threads flag and the processes or replicas sharing the cores, for the
+    decisions made next (the BLAS's as it loads, then backend/runtimes.configure's)."""
+    global _flag, _share
+    _flag, _share = threads, share
+
+
+def settle(decision: Decision) -> Decision:
     """Make ``decision`` this process's (backend/runtimes.configure holds the runtimes to it)."""
-    global _flag, _share, _decision
-    _flag, _share, _decision = threads, share, decision
+    global _decision
+    _decision = decision
     return decision
 
 

@@ -34,6 +34,7 @@ class BestFit:
     def __init__(self, capacity: int, alignment: int = ALIGNMENT):
         self.alignment = alignment
         self.capacity = capacity // alignment * alignment
+        self.full_capacity = self.capacity      # what restrict() may give back (capacity: what it allows now)
         self._by_size = SortedList([(self.capacity, 0)] if self.capacity else [])
         self._free_start: dict[int, int] = {0: self.capacity} if self.capacity else {}
         self._free_end: dict[int, int] = {self.capacity: 0} if self.capacity else {}
@@ -48,8 +49,7 @@ class BestFit:
         of a pool made with this capacity."""
         if self._used:
             return
-        self._arena = getattr(self, "_arena", self.capacity)
-        size = self._arena if capacity is None else min(self._arena, capacity // self.alignment * self.alignment)
+        size = self.full_capacity if capacity is None else min(self.full_capacity, capacity // self.alignment * self.alignment)
         self.capacity = size
         self._by_size = SortedList([(size, 0)] if size else [])
         self._free_start = {0: size} if size else {}

@@ -34,3 +34,11 @@ def workspace_tensors(name, specs, dtype, location="") -> dict:
     """The workspace tensors of layer ``name`` from its specs {key: (shape, dtype or None)}."""
     return {k: Tensor(f"{name}#{k}", tuple(s), np.dtype(d or dtype), "workspace", location=location)
             for k, (s, d) in specs.items()}
+
+
+def array_module(a):
+    """numpy or cupy, taken from an array (Chainer's habit)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np

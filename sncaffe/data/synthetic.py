@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..proto import sncaffe_pb2 as pb
+from ..tensor import array_module
 
 
 def label_classes(net) -> dict:
@@ -62,7 +63,7 @@ class SyntheticInputs:
                 x = rng.integers(max(labels[name], 1), size=shape)
             else:
                 x = rng.standard_normal(shape)
-            data[...] = _xp(data).asarray(x[rank * b:(rank + 1) * b] if data.ndim else x,
+            data[...] = array_module(data).asarray(x[rank * b:(rank + 1) * b] if data.ndim else x,
                                                    dtype=data.dtype)
 
     @staticmethod
@@ -71,11 +72,3 @@ class SyntheticInputs:
         parts = [f"{n}: integers in [0, {labels[n]})" if labels.get(n) else
                  f"{n}: 0" if n in labels else f"{n}: N(0,1)" for n in net.inputs]
         return ", ".join(parts)
-
-
-def _xp(a):
-    """numpy or cupy, taken from the array fed (data comes before the layers that own arrays)."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-        return cupy
-    return np

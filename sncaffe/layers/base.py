@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tensor import array_module  # noqa: F401  (the layers take it from here)
+
 REGISTRY: dict[str, type["Layer"]] = {}
 
 TRAIN, TEST = 0, 1
@@ -36,14 +38,6 @@ def register(cls):
     """Class decorator: map the prototxt ``type`` string to the class."""
     REGISTRY[cls.type] = cls
     return cls
-
-
-def array_module(a):
-    """numpy or cupy, taken from an array (Chainer's habit)."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-        return cupy
-    return np
 
 
 class Blob:

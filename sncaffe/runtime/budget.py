@@ -92,13 +92,16 @@ def physical_ram() -> int:
 def available_ram() -> int:
     """MemAvailable (else half of physical RAM where the kernel does not say), and within a
     memory cgroup no more than its limit less what it holds."""
-    avail = meminfo().get("MemAvailable", physical_ram() // 2)
+    info = meminfo()
+    avail = info["MemAvailable"] if "MemAvailable" in info else physical_ram() // 2
     limit, usage = cgroup_memory()
     return avail if limit is None else max(0, min(avail, limit - usage))
 
 
-def margin() -> int:
-    return max(MIN_MARGIN, int(physical_ram() * MARGIN_FRACTION))
+def margin(ram=None) -> int:
+    """What is left for the process's own growth and the programs beside it (of ``ram``, default
+    physical_ram())."""
+    return max(MIN_MARGIN, int((physical_ram() if ram is None else ram) * MARGIN_FRACTION))
 
 
 def address_space_room():
@@ -123,11 +126,12 @@ def ram_budget() -> int:
     """What the pools may hold together on this machine now: available RAM less the margin, and
     at least a sixteenth of physical RAM (another program's passing peak should not make a
     small net's plan fail; a kernel that reports almost nothing available is usually reclaiming)."""
-    budget = max(available_ram() - margin(), physical_ram() // 16)
+    ram = physical_ram()
+    budget = max(available_ram() - margin(ram), ram // 16)
     room = address_space_room()
     # Under ulimit -v both arenas must be mappable (each is virtual until touched), with the
     # libraries still to load beside them.
-    return budget if room is None else max(MIN_MARGIN, min(budget, (room - margin()) // 2))
+    return budget if room is None else max(MIN_MARGIN, min(budget, (room - margin(ram)) // 2))
 
 
 def process_memory() -> dict:

@@ -69,7 +69,33 @@ def _memory_cgroup(limit):
     return group
 
 
-def test_a_container_limit_is_the_budget():
+# LeNet's layers with an Input layer in place of its MNIST LMDBs, which a clone has not made yet.
+LENET = """name: "LeNet"
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 8 dim: 1 dim: 28 dim: 28 } shape { dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 20 kernel_size: 5
+        weight_filler { type: "xavier" } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2" convolution_param { num_output: 50 kernel_size: 5
+        weight_filler { type: "xavier" } } }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1" inner_product_param { num_output: 500
+        weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" inner_product_param { num_output: 10
+        weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.fixture
+def lenet(tmp_path):
+    path = tmp_path / "lenet.prototxt"
+    path.write_text(LENET)
+    return str(path)
+
+
+def test_a_container_limit_is_the_budget(lenet):
     """Inside a 1 GiB memory cgroup, as a container sets it, the CPU device's RAM is within it and
     LeNet's step runs there (the machine's MemAvailable would be many times that)."""
     group = _memory_cgroup(GiB)
@@ -77,7 +103,7 @@ def test_a_container_limit_is_the_budget():
             "from sncaffe.backend.cpu import CPUDevice\n"
             "d = CPUDevice(); print(d.ram)\n"
             "from sncaffe.cli import main\n"
-            "raise SystemExit(main(['time', 'prototxt/lenet_train_test.prototxt', '-n', '1', '--batch', '8']))\n")
+            f"raise SystemExit(main(['time', {lenet!r}, '-n', '1']))\n")
     try:
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                              env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
@@ -88,15 +114,15 @@ def test_a_container_limit_is_the_budget():
     assert 0 < ram <= GiB
 
 
-def test_an_address_space_limit_bounds_the_arenas():
+def test_an_address_space_limit_bounds_the_arenas(lenet):
     """Under ulimit -v (4 GB, on a machine with far more RAM) LeNet's step runs: the arenas are
     sized to what the process may still map, not to the machine's free RAM."""
     import resource
 
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, resource.RLIM_INFINITY))
-    out = subprocess.run([sys.executable, "-m", "sncaffe.entry", "time", "prototxt/lenet_train_test.prototxt",
-                          "-n", "1", "--batch", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-m", "sncaffe.entry", "time", lenet, "-n", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
                          preexec_fn=limit, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Pool peak" in out.stdout

@@ -17,19 +17,33 @@ and a later touch maps them again), so resident memory stays within the planned 
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import mmap
 import os
 import shutil
 import tempfile
 import threading
+import weakref
 
 import numpy as np
 
+from . import streams
 from .pool import Pool
+
 UNBOUNDED = 1 << 50
 WINDOW = 256 << 20          # bytes mapped at a time for views (few mappings, whatever the net)
 TRIM_PERIOD = 0.02          # seconds between drops of the mapped pages from the resident set
+
+_open: "weakref.WeakSet[SpillFile]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit: the streams' copies to and from the files first, then the files and their trimmers."""
+    streams.close_all()
+    for spill in list(_open):
+        spill.close()
 
 
 class SpillFull(OSError):
@@ -51,6 +65,7 @@ class SpillFile:
         self._maps = []              # (file offset, mmap, uint8 array over it)
         self._trimmer = None
         self._stop = threading.Event()
+        _open.add(self)
 
     def free_space(self) -> int:
         return shutil.disk_usage(self.directory).free
@@ -119,6 +134,9 @@ class SpillFile:
 
     def close(self) -> None:
         self._stop.set()
+        trimmer = self._trimmer
+        if trimmer is not None and trimmer is not threading.current_thread():
+            trimmer.join()                  # no madvise on a mapping once it may be gone
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

@@ -9,10 +9,21 @@ work on one stream really overlaps work on another, as on a GPU.
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from _thread import allocate_lock as _allocate_lock
+
+# Every stream still open: at exit their work is drained before the interpreter frees the arrays
+# it copies into (a daemon thread inside a NumPy copy or a pread, without the GIL, would
+# otherwise go on writing into memory the finalizing interpreter has given back).
+_open: "weakref.WeakSet[Stream]" = weakref.WeakSet()
+# Seconds the streams' queued work may take to finish at exit, in all: a copy in flight ends in
+# far less; work still waiting for an event that an aborted iteration will never set is left
+# waiting (it touches no memory while it waits).
+EXIT_WAIT = 10.0
 
 
 class Event:
@@ -53,11 +64,15 @@ class Stream:
         self._thread = threading.Thread(target=self._work, name=f"sncaffe-{name}", daemon=True)
         self._thread.start()
         self._last = None
+        _open.add(self)
 
     def _work(self):
         get, clock = self._queue.get, time.perf_counter
         while True:
-            fn, event, after = get()
+            item = get()
+            if item is None:                # close(): everything before it has run
+                return
+            fn, event, after = item
             try:
                 for e in after:
                     e.wait()
@@ -81,3 +96,19 @@ class Stream:
     def synchronize(self):
         if self._last is not None:
             self._last.wait()
+
+    def close(self, timeout=None) -> bool:
+        """Run what is queued, then end the thread; whether it ended within ``timeout`` seconds."""
+        _open.discard(self)
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+@atexit.register
+def close_all(timeout=EXIT_WAIT) -> None:
+    """Drain and end every open stream (at exit, before the interpreter frees their arrays)."""
+    deadline = time.monotonic() + timeout
+    for stream in list(_open):
+        stream.close(max(0.0, deadline - time.monotonic()))

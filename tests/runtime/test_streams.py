@@ -1,5 +1,8 @@
 """Streams and events on the CPU device: in-order worker threads, events that carry errors."""
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -81,3 +84,35 @@ def test_device_copies_run_on_copy_streams_in_dependency_order():
     device.synchronize()
     device.host_free(off)
     assert device.host_pool.in_use == 0
+
+
+def test_queued_work_finishes_before_the_interpreter_exits(tmp_path):
+    """A copy still queued when the main thread ends runs to its end before the interpreter frees
+    anything: a daemon stream thread cut off at exit (or still writing after it) corrupts memory."""
+    out = tmp_path / "done"
+    code = ("import time, numpy as np\n"
+            "from sncaffe.runtime.streams import Stream\n"
+            "s = Stream('d2h')\n"
+            "a = np.ones(1 << 20)\n"
+            f"s.submit(lambda: (time.sleep(0.5), np.save({str(out)!r}, a * 2)))\n")   # main exits at once
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert np.load(str(out) + ".npy").sum() == 2 * (1 << 20)
+
+
+def test_a_closed_stream_runs_what_was_queued_and_ends():
+    s = Stream("h2d")
+    seen = []
+    s.submit(lambda: (time.sleep(0.05), seen.append(1)))
+    assert s.close(timeout=10)
+    assert seen == [1]
+
+
+def test_a_spill_file_closed_stops_its_trimmer(tmp_path):
+    from sncaffe.runtime.spill import SpillFile
+    spill = SpillFile(tmp_path)
+    off = spill.alloc(4096)
+    spill.view(off, 4096, np.uint8, (4096,))[:] = 7
+    trimmer = spill._trimmer
+    assert trimmer.is_alive()
+    spill.close()
+    assert not trimmer.is_alive()

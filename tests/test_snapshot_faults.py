@@ -227,20 +227,26 @@ def test_a_snapshot_taking_the_name_of_a_lone_caffemodel_moves_it_aside(tmp_path
 
 
 def test_signals_with_the_disk_tier_on_lose_no_file_and_leave_a_loadable_pair(tmp_path):
-    """A sample of tools/fault_inject.py: a SIGTERM while snapshotting (offloads going to the
-    spill file), then a kill while training in a run resuming from the first one's pair."""
+    """A sample of tools/fault_inject.py under glibc's heap checks (MALLOC_CHECK_=3): a SIGTERM in
+    every phase (planning, binding, the first forward, training with offloads going to the spill
+    file, a snapshot write), each run resuming from the pair the runs before it left, then a
+    SIGKILL while training."""
     sys.path.insert(0, str(ROOT / "tools"))
     import fault_inject
     fault_inject.setup(tmp_path)
-    runs = []
-    for sig, phase in (("SIGTERM", "snapshot"), ("SIGKILL", "training")):
-        r = fault_inject.run_once(tmp_path, sig, phase, random.Random(3), ENV)
-        assert r["entered"] and r["sent"] and not r["stuck"] and not r["heap"], r["out"][-3000:]
+    env = dict(ENV, MALLOC_CHECK_="3")
+    runs = {}
+    plan = [("SIGTERM", phase) for phase in ("planning", "binding", "first forward", "snapshot", "training")]
+    for sig, phase in plan + [("SIGKILL", "training")]:
+        r = fault_inject.run_once(tmp_path, sig, phase, random.Random(3), env)
+        assert r["entered"] and not r["stuck"] and not r["heap"], (sig, phase, r["out"][-3000:])
+        assert not r["traceback"], (sig, phase, r["out"][-3000:])
         assert fault_inject.lost(tmp_path) == [], r["out"][-3000:]
         assert fault_inject.check_pair(tmp_path) == ""
-        runs.append(r)
-    assert runs[0]["rc"] == 0 and "SIGTERM: snapshotting and stopping" in runs[0]["out"], runs[0]["out"][-3000:]
-    assert "disk peak" in runs[0]["out"] and "Restoring previous solver status" in runs[1]["out"]
+        runs[sig, phase] = r
+    first = runs["SIGTERM", "snapshot"]
+    assert first["rc"] == 0 and "SIGTERM: snapshotting and stopping" in first["out"], first["out"][-3000:]
+    assert "disk peak" in first["out"] and "Restoring previous solver status" in runs["SIGTERM", "training"]["out"]
     assert latest(str(tmp_path / "snap" / "t")) is not None
 
 

@@ -25,7 +25,8 @@ from .plan.report import plan_line
 from .runtime.spill import spill_of, spill_room
 from .sizes import fmt_bytes
 from .upgrade import upgrade_net
-from .dynamic import DynamicShapes
+from .dynamic import DynamicShapes, Grown
+from .plan.liveness import op_tensors
 from .graph import build_graph
 from .layers.base import Blob, array_module
 from .layers.structure import transfer
@@ -80,6 +81,13 @@ def _give_back_dropped():
             getattr(device, method)(off)
 
 
+def _host(a):
+    """A host copy of a NumPy or CuPy array (None stays None)."""
+    if a is None:
+        return None
+    return a.get() if hasattr(a, "get") else np.array(a)
+
+
 class Net:
     """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
     ``offload``, ``recompute``, ``all`` or ``auto``); None takes the net's own
@@ -108,6 +116,8 @@ class Net:
             host_params = host_params or param.memory_param.host_params
         # a GPU's layers size cuDNN's workspaces; setup_shapes: see build_graph
         self.graph = build_graph(param, phase, dtype, device, setup_shapes)
+        self._dtype, self._setup_shapes = dtype, setup_shapes
+        self.replan_hooks = []          # called after the net is planned again mid-pass (pycaffe's views)
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
         self.devices = {"": device}
@@ -123,8 +133,9 @@ class Net:
         if weights is not None:
             self.copy_from(weights)
 
-    def place(self, plan):
-        """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled."""
+    def place(self, plan, fill=True):
+        """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled
+        (``fill``; else the caller fills them)."""
         self.plan = plan
         self.host_params = bool(plan.host_params)      # auto may have chosen them
         # The arena the plan placed its blocks in: the runtime's allocator then places each
@@ -135,10 +146,12 @@ class Net:
             log.info("binding %s: %s of persistent tensors, %.1f M parameters filled", self.name or "the net",
                      fmt_bytes(plan.persistent_bytes), n / 1e6)
         self._bind()
-        self.init_params(self.seed)
+        if fill:
+            self.init_params(self.seed)
 
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve, host_reserve=0):
+        self._plan_args = (memory, reserve, host_reserve)      # a net planned alone can plan again (_grow)
         capacity, kw = self.budgets()
         kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
@@ -391,6 +404,8 @@ class Net:
             layer.workspace = {}
             if chunk:
                 layer.chunk = saved
+        if self.shapes.grown_node is not None:      # a top outgrew its block: plan again (_grow)
+            raise Grown(self.shapes.grown_node, dict(self.shapes.grown))
         if self.step_hook is not None:
             self.step_hook(op, recompute)
         timings = self._timings
@@ -408,10 +423,129 @@ class Net:
             self.executor.reset()       # the last forward had no backward
         self._timings = timings
         try:
-            self.executor.execute(self.plan.schedule.forward)
+            self.execute(lambda schedule: schedule.forward)
         finally:
             self._timings = None
         return self.loss()
+
+    def execute(self, select):
+        """Run the instructions ``select(schedule)`` takes from the plan's schedule; where a layer's
+        top outgrows its planned block, plan again and go on (``_grow``)."""
+        instrs = select(self.plan.schedule)
+        while True:
+            try:
+                return self.executor.execute(instrs)
+            except Grown as grown:
+                instrs = self._grow(grown, select)
+
+    # -- growth: a top larger than planned ------------------------------------------
+    def _grow(self, grown, select):
+        """Caffe reshapes every layer before its Forward, so a top reshaped in a forward gives the
+        layers after it new shapes. Where it outgrew its planned block, the net is planned again
+        with the new shape as that top's bound (later, smaller shapes are views of it, see
+        sncaffe.dynamic): what the pass computed so far is carried into the new plan's blocks,
+        and the rest of the pass, in the new plan, is returned. Data and Python layers keep
+        their objects (their state: a data cursor, a Python layer's attributes)."""
+        node = grown.node
+        old, old_peak = self.graph, self.plan.peak
+        index = {n.name: i for i, n in enumerate(old.layers)}
+        shapes = [tuple(t.shape) for t in node.tops]
+        for i, shape in grown.shapes.items():
+            shapes[i] = shape
+        what = ", ".join(f'top "{node.tops[i].name}" to {s} (planned {tuple(node.tops[i].shape)})'
+                         for i, s in grown.shapes.items())
+        if getattr(self, "_plan_args", None) is None:
+            raise node.layer.error(f"{what}: this net is planned with its solver's nets, so it cannot be "
+                                   f"planned again alone; give the top its largest shape in the layer's first reshape")
+        self.executor.synchronize()
+        values = self._carried(index[node.name])
+        params = {n.name: [(_host(b.data), _host(b.diff)) for b in n.layer.blobs] for n in old.layers if n.layer.blobs}
+        rngs = {n.name: n.layer.rng for n in old.layers if getattr(n.layer, "rng", None) is not None}
+        reuse = {n.name: (n.layer, [tuple(b.shape) for b in n.bottoms], [tuple(t.shape) for t in n.tops])
+                 for n in old.layers if not n.bottoms or n.type == "Python"}
+        reuse[node.name] = (node.layer, reuse[node.name][1] if node.name in reuse else None, shapes)
+        node.layer.shapes = shapes          # a Python layer's bound
+        graph = build_graph(old.param, self.phase, self._dtype, self.device, self._setup_shapes, reuse)
+        self.release()
+        self._finalizer()                   # the old blocks (host homes included) back to the pools
+        _give_back_dropped()
+        self.graph = graph
+        plan = self._make_plan(*self._plan_args)
+        log.info('layer "%s" (%s): %s; the net is planned again for it (peak %s -> %s)', node.name, node.type, what,
+                 fmt_bytes(old_peak), fmt_bytes(plan.peak))
+        self.place(plan, fill=False)
+        for n in graph.layers:
+            if n.name in rngs:
+                n.layer.rng = rngs[n.name]
+            for blob, (data, diff) in zip(n.layer.blobs, params.get(n.name, ())):
+                if tuple(blob.data.shape) != data.shape:
+                    raise n.layer.error(f"{what} changes its parameter shapes {data.shape} -> {blob.data.shape}")
+                transfer(blob.data, data)
+                if diff is not None and blob.diff is not None:
+                    transfer(blob.diff, diff)
+        instrs = select(self.plan.schedule)
+        at = next(k for k, ins in enumerate(instrs) if ins.kind == "run" and not ins.recompute
+                  and ins.op.kind == "forward" and ins.op.node.name == node.name)
+        self._restore(instrs[:at + 1], values, instrs[at + 1:] + list(self.plan.schedule.backward), what)
+        for hook in self.replan_hooks:
+            hook()
+        return instrs[at + 1:]
+
+    def _carried(self, upto):
+        """Host copies of what layers 0..upto computed in this pass: {("blob", name) or
+        ("scratch", layer, key): array}; a value offloaded to the host tier is read there."""
+        values, ex = {}, self.executor
+        for n in self.graph.layers[:upto + 1]:
+            for t, blob in zip(n.tops, n.top_blobs):
+                if blob.data is not None:
+                    values[("blob", blob.name)] = _host(blob.data)
+                elif id(t.data.root) in ex.host:
+                    root = t.data.root
+                    values[("blob", blob.name)] = np.array(ex.host[id(root)][1][:root.nbytes].view(root.dtype)
+                                                           .reshape(root.shape))
+            for k, a in n.layer.scratch.items():
+                if a is not None:
+                    values[("scratch", n.name, k)] = _host(a)
+        return values
+
+    def _restore(self, prefix, values, rest, what):
+        """Replay ``prefix`` (the new plan's steps up to the grown layer) with each layer's forward
+        replaced by the values the pass had computed; a value the rest of the pass reads and the
+        old plan did not keep is an error naming it."""
+        needed, written = set(), set()          # read by the rest before it writes them
+        for ins in rest:
+            if ins.kind == "run":
+                for root, write in op_tensors(ins.op):
+                    if write:
+                        written.add(id(root))
+                    elif id(root) not in written:
+                        needed.add(id(root))
+
+        def fill(op, recompute=False, workspace=None, chunk=None):
+            n = op.node
+            if op.kind != "forward" or recompute:
+                return
+            for t, blob in zip(n.tops, n.top_blobs):
+                v = values.get(("blob", blob.name))
+                if v is None:
+                    if id(t.data.root) in needed:
+                        raise n.layer.error(f'{what}: planning again in the middle of the pass needs its top '
+                                            f'"{blob.name}", which memory mode "{self.plan.mode}" did not keep; '
+                                            f"use memory mode none or liveness, or give the grown top its largest "
+                                            f"shape in the layer's first reshape")
+                    continue
+                if tuple(blob.data.shape) != v.shape:        # a shape of this forward (sncaffe.dynamic)
+                    self.shapes.reshape_top(n, n.top_blobs.index(blob), v.shape)
+                transfer(blob.data, v)
+            for k, a in n.layer.scratch.items():
+                v = values.get(("scratch", n.name, k))
+                if v is not None and a is not None and a.shape == v.shape:
+                    transfer(a, v)
+        self.executor.run_op = fill
+        try:
+            self.executor.execute(prefix)
+        finally:
+            self.executor.run_op = self._run_op
 
     @property
     def batch_size(self) -> int:

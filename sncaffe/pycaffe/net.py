@@ -14,6 +14,7 @@ after keep their shapes until a forward runs them.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
@@ -166,6 +167,9 @@ class Net:
     def _bind(self, sn_net, shaped=None):
         """Wrap ``sn_net``; ``shaped``: the index of the last layer set up for the current input
         shapes (None: all of them), the layers after it set up for ``_setup_shapes``."""
+        if sn_net is not getattr(self, "_net", None):       # weakly: the net must not keep this view alive
+            replanned = weakref.WeakMethod(self._replanned)
+            sn_net.replan_hooks.append(lambda: replanned() and replanned()())
         self._net = sn_net
         self._staged = {}
         self._forwarded = False
@@ -184,6 +188,15 @@ class Net:
                                                  lambda node=node, i=i: node.params[i][0].shape)
                                             for i in range(len(node.layer.blobs)))
         self._params = params
+
+    def _replanned(self):
+        """``_net`` was planned again in the middle of a forward (a top outgrew its block): the
+        views of its new layers, its callbacks on its new executor."""
+        forwarded = self._forwarded
+        self._bind(self._net, self._shaped)
+        self._forwarded = forwarded
+        if self._net.__dict__.get("pycaffe_callbacks"):
+            _install_callbacks(self._net)
 
     # -- pycaffe's properties -------------------------------------------------
     @property
@@ -427,7 +440,7 @@ class Net:
         if net.executor.busy:
             net.executor.reset()        # the last forward had no backward
         with self._fusions("forward", start, end):
-            net.executor.execute(self._select(net.plan.schedule.forward, start, end))
+            net.execute(lambda schedule: self._select(schedule.forward, start, end))
         self._forwarded = True
 
     def _backward(self, start, end):

@@ -1,5 +1,6 @@
 """Python layers (type "Python") as pycaffe defines them: a data layer, a loss layer, a layer with
 learnable blobs; checked by the gradient checker and against the built-in layers, in the memory runtime."""
+import logging
 import sys
 
 from dataclasses import replace
@@ -324,8 +325,15 @@ class Batches(caffe.Layer):
 
 
 class ReshapesInForward(Batches):
+    """Its tops keep their first shapes in reshape and take each batch's in forward."""
+
+    def reshape(self, bottom, top):
+        if not hasattr(self, "x"):
+            super().reshape(bottom, top)
+
     def forward(self, bottom, top):
-        top[0].reshape(1, 3)
+        super().reshape(bottom, top)
+        super().forward(bottom, top)
 '''
 
 BATCHES_NET = """name: "batches"
@@ -366,14 +374,44 @@ def test_python_data_layer_with_batches_of_changing_size(batches, memory):
         np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
 
 
-def test_python_top_growing_or_reshaped_in_forward_is_a_clear_error(batches):
-    (batches / "grow.prototxt").write_text(BATCHES_NET % ("Batches", "4,6"))
-    net = caffe.Net(str(batches / "grow.prototxt"), caffe.TRAIN)
-    net.forward()                   # 4 items, as planned; the next batch has 6
-    with pytest.raises(LayerError, match=r'layer "data" \(Python\): reshape gave top "data" the shape \(6, 3\) '
-                                         r"\(18 elements\), more than the 12 of its planned shape \(4, 3\)"):
-        net.forward()
-    (batches / "fwd.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4"))
-    with pytest.raises(LayerError, match=r'forward reshaped top "data" from \(4, 3\) to \(1, 3\): set top '
-                                         r"shapes in reshape\(\)"):
-        caffe.Net(str(batches / "fwd.prototxt"), caffe.TRAIN).forward()
+@pytest.mark.parametrize("layer", ["Batches", "ReshapesInForward"])
+@pytest.mark.parametrize("memory", ["none", "all"])
+def test_python_top_outgrowing_its_block_plans_the_net_again(batches, layer, memory, caplog, monkeypatch):
+    """A batch larger than the first: the net is planned again for it in the middle of the pass,
+    whether the layer reshapes its top in reshape or in forward (py-faster-rcnn's layers), and the
+    layer keeps its object (its batch counter goes on)."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.pycaffe import mode
+    device = CPUDevice("64MiB")          # a pool of its own: its peak is this net's
+    device._pycaffe_name = "cpu"
+    monkeypatch.setitem(mode._state, "device", device)
+    monkeypatch.setitem(mode._state, "mode", "cpu")
+    (batches / "grow.prototxt").write_text(BATCHES_NET % (layer, "4,6,3,6,9"))
+    net = caffe.Net(str(batches / "grow.prototxt"), caffe.TRAIN, memory=memory, keep=True)
+    obj = net.layer_dict["data"]
+    peaks = []
+    for n in (4, 6, 3, 6, 9):
+        plan = net.memory_plan
+        with caplog.at_level(logging.INFO, logger="sncaffe"):
+            caplog.clear()
+            device.pool.reset_peak()
+            loss = net.forward()["loss"]
+        grew = n in (6, 9) and net.memory_plan is not plan
+        assert grew == any("planned again" in r.getMessage() for r in caplog.records)
+        net.clear_param_diffs()
+        net.backward()
+        peaks.append((n, grew, device.pool.peak, net.memory_plan.peak))
+        assert net.layer_dict["data"] is obj and obj.idx == len(peaks)
+        x, y = obj.x, obj.y.astype(int)
+        assert net.blobs["data"].shape == (n, 3) and net.blobs["ip"].data.shape == (n, 2)
+        np.testing.assert_array_equal(net.blobs["data"].data, x)
+        w, b = net.params["ip"][0].data, net.params["ip"][1].data
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert loss == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-5)
+        p[np.arange(n), y] -= 1
+        np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
+    assert [g for _, g, _, _ in peaks] == [False, True, False, False, True]     # a bound grows; smaller fit
+    assert [(m, p) for _, grew, m, p in peaks if not grew] == [(p, p) for _, grew, m, p in peaks if not grew]
+    assert net._net.graph.blobs["data"].shape == (9, 3)        # the bound the plan is made for

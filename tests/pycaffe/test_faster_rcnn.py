@@ -1,0 +1,106 @@
+"""py-faster-rcnn's VGG16 test net as its own test script drives it (pycaffe, one image at a time,
+``net.forward(data=..., im_info=...)``), with a region proposal layer written for these tests
+(tests/data/faster_rcnn/rpn): the proposal layer gives its rois top a new number of rows in
+every forward, which plans the net again where that number outgrows the block it had."""
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sncaffe.pycaffe as caffe
+from sncaffe.proto import sncaffe_pb2 as pb
+from sncaffe.prototxt import read_text
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+VGG16_TEST = DATA / "faster_rcnn/pascal_voc__VGG16__faster_rcnn_end2end__test.prototxt"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
+from test_rcnn import roi_pool_reference        # noqa: E402  (caffe-fast-rcnn's kernel, loop for loop)
+
+# VGG16's widths cut by 16 (fc6 and fc7 to 64), so that its 138 M parameters do not dominate a
+# test of shapes: every layer, setting and blob name is the published file's.
+NARROW = {64: 4, 128: 8, 256: 16, 512: 32, 4096: 64}
+
+
+def narrow_net(path, tmp_path):
+    net = read_text(path, pb.NetParameter())
+    for lp in net.layer:
+        for p in (lp.convolution_param, lp.inner_product_param):
+            if lp.name.startswith(("conv", "fc")) and p.num_output in NARROW:
+                p.num_output = NARROW[p.num_output]
+        if lp.name == "rpn_conv/3x3":
+            lp.convolution_param.num_output = 32
+    out = tmp_path / path.name
+    out.write_text(str(net))
+    return out
+
+
+@pytest.fixture
+def rpn_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(DATA / "faster_rcnn"))
+    yield
+    for name in ("rpn", "rpn.proposal_layer"):
+        sys.modules.pop(name, None)
+
+
+def im_detect(net, image, scale):
+    """py-faster-rcnn's test-time steps: the input blobs reshaped to the image, one forward."""
+    data = image.transpose(2, 0, 1)[None].astype(np.float32)
+    im_info = np.array([[image.shape[0], image.shape[1], scale]], np.float32)
+    net.blobs["data"].reshape(*data.shape)
+    net.blobs["im_info"].reshape(*im_info.shape)
+    out = net.forward(data=data, im_info=im_info)
+    return net.blobs["rois"].data.copy(), out["cls_prob"], out["bbox_pred"]
+
+
+@pytest.mark.parametrize("memory", ["none", "liveness"])
+def test_vgg16_faster_rcnn_test_net_with_proposals_of_changing_number(rpn_module, tmp_path, memory, caplog,
+                                                                    monkeypatch):
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.pycaffe import mode
+    device = CPUDevice("256MiB")         # a pool of its own: its peak is this net's
+    device._pycaffe_name = "cpu"
+    monkeypatch.setitem(mode._state, "device", device)
+    monkeypatch.setitem(mode._state, "mode", "cpu")
+    net = caffe.Net(str(narrow_net(VGG16_TEST, tmp_path)), caffe.TEST, memory=memory,
+                    keep=["rois", "pool5", "fc7", "cls_score"])
+    seen = {}                   # conv5_3 as roi_pool5 reads it (under liveness its block is not kept)
+    at = list(net._layer_names).index("roi_pool5")
+    net.before_forward(lambda i: i == at and seen.update(conv5=net.blobs["conv5_3"].data.copy()))
+    for i, (name, blobs) in enumerate(net.params.items()):     # He's, objectness varying, small deltas
+        rng = np.random.default_rng(i)
+        gain = 0.05 if "bbox" in name else 1.0
+        blobs[0].data[...] = rng.normal(0, gain * np.sqrt(2.0 / blobs[0].data[0].size), blobs[0].data.shape)
+        blobs[1].data[...] = rng.normal(0, 0.1 * gain, blobs[1].data.shape)
+    rng = np.random.default_rng(0)
+    counts, image = [], None
+    # a new image size sets the net up again (rois (1, 5) as the layer's setup gives), the same
+    # image again gives the same rois in the bound the first forward planned
+    for h, w, scale in ((160, 224, 1.0), (160, 224, 1.0), (224, 288, 0.5), (128, 192, 2.0)):
+        same = image is not None and image.shape == (h, w, 3)
+        image = image if same else rng.normal(0, 60, (h, w, 3))
+        caplog.clear()
+        device.pool.reset_peak()
+        with caplog.at_level(logging.INFO, logger="sncaffe"):
+            rois, cls_prob, bbox_pred = im_detect(net, image, scale)
+        counts.append(len(rois))
+        grew = [r.getMessage() for r in caplog.records if "planned again" in r.getMessage()]
+        if same:
+            assert not grew and device.pool.peak == net.memory_plan.peak     # measured as planned
+        else:
+            assert len(grew) == 1 and f'layer "proposal" (Python): top "rois" to {rois.shape} (planned (1, 5))' \
+                in grew[0]
+        assert 1 < len(rois) <= 300 and rois.shape[1] == 5 and (rois[:, 0] == 0).all()
+        assert (rois[:, 1] >= 0).all() and (rois[:, 3] <= w - 1).all() and (rois[:, 4] <= h - 1).all()
+        assert (rois[:, 3] - rois[:, 1] + 1 >= 16 * scale).all()             # min size, at the image's scale
+        assert cls_prob.shape == (len(rois), 21) and bbox_pred.shape == (len(rois), 84)
+        np.testing.assert_allclose(cls_prob.sum(axis=1), 1, rtol=1e-5)
+        # the layers after the proposals ran on the rois and on conv5_3 carried into the new plan
+        conv5 = seen.pop("conv5")
+        assert conv5.shape == (1, 32, -(-h // 16), -(-w // 16))
+        np.testing.assert_allclose(net.blobs["pool5"].data[:6], roi_pool_reference(conv5, rois[:6], 7, 7, 1 / 16),
+                                   rtol=1e-6)
+        fc7, (weight, bias) = net.blobs["fc7"].data, net.params["cls_score"]
+        np.testing.assert_allclose(net.blobs["cls_score"].data, fc7 @ weight.data.T + bias.data, rtol=1e-4, atol=1e-5)
+    assert counts[0] == counts[1] and len(set(counts)) >= 3     # the same image, the same rois; others differ

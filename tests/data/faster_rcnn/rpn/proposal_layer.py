@@ -43,7 +43,8 @@ def apply_deltas(boxes, deltas):
     h = boxes[:, 3] - boxes[:, 1] + 1.0
     cx, cy = boxes[:, 0] + 0.5 * (w - 1), boxes[:, 1] + 0.5 * (h - 1)
     cx, cy = cx + deltas[:, 0] * w, cy + deltas[:, 1] * h
-    w, h = w * np.exp(deltas[:, 2]), h * np.exp(deltas[:, 3])
+    limit = np.log(1000.0 / 16)            # no box beyond the largest image from a cell's anchor
+    w, h = w * np.exp(np.minimum(deltas[:, 2], limit)), h * np.exp(np.minimum(deltas[:, 3], limit))
     return np.stack([cx - 0.5 * (w - 1), cy - 0.5 * (h - 1), cx + 0.5 * (w - 1), cy + 0.5 * (h - 1)], axis=1)
 
 

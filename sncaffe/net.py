@@ -470,10 +470,9 @@ class Net:
         self._finalizer()                   # the old blocks (host homes included) back to the pools
         _give_back_dropped()
         self.graph = graph
-        plan = self._make_plan(*self._plan_args)
-        log.info('layer "%s" (%s): %s; the net is planned again for it (peak %s -> %s)', node.name, node.type, what,
-                 fmt_bytes(old_peak), fmt_bytes(plan.peak))
-        self.place(plan, fill=False)
+        log.info('layer "%s" (%s): %s; the net is planned again for it (its peak was %s)', node.name, node.type,
+                 what, fmt_bytes(old_peak))
+        self.place(self._make_plan(*self._plan_args), fill=False)
         for n in graph.layers:
             if n.name in rngs:
                 n.layer.rng = rngs[n.name]

@@ -118,6 +118,7 @@ class Net:
         self.graph = build_graph(param, phase, dtype, device, setup_shapes)
         self._dtype, self._setup_shapes = dtype, setup_shapes
         self.replan_hooks = []          # called after the net is planned again mid-pass (pycaffe's views)
+        self.plans_alone = True         # False: planned with others (a solver's nets), never planned again alone
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
         self.devices = {"": device}
@@ -404,8 +405,6 @@ class Net:
             layer.workspace = {}
             if chunk:
                 layer.chunk = saved
-        if self.shapes.grown_node is not None:      # a top outgrew its block: plan again (_grow)
-            raise Grown(self.shapes.grown_node, dict(self.shapes.grown))
         if self.step_hook is not None:
             self.step_hook(op, recompute)
         timings = self._timings
@@ -414,6 +413,8 @@ class Net:
                 self.device.synchronize()
             name = op.name + (" (recompute)" if recompute else "")
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+        if self.shapes.grown_node is not None:      # a top outgrew its block: plan again (_grow)
+            raise Grown(self.shapes.grown_node, dict(self.shapes.grown))
 
     _timings = None
     step_hook = None        # called after every operator with (op, recompute): progress within a pass
@@ -454,7 +455,7 @@ class Net:
             shapes[i] = shape
         what = ", ".join(f'top "{node.tops[i].name}" to {s} (planned {tuple(node.tops[i].shape)})'
                          for i, s in grown.shapes.items())
-        if getattr(self, "_plan_args", None) is None:
+        if not self.plans_alone or getattr(self, "_plan_args", None) is None:
             raise node.layer.error(f"{what}: this net is planned with its solver's nets, so it cannot be "
                                    f"planned again alone; give the top its largest shape in the layer's first reshape")
         self.executor.synchronize()
@@ -464,24 +465,38 @@ class Net:
         reuse = {n.name: (n.layer, [tuple(b.shape) for b in n.bottoms], [tuple(t.shape) for t in n.tops])
                  for n in old.layers if not n.bottoms or n.type == "Python"}
         reuse[node.name] = (node.layer, reuse[node.name][1] if node.name in reuse else None, shapes)
-        node.layer.shapes = shapes          # a Python layer's bound
-        graph = build_graph(old.param, self.phase, self._dtype, self.device, self._setup_shapes, reuse)
+        bound, node.layer.shapes = node.layer.shapes, shapes      # a Python layer's bound
+        try:
+            graph = build_graph(old.param, self.phase, self._dtype, self.device, self._setup_shapes, reuse)
+            for n in graph.layers:
+                mine, theirs = [tuple(d.shape) for d, _ in n.params], [p[0].shape for p in params.get(n.name, [])]
+                if mine != theirs:
+                    raise n.layer.error(f'{what} in layer "{node.name}" would change its parameter shapes '
+                                        f"{theirs} -> {mine}")
+        except BaseException:
+            node.layer.shapes = bound
+            raise
         self.release()
         self._finalizer()                   # the old blocks (host homes included) back to the pools
         _give_back_dropped()
-        self.graph = graph
         log.info('layer "%s" (%s): %s; the net is planned again for it (its peak was %s)', node.name, node.type,
                  what, fmt_bytes(old_peak))
-        self.place(self._make_plan(*self._plan_args), fill=False)
-        for n in graph.layers:
-            if n.name in rngs:
-                n.layer.rng = rngs[n.name]
-            for blob, (data, diff) in zip(n.layer.blobs, params.get(n.name, ())):
-                if tuple(blob.data.shape) != data.shape:
-                    raise n.layer.error(f"{what} changes its parameter shapes {data.shape} -> {blob.data.shape}")
-                transfer(blob.data, data)
-                if diff is not None and blob.diff is not None:
-                    transfer(blob.diff, diff)
+        self.graph = graph
+        try:
+            plan = self._make_plan(*self._plan_args)
+        except BaseException:               # the net as it was (its plan fits again), then the error
+            self.graph, graph, node.layer.shapes = old, old, bound
+            plan = self.plan
+            raise
+        finally:
+            self.place(plan, fill=False)
+            for n in graph.layers:
+                if n.name in rngs:
+                    n.layer.rng = rngs[n.name]
+                for blob, (data, diff) in zip(n.layer.blobs, params.get(n.name, ())):
+                    transfer(blob.data, data)
+                    if diff is not None and blob.diff is not None:
+                        transfer(blob.diff, diff)
         instrs = select(self.plan.schedule)
         at = next(k for k, ins in enumerate(instrs) if ins.kind == "run" and not ins.recompute
                   and ins.op.kind == "forward" and ins.op.node.name == node.name)

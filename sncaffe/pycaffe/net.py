@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import net as _sn
+from ..dynamic import Grown
 from ..layers.python_layer import BlobVec, BlobView
 from ..layers.structure import transfer
 from ..proto import sncaffe_pb2 as pb
@@ -54,7 +55,12 @@ def _install_callbacks(sn_net):
         if i is not None:
             for run in callbacks.get(f"before_{op.kind}", ()):
                 run(i)
-        run_op(op, recompute, *args)
+        try:
+            run_op(op, recompute, *args)
+        except Grown:               # the layer ran; the net plans again before the next one
+            for run in callbacks.get(f"after_{op.kind}", ()) if i is not None else ():
+                run(i)
+            raise
         if i is not None:
             for run in callbacks.get(f"after_{op.kind}", ()):
                 run(i)

@@ -224,6 +224,8 @@ class Solver:
         them in the order the plans assume: train net, test nets; the history comes after."""
         history = self._history_bytes(self.net.graph)
         nets = [self.net] + self.test_nets
+        for net in nets:            # their blocks, the history's and the solver's views are planned together
+            net.plans_alone = False
         if not self.test_nets:
             hosted = self.net.host_params
             plans = [self.net.make_plan(None, [] if hosted else history, history if hosted else 0)]

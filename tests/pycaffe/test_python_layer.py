@@ -415,3 +415,16 @@ def test_python_top_outgrowing_its_block_plans_the_net_again(batches, layer, mem
     assert [g for _, g, _, _ in peaks] == [False, True, False, False, True]     # a bound grows; smaller fit
     assert [(m, p) for _, grew, m, p in peaks if not grew] == [(p, p) for _, grew, m, p in peaks if not grew]
     assert net._net.graph.blobs["data"].shape == (9, 3)        # the bound the plan is made for
+
+
+def test_a_solver_net_whose_python_top_outgrows_its_block_is_a_clear_error(batches):
+    """A solver plans its nets together, so its train net cannot be planned again alone."""
+    (batches / "grow.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4,6"))
+    (batches / "solver.prototxt").write_text(f'net: "{batches / "grow.prototxt"}" base_lr: 0.1 lr_policy: "fixed" '
+                                             f'max_iter: 2 display: 0 snapshot_after_train: false')
+    solver = caffe.SGDSolver(str(batches / "solver.prototxt"))
+    solver.step(1)                  # 4 items, as planned; the next batch has 6
+    with pytest.raises(LayerError, match=r'grow.prototxt:2: layer "data" \(Python\): top "data" to \(6, 3\) '
+                                         r'\(planned \(4, 3\)\), top "label" to \(6,\) \(planned \(4,\)\): this net '
+                                         r"is planned with its solver's nets"):
+        solver.step(1)

@@ -328,6 +328,23 @@ def _net(param, res, phase, **kw) -> Net:
                host_params=param.memory_param.host_params, **kw)
 
 
+def _accumulate(sums, ragged, name, values, batch):
+    """Add a batch's output to its sum; an output whose number of values changes between batches
+    (a Faster R-CNN's scores, one row per proposal) is averaged over all its values instead:
+    ragged[name] = [sum, count]."""
+    seen = sums.get(name)
+    if name not in ragged and (seen is None or seen.shape == values.shape):
+        sums[name] = values if seen is None else seen + values
+        return
+    if name not in ragged:
+        log.warning('output "%s" has %d values in batch %d, %d in those before: its mean over all its values '
+                    "is reported", name, values.size, batch, seen.size)
+        ragged[name] = [float(seen.sum()), seen.size * batch]
+        del sums[name]
+    ragged[name][0] += float(values.sum())
+    ragged[name][1] += values.size
+
+
 def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console=None,
           ap_version="Integral") -> dict:
     """Forward ``iterations`` batches and average every output blob, like ``caffe test``;
@@ -348,7 +365,7 @@ def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console
                       if net.graph.blobs[name].producer.type == "DetectionEvaluate"}
         log.info("Running for %d iterations.", iterations)
         bar = con.progress(iterations, desc="test")
-        sums, loss = {}, 0.0
+        sums, ragged, loss = {}, {}, 0.0
         try:
             for i in range(iterations):
                 if feed:
@@ -361,7 +378,7 @@ def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console
                         if not con.bar:
                             log.info("Batch %d, %s: %d rows", i, name, values.size // 5)
                         continue
-                    sums[name] = sums.get(name, 0) + values
+                    _accumulate(sums, ragged, name, values, i)
                     if not con.bar:
                         for v in values[:MAX_LOGGED]:
                             log.info("Batch %d, %s = %s", i, name, _g(v))
@@ -372,7 +389,8 @@ def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console
             bar.close()
         log.info("Loss: %s", _g(loss / iterations))
         weights_of = net.loss_weights
-        means = {name: sums[name] / iterations for name in names if name not in detections}
+        means = {name: sums[name] / iterations for name in sums}
+        means.update((name, np.array([total / count])) for name, (total, count) in ragged.items())
         for name, found in detections.items():
             means[name] = np.array([found.mean_ap(ap_version)[0]])
             log.info("%s: mean average precision (%s) over %d classes", name, ap_version, len(found.num_pos))

@@ -118,7 +118,9 @@ class Net:
         self.graph = build_graph(param, phase, dtype, device, setup_shapes)
         self._dtype, self._setup_shapes = dtype, setup_shapes
         self.replan_hooks = []          # called after the net is planned again mid-pass (pycaffe's views)
-        self.plans_alone = True         # False: planned with others (a solver's nets), never planned again alone
+        # A solver's nets share the pool with the history and each other: () -> the bytes the others
+        # still need beside this net's plan when it is planned again (None: a net planned alone)
+        self.replan_reserve = None
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
         self.devices = {"": device}
@@ -455,9 +457,15 @@ class Net:
             shapes[i] = shape
         what = ", ".join(f'top "{node.tops[i].name}" to {s} (planned {tuple(node.tops[i].shape)})'
                          for i, s in grown.shapes.items())
-        if not self.plans_alone or getattr(self, "_plan_args", None) is None:
-            raise node.layer.error(f"{what}: this net is planned with its solver's nets, so it cannot be "
-                                   f"planned again alone; give the top its largest shape in the layer's first reshape")
+        if self.replan_reserve is not None:         # the history and the other nets' blocks stay where they are
+            plan_args = (self.memory, self.replan_reserve(), 0)
+        else:
+            plan_args = getattr(self, "_plan_args", None)
+        if plan_args is None or self.host_params:
+            raise node.layer.error(f"{what}: the net cannot be planned again "
+                                   + ("with its parameters on the host" if self.host_params else
+                                      "(it was planned by another)")
+                                   + "; give the top its largest shape in the layer's first reshape")
         self.executor.synchronize()
         values = self._carried(index[node.name])
         params = {n.name: [(_host(b.data), _host(b.diff)) for b in n.layer.blobs] for n in old.layers if n.layer.blobs}
@@ -476,20 +484,21 @@ class Net:
         except BaseException:
             node.layer.shapes = bound
             raise
-        self.release()
-        self._finalizer()                   # the old blocks (host homes included) back to the pools
-        _give_back_dropped()
+        states = list(self._state_blocks)  # a solver's history, kept where it is
+        self.release()                      # every block of the plan (no host homes: see above)
+        self._finalizer.detach()
         log.info('layer "%s" (%s): %s; the net is planned again for it (its peak was %s)', node.name, node.type,
                  what, fmt_bytes(old_peak))
         self.graph = graph
         try:
-            plan = self._make_plan(*self._plan_args)
+            plan = self._make_plan(*plan_args)
         except BaseException:               # the net as it was (its plan fits again), then the error
             self.graph, graph, node.layer.shapes = old, old, bound
             plan = self.plan
             raise
         finally:
             self.place(plan, fill=False)
+            self._state_blocks.extend(states)
             for n in graph.layers:
                 if n.name in rngs:
                     n.layer.rng = rngs[n.name]

@@ -417,14 +417,44 @@ def test_python_top_outgrowing_its_block_plans_the_net_again(batches, layer, mem
     assert net._net.graph.blobs["data"].shape == (9, 3)        # the bound the plan is made for
 
 
-def test_a_solver_net_whose_python_top_outgrows_its_block_is_a_clear_error(batches):
-    """A solver plans its nets together, so its train net cannot be planned again alone."""
-    (batches / "grow.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4,6"))
-    (batches / "solver.prototxt").write_text(f'net: "{batches / "grow.prototxt"}" base_lr: 0.1 lr_policy: "fixed" '
-                                             f'max_iter: 2 display: 0 snapshot_after_train: false')
+@pytest.mark.parametrize("tested", [False, True])
+def test_a_solver_trains_through_batches_that_outgrow_their_blocks(batches, tested):
+    """A solver's train net planned again beside the history (and a test net's blocks): SGD with
+    momentum over batches of 4, 6, 3 and 9 items matches NumPy's, step by step."""
+    (batches / "grow.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4,6,3,9"))
+    test = (f'test_net: "{batches / "grow.prototxt"}" test_iter: 1 test_interval: 2 test_initialization: false '
+            if tested else "")
+    (batches / "solver.prototxt").write_text(f'train_net: "{batches / "grow.prototxt"}" {test}base_lr: 0.5 '
+                                             f'momentum: 0.9 lr_policy: "fixed" max_iter: 4 display: 0 '
+                                             f'snapshot_after_train: false')
     solver = caffe.SGDSolver(str(batches / "solver.prototxt"))
-    solver.step(1)                  # 4 items, as planned; the next batch has 6
-    with pytest.raises(LayerError, match=r'grow.prototxt:2: layer "data" \(Python\): top "data" to \(6, 3\) '
-                                         r'\(planned \(4, 3\)\), top "label" to \(6,\) \(planned \(4,\)\): this net '
-                                         r"is planned with its solver's nets"):
+    w, b = (np.array(a.data, np.float64) for a in solver.net.params["ip"])
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    plans = {id(solver.net.memory_plan)}
+    for n in (4, 6, 3, 9):
         solver.step(1)
+        plans.add(id(solver.net.memory_plan))
+        layer = solver.net.layer_dict["data"]
+        x, y = layer.x.astype(np.float64), layer.y.astype(int)
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert solver.net.blobs["loss"].data.item() == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-4)
+        p[np.arange(n), y] -= 1
+        vw, vb = 0.9 * vw + 0.5 * p.T @ x / n, 0.9 * vb + 0.5 * p.sum(0) / n
+        w, b = w - vw, b - vb
+        np.testing.assert_allclose(solver.net.params["ip"][0].data, w, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(solver.net.params["ip"][1].data, b, rtol=1e-4, atol=1e-6)
+    assert len(plans) == 3                  # planned for 4, then 6, then 9 items
+    if tested:                  # its test net (tested with 4 items at iteration 2) takes 6 now, and shares
+        net = solver.test_nets[0]
+        loss = net.forward()["loss"]
+        layer = net.layer_dict["data"]
+        x, y = layer.x.astype(np.float64), layer.y.astype(int)
+        assert x.shape == (6, 3) and net.blobs["data"].shape == (6, 3)
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert loss == pytest.approx(-np.log(p[np.arange(6), y]).mean(), rel=1e-4)
+        solver.step(1)                      # the train net's parameters, seen by the test net
+        assert net.params["ip"][0].data is solver.net.params["ip"][0].data

@@ -98,7 +98,7 @@ class Net:
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
                  weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
-                 devices=None, defer=False, setup_shapes=None):
+                 devices=None, defer=False, setup_shapes=None, reuse=None):
         _give_back_dropped()
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
@@ -114,8 +114,8 @@ class Net:
         if memory is None:              # standalone: the net's own memory_param, else auto
             memory = memory_mode(param)
             host_params = host_params or param.memory_param.host_params
-        # a GPU's layers size cuDNN's workspaces; setup_shapes: see build_graph
-        self.graph = build_graph(param, phase, dtype, device, setup_shapes)
+        # a GPU's layers size cuDNN's workspaces; setup_shapes, reuse: see build_graph
+        self.graph = build_graph(param, phase, dtype, device, setup_shapes, reuse)
         self._dtype, self._setup_shapes = dtype, setup_shapes
         self.replan_hooks = []          # called after the net is planned again mid-pass (pycaffe's views)
         # A solver's nets share the pool with the history and each other: () -> the bytes the others

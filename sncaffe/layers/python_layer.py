@@ -203,7 +203,8 @@ class Python(Layer):
     def setup(self, bottom_shapes):
         dtype = np.float32
         bottoms = RawBlobVec(BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes))
-        tops = [_Shaped(n, None, dtype) for n in self.param.top]
+        bounds = self.shapes if self._set_up else [None] * len(self.param.top)   # set up again: its tops' bounds
+        tops = [_Shaped(n, s, dtype) for n, s in zip(self.param.top, bounds)]
         top_views = RawBlobVec(t.view() for t in tops)
         if not self._set_up:           # set up again (a net planned again): Caffe's Reshape alone
             self._call("setup", bottoms, top_views)

@@ -391,8 +391,11 @@ class Net:
                     lp.input_param.shape.add().dim.extend(int(d) for d in dims)
         old, staged = self._net, self._staged
         kept_shapes = {n.name: self._setup_shapes[n.name] for n in old.graph.layers[upto + 1:]}
+        # Python layers keep their objects (their state, the bounds their tops grew to), as in Caffe
+        reuse = {n.name: (n.layer, [tuple(b.shape) for b in n.bottoms], [tuple(t.shape) for t in n.tops])
+                 for n in old.graph.layers if n.type == "Python"}
         try:
-            new = self._build(raw, defer=True, setup_shapes=kept_shapes)     # the graph only: the old net
+            new = self._build(raw, defer=True, setup_shapes=kept_shapes, reuse=reuse)   # the graph only: the old net
             _check_param_shapes(old, new)                                   # stays usable where this fails
         except BaseException:
             self._staged = {}           # the inputs as they were, with the net
@@ -403,7 +406,7 @@ class Net:
         try:
             new.place(new.make_plan())
         except BaseException:           # the net as it was (the same plan fits again), then the error
-            self._bind(self._build(self._raw))
+            self._bind(self._build(self._raw, reuse=reuse))
             self._refill(old, params, inputs)
             raise
         self._raw = raw

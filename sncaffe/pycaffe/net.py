@@ -9,7 +9,8 @@ expect. Under a constrained mode (``liveness``, ``offload``, ``recompute``,
 schedule's memory instructions in full and run only the chosen layers. After an
 input blob's ``reshape``, a forward sets up only the layers up to its end for
 the new shapes (as Caffe's Forward reshapes the layers it runs); the layers
-after keep their shapes until a forward runs them.
+after keep their shapes until a forward runs them. Python layers keep their
+objects through a reshape, as Caffe keeps its layers.
 """
 from __future__ import annotations
 

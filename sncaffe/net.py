@@ -533,35 +533,76 @@ class Net:
 
     def _restore(self, prefix, values, rest, what):
         """Replay ``prefix`` (the new plan's steps up to the grown layer) with each layer's forward
-        replaced by the values the pass had computed; a value the rest of the pass reads and the
-        old plan did not keep is an error naming it."""
-        needed, written = set(), set()          # read by the rest before it writes them
+        replaced by the values the pass had computed. A layer runs again instead where the value
+        the new plan wants of it is not among them: a state an in-place layer overwrote later (a
+        pre-ReLU output the plan copies for recomputation), or a tensor the old plan dropped that
+        the rest of the pass reads; a data or Python layer is never run twice (an error names it)."""
+        value_of = {}                           # id(root) -> the value the pass had at the grown layer
+        for n in self.graph.layers:
+            for t in n.tops:
+                v = values.get(("blob", t.name))
+                if v is not None:
+                    value_of[id(t.data.root)] = v
+            for k, st in n.scratch.items():
+                v = values.get(("scratch", n.name, k))
+                if v is not None:
+                    value_of[id(st.root)] = v
+        final, before, cur, demands = {}, {}, {}, []     # cur: id(root) -> the run that wrote it last
+        for k, ins in enumerate(prefix):
+            if ins.kind == "run" and ins.op.kind == "forward" and not ins.recompute:
+                before[k] = [(id(r), cur.get(id(r))) for r, _ in op_tensors(ins.op, ("reads",))]
+                for r, _ in op_tensors(ins.op, ("writes",)):
+                    cur[id(r)] = final[id(r)] = k
+            elif ins.kind in ("snapshot", "offload"):        # copies the tensor's state at this step
+                root = ins.tensor if ins.kind == "snapshot" else (ins.source or ins.tensor)
+                demands.append((id(root), cur.get(id(root))))
+        written = set()                          # the rest of the pass: what it reads before writing
         for ins in rest:
             if ins.kind == "run":
-                for root, write in op_tensors(ins.op):
-                    if write:
-                        written.add(id(root))
-                    elif id(root) not in written:
-                        needed.add(id(root))
+                demands += [(id(r), final.get(id(r))) for r, _ in op_tensors(ins.op, ("reads",))
+                            if id(r) not in written]
+                written.update(id(r) for r, _ in op_tensors(ins.op, ("writes",)))
+            elif ins.kind in ("restore", "prefetch"):
+                written.add(id(ins.source if ins.kind == "prefetch" and ins.source else ins.tensor))
+        real = set()
+
+        def demand(root, k):
+            if k is not None and (final.get(root) != k or root not in value_of):
+                real.add(k)
+        for root, k in demands:
+            demand(root, k)
+        for k in sorted(before, reverse=True):   # what a layer run again reads, as it was then
+            if k in real:
+                node = prefix[k].op.node
+                if not node.bottoms or node.type == "Python":
+                    missing = [t.name for t in node.tops if id(t.data.root) not in value_of]
+                    if missing:
+                        raise node.layer.error(f'{what}: planning again in the middle of the pass needs its '
+                                               f'top "{missing[0]}", which memory mode "{self.plan.mode}" did not '
+                                               f"keep, and the layer cannot run twice; use memory mode none or "
+                                               f"liveness, or give the grown top its largest shape in the layer's "
+                                               f"first reshape")
+                    real.discard(k)
+                    continue
+                for root, w in before[k]:
+                    demand(root, w)
+        again = {id(prefix[k].op) for k in real}
 
         def fill(op, recompute=False, workspace=None, chunk=None):
             n = op.node
             if op.kind != "forward" or recompute:
                 return
+            if id(op) in again:
+                return self._run_op(op, recompute, workspace, chunk)
             for t, blob in zip(n.tops, n.top_blobs):
-                v = values.get(("blob", blob.name))
+                v = value_of.get(id(t.data.root))
                 if v is None:
-                    if id(t.data.root) in needed:
-                        raise n.layer.error(f'{what}: planning again in the middle of the pass needs its top '
-                                            f'"{blob.name}", which memory mode "{self.plan.mode}" did not keep; '
-                                            f"use memory mode none or liveness, or give the grown top its largest "
-                                            f"shape in the layer's first reshape")
                     continue
                 if tuple(blob.data.shape) != v.shape:        # a shape of this forward (sncaffe.dynamic)
                     self.shapes.reshape_top(n, n.top_blobs.index(blob), v.shape)
                 transfer(blob.data, v)
             for k, a in n.layer.scratch.items():
-                v = values.get(("scratch", n.name, k))
+                v = value_of.get(id(n.scratch[k].root))
                 if v is not None and a is not None and a.shape == v.shape:
                     transfer(a, v)
         self.executor.run_op = fill
@@ -569,6 +610,8 @@ class Net:
             self.executor.execute(prefix)
         finally:
             self.executor.run_op = self._run_op
+        if again:
+            log.info("%d layers before it ran again for the new plan", len(again))
 
     @property
     def batch_size(self) -> int:

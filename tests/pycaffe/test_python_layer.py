@@ -324,6 +324,26 @@ class Batches(caffe.Layer):
         pass
 
 
+class Repeat(caffe.Layer):
+    """Its bottom repeated k times along axis 0, k = 1, 2, 3, ... in turn (set in forward)."""
+
+    def setup(self, bottom, top):
+        self.k = 0
+        top[0].reshape(*bottom[0].data.shape)
+
+    def reshape(self, bottom, top):
+        pass
+
+    def forward(self, bottom, top):
+        self.k += 1
+        top[0].reshape(self.k * bottom[0].data.shape[0], *bottom[0].data.shape[1:])
+        top[0].data[...] = np.concatenate([bottom[0].data] * self.k)
+
+    def backward(self, top, propagate_down, bottom):
+        n = bottom[0].data.shape[0]
+        bottom[0].diff[...] = top[0].diff.reshape(self.k, n, *bottom[0].data.shape[1:]).sum(0)
+
+
 class ReshapesInForward(Batches):
     """Its tops keep their first shapes in reshape and take each batch's in forward."""
 
@@ -458,3 +478,53 @@ def test_a_solver_trains_through_batches_that_outgrow_their_blocks(batches, test
         assert loss == pytest.approx(-np.log(p[np.arange(6), y]).mean(), rel=1e-4)
         solver.step(1)                      # the train net's parameters, seen by the test net
         assert net.params["ip"][0].data is solver.net.params["ip"][0].data
+
+
+REPEAT_NET = """force_backward: true
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "c" type: "Convolution" bottom: "x" top: "c"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "r" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "c2" type: "Convolution" bottom: "c" top: "c2"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "p" type: "Pooling" bottom: "c2" top: "p" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "rep" type: "Python" bottom: "p" top: "q" python_param { module: "batches" layer: "Repeat" } }
+layer { name: "ip" type: "InnerProduct" bottom: "q" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "Reduction" bottom: "ip" top: "loss" reduction_param { operation: SUMSQ } loss_weight: 1 }
+"""
+
+
+def _repeat_steps(mode):
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.net import Net
+    from sncaffe.prototxt import parse_text
+    from sncaffe.proto import sncaffe_pb2 as pb
+    net = Net(parse_text(REPEAT_NET, pb.NetParameter()), "TRAIN", device=CPUDevice("64MiB"), memory=mode, seed=1)
+    rng = np.random.default_rng(0)
+    steps = []
+    for _ in range(3):                  # the Python layer's top outgrows its block at every step
+        net.blobs["x"].data[...] = rng.standard_normal((4, 3, 8, 8))
+        net.clear_param_diffs()
+        loss = net.forward()
+        net.backward()
+        steps.append((loss, net.blobs["x"].diff.copy(), {k: b[0].diff.copy() for k, b in net.params.items()}))
+    return steps, net.plan
+
+
+@pytest.mark.parametrize("mode", ["liveness", "offload", "recompute", "all"])
+def test_growth_mid_net_gives_every_memory_mode_the_gradients_of_none(batches, mode, caplog):
+    """The pass goes on in a new plan from a layer in the middle of the net: what the old plan had
+    dropped or overwritten in place (ReLU on the convolution's output, copied before it for
+    recomputation) runs again, the rest is carried over."""
+    want, _ = _repeat_steps("none")
+    with caplog.at_level(logging.INFO, logger="sncaffe"):
+        got, plan = _repeat_steps(mode)
+    assert caplog.text.count("planned again") == 2
+    if mode == "recompute":
+        assert "c" in plan.dropped and "layers before it ran again for the new plan" in caplog.text
+    for (loss, dx, grads), (loss2, dx2, grads2) in zip(want, got):
+        assert loss2 == pytest.approx(loss, rel=1e-5)
+        np.testing.assert_allclose(dx2, dx, rtol=1e-4, atol=1e-6)
+        for k in grads:
+            np.testing.assert_allclose(grads2[k], grads[k], rtol=1e-4, atol=1e-6)

@@ -203,10 +203,11 @@ class Python(Layer):
     def setup(self, bottom_shapes):
         dtype = np.float32
         bottoms = RawBlobVec(BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes))
-        bounds = self.shapes if self._set_up else [None] * len(self.param.top)   # set up again: its tops' bounds
+        # Set up again (its net rebuilt, the object kept): Caffe's Reshape alone, from the tops' bounds
+        bounds = self.shapes if self._set_up else [None] * len(self.param.top)
         tops = [_Shaped(n, s, dtype) for n, s in zip(self.param.top, bounds)]
         top_views = RawBlobVec(t.view() for t in tops)
-        if not self._set_up:           # set up again (a net planned again): Caffe's Reshape alone
+        if not self._set_up:
             self._call("setup", bottoms, top_views)
             self._set_up = True
         self._call("reshape", bottoms, top_views)

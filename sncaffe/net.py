@@ -461,11 +461,12 @@ class Net:
             plan_args = (self.memory, self.replan_reserve(), 0)
         else:
             plan_args = getattr(self, "_plan_args", None)
-        if plan_args is None or self.host_params:
-            raise node.layer.error(f"{what}: the net cannot be planned again "
-                                   + ("with its parameters on the host" if self.host_params else
-                                      "(it was planned by another)")
-                                   + "; give the top its largest shape in the layer's first reshape")
+        why = ("with its parameters on the host" if self.host_params else
+               "over several locations (replicas, placed layers)" if len(self.devices) > 1 else
+               "(it was planned by another)" if plan_args is None else None)
+        if why:
+            raise node.layer.error(f"{what}: the net cannot be planned again {why}; give the top its largest "
+                                   f"shape in the layer's first reshape")
         self.executor.synchronize()
         values = self._carried(index[node.name])
         params = {n.name: [(_host(b.data), _host(b.diff)) for b in n.layer.blobs] for n in old.layers if n.layer.blobs}

@@ -528,3 +528,19 @@ def test_growth_mid_net_gives_every_memory_mode_the_gradients_of_none(batches, m
         np.testing.assert_allclose(dx2, dx, rtol=1e-4, atol=1e-6)
         for k in grads:
             np.testing.assert_allclose(grads2[k], grads[k], rtol=1e-4, atol=1e-6)
+
+
+def test_growth_over_several_locations_is_a_clear_error(batches):
+    """A net placed over locations is not planned again (its Copy operators and workers)."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.net import Net
+    from sncaffe.prototxt import parse_text
+    from sncaffe.proto import sncaffe_pb2 as pb
+    text = (BATCHES_NET % ("Batches", "4,6")).replace('layer { name: "ip" type: "InnerProduct"',
+                                                     'layer { name: "ip" type: "InnerProduct" location: "cpu:1"')
+    net = Net(parse_text(text, pb.NetParameter()), "TRAIN", device=CPUDevice("16MiB"),
+              devices={"cpu:1": CPUDevice("16MiB")})
+    net.forward()
+    with pytest.raises(LayerError, match=r'layer "data" \(Python\): top "data" to \(6, 3\) \(planned \(4, 3\)\).*: '
+                                         r"the net cannot be planned again over several locations"):
+        net.forward()

@@ -538,7 +538,7 @@ class Net:
         the new plan wants of it is not among them: a state an in-place layer overwrote later (a
         pre-ReLU output the plan copies for recomputation), or a tensor the old plan dropped that
         the rest of the pass reads; a data or Python layer is never run twice (an error names it)."""
-        value_of = {}                           # id(root) -> the value the pass had at the grown layer
+        value_of = {}                           # id(root) -> a value the pass had for it at the grown layer
         for n in self.graph.layers:
             for t in n.tops:
                 v = values.get(("blob", t.name))
@@ -595,15 +595,15 @@ class Net:
                 return
             if id(op) in again:
                 return self._run_op(op, recompute, workspace, chunk)
-            for t, blob in zip(n.tops, n.top_blobs):
-                v = value_of.get(id(t.data.root))
+            for blob in n.top_blobs:
+                v = values.get(("blob", blob.name))      # by name: views of one root (Reshape) differ in shape
                 if v is None:
                     continue
                 if tuple(blob.data.shape) != v.shape:        # a shape of this forward (sncaffe.dynamic)
                     self.shapes.reshape_top(n, n.top_blobs.index(blob), v.shape)
                 transfer(blob.data, v)
             for k, a in n.layer.scratch.items():
-                v = value_of.get(id(n.scratch[k].root))
+                v = values.get(("scratch", n.name, k))
                 if v is not None and a is not None and a.shape == v.shape:
                     transfer(a, v)
         self.executor.run_op = fill

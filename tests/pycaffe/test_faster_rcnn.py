@@ -54,7 +54,7 @@ def private_device(monkeypatch):
 def fill_weights(net):
     """He's weights (objectness then varies), small box deltas, BatchNorm's statistics 0 and 1
     (the published test nets have no fillers: their weights come from a .caffemodel)."""
-    types = {name: layer.type for name, layer in net.layer_dict.items()}
+    types = getattr(net, "layer_types", None) or {name: layer.type for name, layer in net.layer_dict.items()}
     for i, (name, blobs) in enumerate(net.params.items()):
         rng = np.random.default_rng(i)
         if types[name] == "BatchNorm":
@@ -169,3 +169,29 @@ def test_rfcn_resnet50_test_net_with_proposals_of_changing_number(rpn_module, tm
                                    rtol=1e-5, atol=1e-6)
         assert net.blobs["bbox_pred"].data.shape == (len(rois), 8)
     detect_images(net, device, caplog, check)
+
+
+def test_vgg16_faster_rcnn_forward_and_backward_on_synthetic_inputs(rpn_module, tmp_path):
+    """What ``sncaffe time`` runs: synthetic inputs (im_info the image's size, so the proposals lie in
+    it), a forward whose rois outgrow their block, then a backward through every layer, the RPN's
+    Reshape views of the convolution's output included."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.data.synthetic import SyntheticInputs
+    from sncaffe.net import Net
+    param = read_text(narrow_net(VGG16_TEST, tmp_path), pb.NetParameter())
+    param.force_backward = True
+    net = Net(param, "TEST", device=CPUDevice("256MiB"), memory="none")
+    fill_weights(net)
+    SyntheticInputs(0)(net)
+    assert net.blobs["im_info"].data.tolist() == [[224, 224, 1]]
+    net.forward()
+    rois = net.blobs["rois"].data
+    assert len(rois) > 1 and net.graph.blobs["rois"].shape == rois.shape        # planned again for them
+    assert net.blobs["rpn_cls_score"].data.shape == (1, 18, 14, 14)
+    assert net.blobs["rpn_cls_score_reshape"].data.shape == (1, 2, 126, 14)
+    rng = np.random.default_rng(1)
+    for name in net.outputs:
+        net.blobs[name].diff[...] = rng.standard_normal(net.blobs[name].diff.shape)
+    net.backward()
+    assert np.isfinite(net.blobs["data"].diff).all() and np.abs(net.blobs["data"].diff).sum() > 0
+    assert np.abs(net.params["conv5_3"][0].diff).sum() > 0 and np.abs(net.params["fc6"][0].diff).sum() > 0

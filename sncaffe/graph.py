@@ -215,7 +215,7 @@ def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None, 
     name -> the bottom shapes to set that layer up for instead of its bottoms' (pycaffe's
     partial forward reshapes only the layers it runs; the others keep their shapes, as in Caffe).
     ``reuse``: layer name -> (layer, bottom shapes, top shapes) of a net being planned again
-    (Net's growth): that layer object is kept, its state with it, and where its bottoms have
+    (sncaffe.dynamic.grow): that layer object is kept, its state with it, and where its bottoms have
     those shapes it keeps those tops without being set up again."""
     dtype = np.dtype(dtype)
     setup_shapes, reuse = setup_shapes or {}, reuse or {}

@@ -25,8 +25,7 @@ from .plan.report import plan_line
 from .runtime.spill import spill_of, spill_room
 from .sizes import fmt_bytes
 from .upgrade import upgrade_net
-from .dynamic import DynamicShapes, Grown
-from .plan.liveness import op_tensors
+from .dynamic import DynamicShapes, Grown, grow
 from .graph import build_graph
 from .layers.base import Blob, array_module
 from .layers.structure import transfer
@@ -79,13 +78,6 @@ def _give_back_dropped():
             spill_of(device).free(off)
         else:
             getattr(device, method)(off)
-
-
-def _host(a):
-    """A host copy of a NumPy or CuPy array (None stays None)."""
-    if a is None:
-        return None
-    return a.get() if hasattr(a, "get") else np.array(a)
 
 
 class Net:
@@ -154,7 +146,7 @@ class Net:
 
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve, host_reserve=0):
-        self._plan_args = (memory, reserve, host_reserve)      # a net planned alone can plan again (_grow)
+        self._plan_args = (memory, reserve, host_reserve)      # a net planned alone can plan again (dynamic.grow)
         capacity, kw = self.budgets()
         kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
@@ -415,7 +407,7 @@ class Net:
                 self.device.synchronize()
             name = op.name + (" (recompute)" if recompute else "")
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-        if self.shapes.grown_node is not None:      # a top outgrew its block: plan again (_grow)
+        if self.shapes.grown_node is not None:      # a top outgrew its block: plan again (dynamic.grow)
             raise Grown(self.shapes.grown_node, dict(self.shapes.grown))
 
     _timings = None
@@ -433,186 +425,13 @@ class Net:
 
     def execute(self, select):
         """Run the instructions ``select(schedule)`` takes from the plan's schedule; where a layer's
-        top outgrows its planned block, plan again and go on (``_grow``)."""
+        top outgrows its planned block, plan again and go on (sncaffe.dynamic.grow)."""
         instrs = select(self.plan.schedule)
         while True:
             try:
                 return self.executor.execute(instrs)
             except Grown as grown:
-                instrs = self._grow(grown, select)
-
-    # -- growth: a top larger than planned ------------------------------------------
-    def _grow(self, grown, select):
-        """Caffe reshapes every layer before its Forward, so a top reshaped in a forward gives the
-        layers after it new shapes. Where it outgrew its planned block, the net is planned again
-        with the new shape as that top's bound (later, smaller shapes are views of it, see
-        sncaffe.dynamic): what the pass computed so far is carried into the new plan's blocks,
-        and the rest of the pass, in the new plan, is returned. Data and Python layers keep
-        their objects (their state: a data cursor, a Python layer's attributes)."""
-        node = grown.node
-        old, old_peak = self.graph, self.plan.peak
-        index = {n.name: i for i, n in enumerate(old.layers)}
-        shapes = [tuple(t.shape) for t in node.tops]
-        for i, shape in grown.shapes.items():
-            shapes[i] = shape
-        what = ", ".join(f'top "{node.tops[i].name}" to {s} (planned {tuple(node.tops[i].shape)})'
-                         for i, s in grown.shapes.items())
-        if self.replan_reserve is not None:         # the history and the other nets' blocks stay where they are
-            plan_args = (self.memory, self.replan_reserve(), 0)
-        else:
-            plan_args = getattr(self, "_plan_args", None)
-        why = ("with its parameters on the host" if self.host_params else
-               "over several locations (replicas, placed layers)" if len(self.devices) > 1 else
-               "(it was planned by another)" if plan_args is None else None)
-        if why:
-            raise node.layer.error(f"{what}: the net cannot be planned again {why}; give the top its largest "
-                                   f"shape in the layer's first reshape")
-        self.executor.synchronize()
-        values = self._carried(index[node.name])
-        params = {n.name: [(_host(b.data), _host(b.diff)) for b in n.layer.blobs] for n in old.layers if n.layer.blobs}
-        rngs = {n.name: n.layer.rng for n in old.layers if getattr(n.layer, "rng", None) is not None}
-        reuse = {n.name: (n.layer, [tuple(b.shape) for b in n.bottoms], [tuple(t.shape) for t in n.tops])
-                 for n in old.layers if not n.bottoms or n.type == "Python"}
-        reuse[node.name] = (node.layer, reuse[node.name][1] if node.name in reuse else None, shapes)
-        bound, node.layer.shapes = node.layer.shapes, shapes      # a Python layer's bound
-        try:
-            graph = build_graph(old.param, self.phase, self._dtype, self.device, self._setup_shapes, reuse)
-            for n in graph.layers:
-                mine, theirs = [tuple(d.shape) for d, _ in n.params], [p[0].shape for p in params.get(n.name, [])]
-                if mine != theirs:
-                    raise n.layer.error(f'{what} in layer "{node.name}" would change its parameter shapes '
-                                        f"{theirs} -> {mine}")
-        except BaseException:
-            node.layer.shapes = bound
-            raise
-        states = list(self._state_blocks)  # a solver's history, kept where it is
-        self.release()                      # every block of the plan (no host homes: see above)
-        self._finalizer.detach()
-        log.info('layer "%s" (%s): %s; the net is planned again for it (its peak was %s)', node.name, node.type,
-                 what, fmt_bytes(old_peak))
-        self.graph = graph
-        try:
-            plan = self._make_plan(*plan_args)
-        except BaseException:               # the net as it was (its plan fits again), then the error
-            self.graph, graph, node.layer.shapes = old, old, bound
-            plan = self.plan
-            raise
-        finally:
-            self.place(plan, fill=False)
-            self._state_blocks.extend(states)
-            for n in graph.layers:
-                if n.name in rngs:
-                    n.layer.rng = rngs[n.name]
-                for blob, (data, diff) in zip(n.layer.blobs, params.get(n.name, ())):
-                    transfer(blob.data, data)
-                    if diff is not None and blob.diff is not None:
-                        transfer(blob.diff, diff)
-        instrs = select(self.plan.schedule)
-        at = next(k for k, ins in enumerate(instrs) if ins.kind == "run" and not ins.recompute
-                  and ins.op.kind == "forward" and ins.op.node.name == node.name)
-        self._restore(instrs[:at + 1], values, instrs[at + 1:] + list(self.plan.schedule.backward), what)
-        for hook in self.replan_hooks:
-            hook()
-        return instrs[at + 1:]
-
-    def _carried(self, upto):
-        """Host copies of what layers 0..upto computed in this pass: {("blob", name) or
-        ("scratch", layer, key): array}; a value offloaded to the host tier is read there."""
-        values, ex = {}, self.executor
-        for n in self.graph.layers[:upto + 1]:
-            for t, blob in zip(n.tops, n.top_blobs):
-                if blob.data is not None:
-                    values[("blob", blob.name)] = _host(blob.data)
-                elif id(t.data.root) in ex.host:
-                    root = t.data.root
-                    values[("blob", blob.name)] = np.array(ex.host[id(root)][1][:root.nbytes].view(root.dtype)
-                                                           .reshape(root.shape))
-            for k, a in n.layer.scratch.items():
-                if a is not None:
-                    values[("scratch", n.name, k)] = _host(a)
-        return values
-
-    def _restore(self, prefix, values, rest, what):
-        """Replay ``prefix`` (the new plan's steps up to the grown layer) with each layer's forward
-        replaced by the values the pass had computed. A layer runs again instead where the value
-        the new plan wants of it is not among them: a state an in-place layer overwrote later (a
-        pre-ReLU output the plan copies for recomputation), or a tensor the old plan dropped that
-        the rest of the pass reads; a data or Python layer is never run twice (an error names it)."""
-        value_of = {}                           # id(root) -> a value the pass had for it at the grown layer
-        for n in self.graph.layers:
-            for t in n.tops:
-                v = values.get(("blob", t.name))
-                if v is not None:
-                    value_of[id(t.data.root)] = v
-            for k, st in n.scratch.items():
-                v = values.get(("scratch", n.name, k))
-                if v is not None:
-                    value_of[id(st.root)] = v
-        final, before, cur, demands = {}, {}, {}, []     # cur: id(root) -> the run that wrote it last
-        for k, ins in enumerate(prefix):
-            if ins.kind == "run" and ins.op.kind == "forward" and not ins.recompute:
-                before[k] = [(id(r), cur.get(id(r))) for r, _ in op_tensors(ins.op, ("reads",))]
-                for r, _ in op_tensors(ins.op, ("writes",)):
-                    cur[id(r)] = final[id(r)] = k
-            elif ins.kind in ("snapshot", "offload"):        # copies the tensor's state at this step
-                root = ins.tensor if ins.kind == "snapshot" else (ins.source or ins.tensor)
-                demands.append((id(root), cur.get(id(root))))
-        written = set()                          # the rest of the pass: what it reads before writing
-        for ins in rest:
-            if ins.kind == "run":
-                demands += [(id(r), final.get(id(r))) for r, _ in op_tensors(ins.op, ("reads",))
-                            if id(r) not in written]
-                written.update(id(r) for r, _ in op_tensors(ins.op, ("writes",)))
-            elif ins.kind in ("restore", "prefetch"):
-                written.add(id(ins.source if ins.kind == "prefetch" and ins.source else ins.tensor))
-        real = set()
-
-        def demand(root, k):
-            if k is not None and (final.get(root) != k or root not in value_of):
-                real.add(k)
-        for root, k in demands:
-            demand(root, k)
-        for k in sorted(before, reverse=True):   # what a layer run again reads, as it was then
-            if k in real:
-                node = prefix[k].op.node
-                if not node.bottoms or node.type == "Python":
-                    missing = [t.name for t in node.tops if id(t.data.root) not in value_of]
-                    if missing:
-                        raise node.layer.error(f'{what}: planning again in the middle of the pass needs its '
-                                               f'top "{missing[0]}", which memory mode "{self.plan.mode}" did not '
-                                               f"keep, and the layer cannot run twice; use memory mode none or "
-                                               f"liveness, or give the grown top its largest shape in the layer's "
-                                               f"first reshape")
-                    real.discard(k)
-                    continue
-                for root, w in before[k]:
-                    demand(root, w)
-        again = {id(prefix[k].op) for k in real}
-
-        def fill(op, recompute=False, workspace=None, chunk=None):
-            n = op.node
-            if op.kind != "forward" or recompute:
-                return
-            if id(op) in again:
-                return self._run_op(op, recompute, workspace, chunk)
-            for blob in n.top_blobs:
-                v = values.get(("blob", blob.name))      # by name: views of one root (Reshape) differ in shape
-                if v is None:
-                    continue
-                if tuple(blob.data.shape) != v.shape:        # a shape of this forward (sncaffe.dynamic)
-                    self.shapes.reshape_top(n, n.top_blobs.index(blob), v.shape)
-                transfer(blob.data, v)
-            for k, a in n.layer.scratch.items():
-                v = values.get(("scratch", n.name, k))
-                if v is not None and a is not None and a.shape == v.shape:
-                    transfer(a, v)
-        self.executor.run_op = fill
-        try:
-            self.executor.execute(prefix)
-        finally:
-            self.executor.run_op = self._run_op
-        if again:
-            log.info("%d layers before it ran again for the new plan", len(again))
+                instrs = grow(self, grown, select)
 
     @property
     def batch_size(self) -> int:

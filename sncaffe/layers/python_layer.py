@@ -12,7 +12,7 @@ A top may get a new shape in that ``reshape``, or in ``forward`` as py-faster-rc
 proposal layer does (Caffe reshapes every layer before its Forward): the layer is
 ``data_dependent``, so sncaffe.dynamic views the top in its new shape inside its planned
 block and sets the later layers up again; a top that outgrows its block makes the net plan
-again with the new shape as its bound (sncaffe.net's growth, logged). Its tops, bottoms
+again with the new shape as its bound (sncaffe.dynamic.grow, logged). Its tops, bottoms
 and learnable blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors
 planned like any other, and what the object keeps on itself is its own Python memory. It
 is never recomputed unless its class says ``recomputable = True``: then the

@@ -435,22 +435,27 @@ class Net:
     @contextlib.contextmanager
     def _fusions(self, kind, lo, hi):
         """Fused layers (graph.Fusion, graph.EltwiseReLU) run as one only where both are in the pass."""
-        fusions = self._net.graph.fusions
-        for f in fusions:
-            setattr(f, kind, f.on(kind) and lo <= self._index[f.first.name] and self._index[f.last.name] <= hi)
+        self._set_fusions(kind, lo, hi)
         try:
             yield
         finally:
-            for f in fusions:
+            for f in self._net.graph.fusions:       # the graph's now (a net planned again has new ones)
                 setattr(f, kind, f.on(kind))
+
+    def _set_fusions(self, kind, lo, hi):
+        for f in self._net.graph.fusions:
+            setattr(f, kind, f.on(kind) and lo <= self._index[f.first.name] and self._index[f.last.name] <= hi)
 
     def _forward(self, start, end):
         self._reshape(end)
         net = self._net
         if net.executor.busy:
             net.executor.reset()        # the last forward had no backward
+        def select(schedule):           # also the rest of a pass planned again: its graph's fused layers
+            self._set_fusions("forward", start, end)
+            return self._select(schedule.forward, start, end)
         with self._fusions("forward", start, end):
-            net.execute(lambda schedule: self._select(schedule.forward, start, end))
+            net.execute(select)
         self._forwarded = True
 
     def _backward(self, start, end):

@@ -93,6 +93,9 @@ FLAGS = {
     "stage": (["--stage"], dict(action="append", default=[], help="a net stage (NetState.stage); repeat for "
                                                                   "more")),
     "level": (["--level"], dict(type=int, help="the net level (NetState.level)")),
+    "ap_version": (["--ap-version"], dict(default="Integral", choices=run.AP_VERSIONS, help=(
+        "how a DetectionEvaluate output's mean average precision is computed, as SSD's solver setting "
+        "(default: %(default)s)"))),
     "iterations": (["--iterations", "-n"], dict(type=int, default=50, metavar="N",
                                                 help="batches to run (default: %(default)s)")),
     "phase": (["--phase"], dict(default="TEST", choices=["TRAIN", "TEST"], help="the net's phase (default: "
@@ -141,7 +144,8 @@ def cmd_train(args) -> int:
 def cmd_test(args) -> int:
     """Score a net: average every output over ``iterations`` batches, like ``caffe test``."""
     with args.console as con:
-        run.score(net_param(args), resources(args), args.phase, args.weights, args.iterations, args.seed or 0, con)
+        run.score(net_param(args), resources(args), args.phase, args.weights, args.iterations, args.seed or 0, con,
+                  args.ap_version)
     return 0
 
 
@@ -192,7 +196,7 @@ COMMANDS = [
                                                 "solver_mode and device_id, else cpu)")),
       "host_params", "replicas", "trace", "trace_iter", "bucket_mb", "comm_timeout", *STATE, "metrics"]),
     ("test", cmd_test, "score a net: average its outputs over batches (like caffe test)", [NET],
-     ["weights", "iterations", "phase", "batch", "seed", *DEVICE, *STATE]),
+     ["weights", "iterations", "phase", "batch", "seed", "ap_version", *DEVICE, *STATE]),
     ("time", cmd_time, "time forward and backward per layer (like caffe time)", [NET],
      ["iterations", ("phase", dict(default="TRAIN")), "batch", "weights", *DEVICE, *STATE]),
     ("plan", cmd_plan, "say whether a net fits, and simulate one training iteration's memory in every mode",

@@ -209,13 +209,16 @@ def _describe(bottom: BlobNode) -> str:
     return f'"{bottom.name}" {tuple(bottom.shape)} from layer "{p.name}" ({p.type})'
 
 
-def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None) -> Graph:
+def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None, reuse=None) -> Graph:
     """The graph of ``param`` for ``target``: the device it will run on (or a planning target;
     None: the CPU), which each layer's setup sizes its workspaces for. ``setup_shapes``: layer
     name -> the bottom shapes to set that layer up for instead of its bottoms' (pycaffe's
-    partial forward reshapes only the layers it runs; the others keep their shapes, as in Caffe)."""
+    partial forward reshapes only the layers it runs; the others keep their shapes, as in Caffe).
+    ``reuse``: layer name -> (layer, bottom shapes, top shapes) of a net being planned again
+    (sncaffe.dynamic.grow): that layer object is kept, its state with it, and where its bottoms have
+    those shapes it keeps those tops without being set up again."""
     dtype = np.dtype(dtype)
-    setup_shapes = setup_shapes or {}
+    setup_shapes, reuse = setup_shapes or {}, reuse or {}
     lacking = unsupported.missing((lp.defined_at, lp.name, lp.type) for lp in param.layer)
     if lacking:                                 # all of them at once, not the first alone
         raise GraphError(unsupported.message(lacking))
@@ -226,8 +229,9 @@ def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None) 
     learnable, owners = [], {}                  # Caffe's learnable_params; ParamSpec name -> owner
     for lp in param.layer:
         where = located(lp)
+        kept = reuse.get(lp.name)
         try:
-            layer = create_layer(lp, phase)
+            layer = kept[0] if kept is not None else create_layer(lp, phase)
         except LayerError as e:
             raise GraphError(where + str(e)) from None
         missing = [b for b in lp.bottom if b not in blobs]
@@ -240,7 +244,10 @@ def build_graph(param, phase, dtype=np.float32, target=None, setup_shapes=None) 
             check_fields(lp, layer.error)
             layer.check_counts(len(bottoms), len(lp.top))
             shapes = setup_shapes.get(lp.name) or [b.shape for b in bottoms]
-            top_shapes = [tuple(int(d) for d in s) for s in layer.setup(shapes)]
+            if kept is not None and [tuple(s) for s in shapes] == kept[1]:
+                top_shapes = kept[2]
+            else:
+                top_shapes = [tuple(int(d) for d in s) for s in layer.setup(shapes)]
             for name, shape in zip(lp.top, top_shapes):
                 check_shape(shape, f'top "{name}"', layer.error)
             for i, shape in enumerate(layer.param_shapes):

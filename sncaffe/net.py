@@ -25,7 +25,7 @@ from .plan.report import plan_line
 from .runtime.spill import spill_of, spill_room
 from .sizes import fmt_bytes
 from .upgrade import upgrade_net
-from .dynamic import DynamicShapes
+from .dynamic import DynamicShapes, Grown, grow
 from .graph import build_graph
 from .layers.base import Blob, array_module
 from .layers.structure import transfer
@@ -90,7 +90,7 @@ class Net:
 
     def __init__(self, source, phase="TRAIN", device=None, stages=(), level=None,
                  weights=None, seed=0, dtype=np.float32, memory=None, reserve=0, host_params=False,
-                 devices=None, defer=False, setup_shapes=None):
+                 devices=None, defer=False, setup_shapes=None, reuse=None):
         _give_back_dropped()
         phase = _phase(phase)
         if isinstance(source, pb.NetParameter):
@@ -106,8 +106,13 @@ class Net:
         if memory is None:              # standalone: the net's own memory_param, else auto
             memory = memory_mode(param)
             host_params = host_params or param.memory_param.host_params
-        # a GPU's layers size cuDNN's workspaces; setup_shapes: see build_graph
-        self.graph = build_graph(param, phase, dtype, device, setup_shapes)
+        # a GPU's layers size cuDNN's workspaces; setup_shapes, reuse: see build_graph
+        self.graph = build_graph(param, phase, dtype, device, setup_shapes, reuse)
+        self._dtype, self._setup_shapes = dtype, setup_shapes
+        self.replan_hooks = []          # called after the net is planned again mid-pass (pycaffe's views)
+        # A solver's nets share the pool with the history and each other: () -> the bytes the others
+        # still need beside this net's plan when it is planned again (None: a net planned alone)
+        self.replan_reserve = None
         self.name = param.name
         # One device per location (model parallelism); "" is the default device.
         self.devices = {"": device}
@@ -123,8 +128,9 @@ class Net:
         if weights is not None:
             self.copy_from(weights)
 
-    def place(self, plan):
-        """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled."""
+    def place(self, plan, fill=True):
+        """Bind the net to ``plan``: its persistent tensors allocated now, parameters filled
+        (``fill``; else the caller fills them)."""
         self.plan = plan
         self.host_params = bool(plan.host_params)      # auto may have chosen them
         # The arena the plan placed its blocks in: the runtime's allocator then places each
@@ -135,10 +141,12 @@ class Net:
             log.info("binding %s: %s of persistent tensors, %.1f M parameters filled", self.name or "the net",
                      fmt_bytes(plan.persistent_bytes), n / 1e6)
         self._bind()
-        self.init_params(self.seed)
+        if fill:
+            self.init_params(self.seed)
 
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve, host_reserve=0):
+        self._plan_args = (memory, reserve, host_reserve)      # a net planned alone can plan again (dynamic.grow)
         capacity, kw = self.budgets()
         kw.update(host_params=self.host_params, host_extra=host_reserve)
         if memory == "auto":
@@ -399,6 +407,8 @@ class Net:
                 self.device.synchronize()
             name = op.name + (" (recompute)" if recompute else "")
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+        if self.shapes.grown_node is not None:      # a top outgrew its block: plan again (dynamic.grow)
+            raise Grown(self.shapes.grown_node, dict(self.shapes.grown))
 
     _timings = None
     step_hook = None        # called after every operator with (op, recompute): progress within a pass
@@ -408,10 +418,20 @@ class Net:
             self.executor.reset()       # the last forward had no backward
         self._timings = timings
         try:
-            self.executor.execute(self.plan.schedule.forward)
+            self.execute(lambda schedule: schedule.forward)
         finally:
             self._timings = None
         return self.loss()
+
+    def execute(self, select):
+        """Run the instructions ``select(schedule)`` takes from the plan's schedule; where a layer's
+        top outgrows its planned block, plan again and go on (sncaffe.dynamic.grow)."""
+        instrs = select(self.plan.schedule)
+        while True:
+            try:
+                return self.executor.execute(instrs)
+            except Grown as grown:
+                instrs = grow(self, grown, select)
 
     @property
     def batch_size(self) -> int:

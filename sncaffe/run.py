@@ -36,6 +36,7 @@ from .runtime.budget import process_memory
 from .runtime.spill import spill_peak
 from .sizes import fmt_bytes
 from .solvers import Solver, SolverParamError
+from .solvers.detection_eval import AP_VERSIONS, DetectionScores
 from .solvers.solver import history_bytes, upgrade_snapshot_prefix
 from .solvers.update import RULES
 from .validate import PrototxtError
@@ -327,9 +328,29 @@ def _net(param, res, phase, **kw) -> Net:
                host_params=param.memory_param.host_params, **kw)
 
 
-def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console=None) -> dict:
+def _accumulate(sums, ragged, name, values, batch):
+    """Add a batch's output to its sum; an output whose number of values changes between batches
+    (a Faster R-CNN's scores, one row per proposal) is averaged over all its values instead:
+    ragged[name] = [sum, count]."""
+    seen = sums.get(name)
+    if name not in ragged and (seen is None or seen.shape == values.shape):
+        sums[name] = values if seen is None else seen + values
+        return
+    if name not in ragged:
+        log.warning('output "%s" has %d values in batch %d, %d in those before: its mean over all its values '
+                    "is reported", name, values.size, batch, seen.size)
+        ragged[name] = [float(seen.sum()), seen.size * batch]
+        del sums[name]
+    ragged[name][0] += float(values.sum())
+    ragged[name][1] += values.size
+
+
+def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console=None,
+          ap_version="Integral") -> dict:
     """Forward ``iterations`` batches and average every output blob, like ``caffe test``;
-    logs each batch's values and the means; returns {output: mean array}."""
+    logs each batch's values and the means; returns {output: mean array}. A DetectionEvaluate's
+    rows, whose number changes with every batch, are gathered instead and scored as SSD's solver
+    scores its test nets: {output: [mean average precision]} (``ap_version``)."""
     con = console or Console(False)
     if not weights:
         log.warning("no --weights: scoring the net's initial (random) parameters")
@@ -340,9 +361,11 @@ def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console
             feed = SyntheticInputs(seed)
             log.info("Input layers get synthetic data: %s", SyntheticInputs.describe(net))
         names = sorted(net.outputs)           # Caffe's order: a std::set of names
+        detections = {name: DetectionScores() for name in names
+                      if net.graph.blobs[name].producer.type == "DetectionEvaluate"}
         log.info("Running for %d iterations.", iterations)
         bar = con.progress(iterations, desc="test")
-        sums, loss = {}, 0.0
+        sums, ragged, loss = {}, {}, 0.0
         try:
             for i in range(iterations):
                 if feed:
@@ -350,7 +373,12 @@ def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console
                 loss += net.forward()
                 for name in names:
                     values = np.asarray(net.output(name), dtype=np.float64).ravel()
-                    sums[name] = sums.get(name, 0) + values
+                    if name in detections:
+                        detections[name].add(values)
+                        if not con.bar:
+                            log.info("Batch %d, %s: %d rows", i, name, values.size // 5)
+                        continue
+                    _accumulate(sums, ragged, name, values, i)
                     if not con.bar:
                         for v in values[:MAX_LOGGED]:
                             log.info("Batch %d, %s = %s", i, name, _g(v))
@@ -361,7 +389,12 @@ def score(param, res, phase="TEST", weights=None, iterations=50, seed=0, console
             bar.close()
         log.info("Loss: %s", _g(loss / iterations))
         weights_of = net.loss_weights
-        means = {name: sums[name] / iterations for name in names}
+        means = {name: sums[name] / iterations for name in sums}
+        means.update((name, np.array([total / count])) for name, (total, count) in ragged.items())
+        for name, found in detections.items():
+            means[name] = np.array([found.mean_ap(ap_version)[0]])
+            log.info("%s: mean average precision (%s) over %d classes", name, ap_version, len(found.num_pos))
+        means = {name: means[name] for name in names}
         for name, m in means.items():
             w = weights_of.get(name, 0.0)
             for v in m[:MAX_LOGGED]:

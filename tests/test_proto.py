@@ -293,3 +293,23 @@ def test_the_forks_binary_layers_parse():
     for l in net.layer[4:]:          # moved: the fork's block is no sncaffe fork field here
         assert not any(l.HasField(f) for f in ("bn_param", "upsample_param", "dense_image_data_param",
                                                "interp_param"))
+
+
+def test_an_rfcn_ohem_caffemodel_loads(tmp_path):
+    """caffe-rfcn numbers box_annotator_ohem_param 10000, sncaffe's location: a model trained with
+    BoxAnnotatorOHEM loads its weights by layer name, the block never read as a location."""
+    import numpy as np
+    from sncaffe import Net
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.prototxt import parse_text
+    weights = np.arange(6, dtype=np.float32)
+    blob = _field(7, _field(1, 3) + _field(1, 2)) + _field(5, weights.tobytes())      # shape [3, 2]
+    ohem = _field(1, 128) + _field(2, (1 << 64) - 1)          # roi_per_img: 128, ignore_label: -1
+    wire = (_field(100, _field(1, "ip") + _field(2, "InnerProduct") + _field(7, blob))
+            + _field(100, _field(1, "annotator_detector") + _field(2, "BoxAnnotatorOHEM") + _field(10000, ohem)))
+    (tmp_path / "rfcn_ohem.caffemodel").write_bytes(wire)
+    net = Net(parse_text('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } } '
+                         'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+                         'inner_product_param { num_output: 3 bias_term: false } }', pb.NetParameter()),
+              "TEST", device=CPUDevice("16MiB"), weights=str(tmp_path / "rfcn_ohem.caffemodel"))
+    np.testing.assert_array_equal(net.params["ip"][0].data, weights.reshape(3, 2))

@@ -47,3 +47,32 @@ def test_train_and_score_as_the_command_line_does(tmp_path, monkeypatch):
     means = score(net_param("tiny.prototxt", batch=2), Resources(memory="none"), weights="m/t_iter_3.caffemodel",
                   iterations=2)
     assert set(means) == {"loss"} and means["loss"].shape == (1,)
+
+
+ROWS = '''
+import sncaffe.pycaffe as caffe
+
+class Rows(caffe.Layer):
+    """Batch k: 2 + k rows of 2 values, each k + 1 (param_str "fixed": 2 rows always)."""
+    def setup(self, bottom, top):
+        self.k = 0
+    def reshape(self, bottom, top):
+        top[0].reshape(2 if self.param_str == "fixed" else 2 + self.k, 2)
+    def forward(self, bottom, top):
+        top[0].data[...] = self.k + 1
+        self.k += 1
+'''
+
+
+@pytest.mark.parametrize("rows,want", [("fixed", [2.0] * 4), ("growing", [(4 * 1 + 6 * 2 + 8 * 3) / 18])])
+def test_score_averages_outputs_whose_size_changes_over_all_their_values(tmp_path, monkeypatch, caplog, rows,
+                                                                         want):
+    """As a Faster R-CNN's scores, one row per proposal: Caffe's element-wise mean has no meaning."""
+    (tmp_path / "rows_layer.py").write_text(ROWS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    net = parse_text(f'layer {{ name: "rows" type: "Python" top: "x" python_param {{ module: "rows_layer" '
+                     f'layer: "Rows" param_str: "{rows}" }} }} '
+                     f'layer {{ name: "y" type: "Power" bottom: "x" top: "y" }}', pb.NetParameter())
+    means = score(net, Resources(memory="none"), iterations=3)
+    assert list(means) == ["y"] and means["y"].tolist() == pytest.approx(want)
+    assert ('output "y" has 6 values in batch 1, 4 in those before' in caplog.text) == (rows == "growing")

@@ -195,3 +195,27 @@ def test_solver_scores_the_test_net_by_mean_average_precision(trained, tmp_path,
     p.eval_type = "segmentation"
     with pytest.raises(ValueError, match='eval_type "segmentation"'):
         Solver(p, device=CPUDevice(256 << 20))
+
+
+def test_sncaffe_test_scores_detection_evaluate_as_the_solver_does(trained, tmp_path):
+    """``sncaffe test`` on SSD's test net: DetectionEvaluate's rows (their number changes with every
+    batch) are gathered into the mean average precision the solver's test gives on the same data."""
+    from sncaffe.run import Resources, score
+    _, weights = trained
+    listfile, _ = write_set(tmp_path / "images", 6, seed=7)
+    assert create_annoset.main([str(tmp_path / "images") + "/", str(listfile), str(tmp_path / "lmdb")]) == 0
+    p = parse_text(f"""base_lr: 0.01 lr_policy: "fixed" max_iter: 1 display: 0 test_iter: 2 test_interval: 100
+        test_initialization: false snapshot_prefix: "{tmp_path / 'snap'}" eval_type: "detection"
+        ap_version: "11point" """, pb.SolverParameter())
+    p.train_net_param.CopyFrom(parse_text(train_net(tmp_path / "lmdb"), pb.NetParameter()))
+    p.test_net_param.add().CopyFrom(parse_text(eval_net(tmp_path / "lmdb", 3), pb.NetParameter()))
+    solver = Solver(p, device=CPUDevice(256 << 20))
+    solver.net.copy_from(str(weights))
+    want = solver.test(0)["detection_eval"]
+    means = score(parse_text(eval_net(tmp_path / "lmdb", 3), pb.NetParameter()), Resources(memory="none"),
+                  weights=str(weights), iterations=2, ap_version="11point")
+    assert list(means) == ["detection_eval"] and means["detection_eval"].shape == (1,)
+    assert means["detection_eval"][0] == pytest.approx(want, rel=1e-6) and 0.3 < want <= 1
+    integral = score(parse_text(eval_net(tmp_path / "lmdb", 3), pb.NetParameter()), Resources(memory="none"),
+                     weights=str(weights), iterations=2)["detection_eval"][0]
+    assert integral != pytest.approx(want, rel=1e-6)       # the version is the one asked for

@@ -1,4 +1,5 @@
-"""Synthetic batches for a net's Input blobs: data N(0,1), labels integers in [0, classes)."""
+"""Synthetic batches for a net's Input blobs: data N(0,1), labels integers in [0, classes), and a
+Faster R-CNN's ``im_info`` the image's height, width and scale 1."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,6 +32,16 @@ def label_classes(net) -> dict:
     return out
 
 
+def _image_info(net, name):
+    """(height, width, 1) for py-faster-rcnn's and R-FCN's ``im_info`` input, (N, 3) beside a 4-D
+    image input; else None."""
+    shape = net.blobs[name].data.shape
+    if name != "im_info" or len(shape) != 2 or shape[1] != 3:
+        return None
+    images = [net.blobs[n].data.shape for n in net.inputs if net.blobs[n].data.ndim == 4]
+    return (images[0][2], images[0][3], 1) if images else None
+
+
 class SyntheticInputs:
     """Fills a net's Input blobs: data N(0,1), labels integers in [0, classes) (0 when unknown).
 
@@ -61,6 +72,8 @@ class SyntheticInputs:
             shape = (b * ranks, *data.shape[1:]) if data.ndim else data.shape
             if name in labels:
                 x = rng.integers(max(labels[name], 1), size=shape)
+            elif _image_info(net, name):        # its proposals then lie in the image, as in a real pass
+                x = np.broadcast_to(np.array(_image_info(net, name), np.float64), shape)
             else:
                 x = rng.standard_normal(shape)
             data[...] = array_module(data).asarray(x[rank * b:(rank + 1) * b] if data.ndim else x,
@@ -70,5 +83,7 @@ class SyntheticInputs:
     def describe(net) -> str:
         labels = label_classes(net)
         parts = [f"{n}: integers in [0, {labels[n]})" if labels.get(n) else
-                 f"{n}: 0" if n in labels else f"{n}: N(0,1)" for n in net.inputs]
+                 f"{n}: 0" if n in labels else
+                 f"{n}: the image's height, width and scale {_image_info(net, n)}" if _image_info(net, n) else
+                 f"{n}: N(0,1)" for n in net.inputs]
         return ", ".join(parts)

@@ -8,11 +8,11 @@ it. The object gets pycaffe's calls with pycaffe's blobs (``BlobView``):
 blobs carry shapes and read-only zeros), where ``top[i].reshape(...)``
 declares the top shapes the memory plan is made for; ``reshape`` again before
 every ``forward(bottom, top)``, and ``backward(top, propagate_down, bottom)``.
-A top may get a new shape in that ``reshape`` (a batch of another size): the
-layer is ``data_dependent``, so sncaffe.dynamic views the top in its new shape
-inside its planned block and sets the later layers up again. The planned block
-bounds it: a top may shrink below its first shape, never grow beyond it (a
-clear error then), and ``forward`` may not reshape a top. Its tops, bottoms
+A top may get a new shape in that ``reshape``, or in ``forward`` as py-faster-rcnn's
+proposal layer does (Caffe reshapes every layer before its Forward): the layer is
+``data_dependent``, so sncaffe.dynamic views the top in its new shape inside its planned
+block and sets the later layers up again; a top that outgrows its block makes the net plan
+again with the new shape as its bound (sncaffe.dynamic.grow, logged). Its tops, bottoms
 and learnable blobs (``self.blobs.add_blob(...)`` in setup) are pool tensors
 planned like any other, and what the object keeps on itself is its own Python memory. It
 is never recomputed unless its class says ``recomputable = True``: then the
@@ -167,6 +167,8 @@ class Python(Layer):
     type = "Python"
     data_dependent = True       # reshape may give the tops new shapes at every forward (sncaffe.dynamic)
     _reshaped = False           # top_shapes has just called the object's reshape
+    _set_up = False             # the object's setup has run
+    reshape_top = None          # (index, shape) -> None: sncaffe.dynamic's, for a top reshaped in forward
 
     def __init__(self, param, phase=0):
         super().__init__(param, phase)
@@ -201,9 +203,13 @@ class Python(Layer):
     def setup(self, bottom_shapes):
         dtype = np.float32
         bottoms = RawBlobVec(BlobView(_Shaped(n, s, dtype)) for n, s in zip(self.param.bottom, bottom_shapes))
-        tops = [_Shaped(n, None, dtype) for n in self.param.top]
+        # Set up again (its net rebuilt, the object kept): Caffe's Reshape alone, from the tops' bounds
+        bounds = self.shapes if self._set_up else [None] * len(self.param.top)
+        tops = [_Shaped(n, s, dtype) for n, s in zip(self.param.top, bounds)]
         top_views = RawBlobVec(t.view() for t in tops)
-        self._call("setup", bottoms, top_views)
+        if not self._set_up:
+            self._call("setup", bottoms, top_views)
+            self._set_up = True
         self._call("reshape", bottoms, top_views)
         unset = [t.name for t in tops if t.data is None]
         if unset:
@@ -229,12 +235,6 @@ class Python(Layer):
         tops = [_Shaped(n, s, np.float32) for n, s in zip(self.param.top, self.shapes)]
         self.obj.blobs[:] = [BlobView(b) for b in self.blobs]
         self._call("reshape", self._views(bottom), RawBlobVec(t.view() for t in tops))
-        for t, planned in zip(tops, self.shapes):
-            n, room = int(np.prod(t.shape, dtype=np.int64)), int(np.prod(planned, dtype=np.int64))
-            if n > room:
-                raise self.error(f'reshape gave top "{t.name}" the shape {t.shape} ({n} elements), more than '
-                                 f"the {room} of its planned shape {planned}: memory is planned for the shapes "
-                                 f"the first reshape gives (at setup); a top may shrink at run time, not grow")
         self._reshaped = True
         return [t.shape for t in tops]
 
@@ -242,13 +242,16 @@ class Python(Layer):
         self.obj.blobs[:] = [BlobView(b) for b in self.blobs]     # rebound by the memory runtime
         bottoms = self._views(bottom)
 
-        def in_forward(blob):
-            def refuse(shape):
-                if shape != tuple(blob.shape):
-                    raise self.error(f'forward reshaped top "{blob.name}" from {tuple(blob.shape)} to {shape}: '
-                                     f"set top shapes in reshape(), which runs before every forward")
-            return refuse
-        tops = RawBlobVec(BlobView(b, in_forward(b)) for b in top)
+        def in_forward(i, blob):
+            def reshape(shape):
+                if shape == tuple(blob.shape):
+                    return
+                if self.reshape_top is None:        # run alone (the gradient checker): no net to plan again
+                    raise self.error(f'forward reshaped top "{blob.name}" from {tuple(blob.shape)} to {shape} '
+                                     f"outside a net")
+                self.reshape_top(i, shape)
+            return reshape
+        tops = RawBlobVec(BlobView(b, in_forward(i, b)) for i, b in enumerate(top))
         if not self._reshaped:          # not run by sncaffe.dynamic just before (the gradient checker)
             self._call("reshape", bottoms, self._views(top))
         self._reshaped = False

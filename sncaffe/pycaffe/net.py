@@ -9,17 +9,20 @@ expect. Under a constrained mode (``liveness``, ``offload``, ``recompute``,
 schedule's memory instructions in full and run only the chosen layers. After an
 input blob's ``reshape``, a forward sets up only the layers up to its end for
 the new shapes (as Caffe's Forward reshapes the layers it runs); the layers
-after keep their shapes until a forward runs them.
+after keep their shapes until a forward runs them. Python layers keep their
+objects through a reshape, as Caffe keeps its layers.
 """
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from .. import net as _sn
+from ..dynamic import Grown
 from ..layers.python_layer import BlobVec, BlobView
 from ..layers.structure import transfer
 from ..proto import sncaffe_pb2 as pb
@@ -53,7 +56,12 @@ def _install_callbacks(sn_net):
         if i is not None:
             for run in callbacks.get(f"before_{op.kind}", ()):
                 run(i)
-        run_op(op, recompute, *args)
+        try:
+            run_op(op, recompute, *args)
+        except Grown:               # the layer ran; the net plans again before the next one
+            for run in callbacks.get(f"after_{op.kind}", ()) if i is not None else ():
+                run(i)
+            raise
         if i is not None:
             for run in callbacks.get(f"after_{op.kind}", ()):
                 run(i)
@@ -166,6 +174,9 @@ class Net:
     def _bind(self, sn_net, shaped=None):
         """Wrap ``sn_net``; ``shaped``: the index of the last layer set up for the current input
         shapes (None: all of them), the layers after it set up for ``_setup_shapes``."""
+        if sn_net is not getattr(self, "_net", None):       # weakly: the net must not keep this view alive
+            replanned = weakref.WeakMethod(self._replanned)
+            sn_net.replan_hooks.append(lambda: replanned() and replanned()())
         self._net = sn_net
         self._staged = {}
         self._forwarded = False
@@ -184,6 +195,15 @@ class Net:
                                                  lambda node=node, i=i: node.params[i][0].shape)
                                             for i in range(len(node.layer.blobs)))
         self._params = params
+
+    def _replanned(self):
+        """``_net`` was planned again in the middle of a forward (a top outgrew its block): the
+        views of its new layers, its callbacks on its new executor."""
+        forwarded = self._forwarded
+        self._bind(self._net, self._shaped)
+        self._forwarded = forwarded
+        if self._net.__dict__.get("pycaffe_callbacks"):
+            _install_callbacks(self._net)
 
     # -- pycaffe's properties -------------------------------------------------
     @property
@@ -372,8 +392,11 @@ class Net:
                     lp.input_param.shape.add().dim.extend(int(d) for d in dims)
         old, staged = self._net, self._staged
         kept_shapes = {n.name: self._setup_shapes[n.name] for n in old.graph.layers[upto + 1:]}
+        # Python layers keep their objects (their state, the bounds their tops grew to), as in Caffe
+        reuse = {n.name: (n.layer, [tuple(b.shape) for b in n.bottoms], [tuple(t.shape) for t in n.tops])
+                 for n in old.graph.layers if n.type == "Python"}
         try:
-            new = self._build(raw, defer=True, setup_shapes=kept_shapes)     # the graph only: the old net
+            new = self._build(raw, defer=True, setup_shapes=kept_shapes, reuse=reuse)   # the graph only: the old net
             _check_param_shapes(old, new)                                   # stays usable where this fails
         except BaseException:
             self._staged = {}           # the inputs as they were, with the net
@@ -384,7 +407,7 @@ class Net:
         try:
             new.place(new.make_plan())
         except BaseException:           # the net as it was (the same plan fits again), then the error
-            self._bind(self._build(self._raw))
+            self._bind(self._build(self._raw, reuse=reuse))
             self._refill(old, params, inputs)
             raise
         self._raw = raw
@@ -412,22 +435,27 @@ class Net:
     @contextlib.contextmanager
     def _fusions(self, kind, lo, hi):
         """Fused layers (graph.Fusion, graph.EltwiseReLU) run as one only where both are in the pass."""
-        fusions = self._net.graph.fusions
-        for f in fusions:
-            setattr(f, kind, f.on(kind) and lo <= self._index[f.first.name] and self._index[f.last.name] <= hi)
+        self._set_fusions(kind, lo, hi)
         try:
             yield
         finally:
-            for f in fusions:
+            for f in self._net.graph.fusions:       # the graph's now (a net planned again has new ones)
                 setattr(f, kind, f.on(kind))
+
+    def _set_fusions(self, kind, lo, hi):
+        for f in self._net.graph.fusions:
+            setattr(f, kind, f.on(kind) and lo <= self._index[f.first.name] and self._index[f.last.name] <= hi)
 
     def _forward(self, start, end):
         self._reshape(end)
         net = self._net
         if net.executor.busy:
             net.executor.reset()        # the last forward had no backward
+        def select(schedule):           # also the rest of a pass planned again: its graph's fused layers
+            self._set_fusions("forward", start, end)
+            return self._select(schedule.forward, start, end)
         with self._fusions("forward", start, end):
-            net.executor.execute(self._select(net.plan.schedule.forward, start, end))
+            net.execute(select)
         self._forwarded = True
 
     def _backward(self, start, end):

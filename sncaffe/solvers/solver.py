@@ -35,7 +35,9 @@ import itertools
 import logging
 import math
 import os
+import weakref
 from collections import OrderedDict, namedtuple
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +127,12 @@ def history_blocks(graph, n_history, dtype=np.float32) -> list:
 
 def history_bytes(graph, n_history, dtype=np.float32) -> int:
     return sum(align(b) for b in history_blocks(graph, n_history, dtype))
+
+
+def _others_need(net, nets) -> int:
+    """The bytes the nets of a solver other than ``net`` allocate only while they run (a test
+    net's activations; their parameters and the history are allocated already)."""
+    return max((o.plan.peak - o.plan.persistent_bytes for o in nets if o is not net), default=0)
 
 
 class Solver:
@@ -224,6 +232,11 @@ class Solver:
         them in the order the plans assume: train net, test nets; the history comes after."""
         history = self._history_bytes(self.net.graph)
         nets = [self.net] + self.test_nets
+        for net in nets:            # planned again alone (a top outgrew its block), beside the others' blocks
+            net.replan_reserve = partial(_others_need, net, nets)
+        replanned = weakref.WeakMethod(self._replanned)
+        for net in nets:
+            net.replan_hooks.append(lambda: replanned() and replanned()())
         if not self.test_nets:
             hosted = self.net.host_params
             plans = [self.net.make_plan(None, [] if hosted else history, history if hosted else 0)]
@@ -306,6 +319,13 @@ class Solver:
             for j, b in enumerate(src):
                 if mine[j].data is not b.data:
                     mine[j] = Blob(mine[j].name, b.data, mine[j].diff)
+
+    def _replanned(self):
+        """A net was planned again in the middle of a pass: the train net's parameters are new
+        blobs, which the test nets use."""
+        self._learnable = self._learnable_params()
+        for net in self.test_nets:
+            self._share_trained_layers(net)
 
     def _learnable_params(self):
         """Every parameter blob in the net's order (Caffe's learnable_params), with its multipliers;

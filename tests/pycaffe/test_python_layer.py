@@ -1,5 +1,6 @@
 """Python layers (type "Python") as pycaffe defines them: a data layer, a loss layer, a layer with
 learnable blobs; checked by the gradient checker and against the built-in layers, in the memory runtime."""
+import logging
 import sys
 
 from dataclasses import replace
@@ -323,9 +324,36 @@ class Batches(caffe.Layer):
         pass
 
 
-class ReshapesInForward(Batches):
+class Repeat(caffe.Layer):
+    """Its bottom repeated k times along axis 0, k = 1, 2, 3, ... in turn (set in forward)."""
+
+    def setup(self, bottom, top):
+        self.k = 0
+        top[0].reshape(*bottom[0].data.shape)
+
+    def reshape(self, bottom, top):
+        pass
+
     def forward(self, bottom, top):
-        top[0].reshape(1, 3)
+        self.k += 1
+        top[0].reshape(self.k * bottom[0].data.shape[0], *bottom[0].data.shape[1:])
+        top[0].data[...] = np.concatenate([bottom[0].data] * self.k)
+
+    def backward(self, top, propagate_down, bottom):
+        n = bottom[0].data.shape[0]
+        bottom[0].diff[...] = top[0].diff.reshape(self.k, n, *bottom[0].data.shape[1:]).sum(0)
+
+
+class ReshapesInForward(Batches):
+    """Its tops keep their first shapes in reshape and take each batch's in forward."""
+
+    def reshape(self, bottom, top):
+        if not hasattr(self, "x"):
+            super().reshape(bottom, top)
+
+    def forward(self, bottom, top):
+        super().reshape(bottom, top)
+        super().forward(bottom, top)
 '''
 
 BATCHES_NET = """name: "batches"
@@ -366,14 +394,153 @@ def test_python_data_layer_with_batches_of_changing_size(batches, memory):
         np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
 
 
-def test_python_top_growing_or_reshaped_in_forward_is_a_clear_error(batches):
-    (batches / "grow.prototxt").write_text(BATCHES_NET % ("Batches", "4,6"))
-    net = caffe.Net(str(batches / "grow.prototxt"), caffe.TRAIN)
-    net.forward()                   # 4 items, as planned; the next batch has 6
-    with pytest.raises(LayerError, match=r'layer "data" \(Python\): reshape gave top "data" the shape \(6, 3\) '
-                                         r"\(18 elements\), more than the 12 of its planned shape \(4, 3\)"):
+@pytest.mark.parametrize("layer", ["Batches", "ReshapesInForward"])
+@pytest.mark.parametrize("memory", ["none", "all"])
+def test_python_top_outgrowing_its_block_plans_the_net_again(batches, layer, memory, caplog, monkeypatch):
+    """A batch larger than the first: the net is planned again for it in the middle of the pass,
+    whether the layer reshapes its top in reshape or in forward (py-faster-rcnn's layers), and the
+    layer keeps its object (its batch counter goes on)."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.pycaffe import mode
+    device = CPUDevice("64MiB")          # a pool of its own: its peak is this net's
+    device._pycaffe_name = "cpu"
+    monkeypatch.setitem(mode._state, "device", device)
+    monkeypatch.setitem(mode._state, "mode", "cpu")
+    (batches / "grow.prototxt").write_text(BATCHES_NET % (layer, "4,6,3,6,9"))
+    net = caffe.Net(str(batches / "grow.prototxt"), caffe.TRAIN, memory=memory, keep=True)
+    obj = net.layer_dict["data"]
+    peaks = []
+    for n in (4, 6, 3, 6, 9):
+        plan = net.memory_plan
+        with caplog.at_level(logging.INFO, logger="sncaffe"):
+            caplog.clear()
+            device.pool.reset_peak()
+            loss = net.forward()["loss"]
+        grew = n in (6, 9) and net.memory_plan is not plan
+        assert grew == any("planned again" in r.getMessage() for r in caplog.records)
+        net.clear_param_diffs()
+        net.backward()
+        peaks.append((n, grew, device.pool.peak, net.memory_plan.peak))
+        assert net.layer_dict["data"] is obj and obj.idx == len(peaks)
+        x, y = obj.x, obj.y.astype(int)
+        assert net.blobs["data"].shape == (n, 3) and net.blobs["ip"].data.shape == (n, 2)
+        np.testing.assert_array_equal(net.blobs["data"].data, x)
+        w, b = net.params["ip"][0].data, net.params["ip"][1].data
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert loss == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-5)
+        p[np.arange(n), y] -= 1
+        np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
+    assert [g for _, g, _, _ in peaks] == [False, True, False, False, True]     # a bound grows; smaller fit
+    assert [(m, p) for _, grew, m, p in peaks if not grew] == [(p, p) for _, grew, m, p in peaks if not grew]
+    assert net._net.graph.blobs["data"].shape == (9, 3)        # the bound the plan is made for
+
+
+@pytest.mark.parametrize("tested", [False, True])
+def test_a_solver_trains_through_batches_that_outgrow_their_blocks(batches, tested):
+    """A solver's train net planned again beside the history (and a test net's blocks): SGD with
+    momentum over batches of 4, 6, 3 and 9 items matches NumPy's, step by step."""
+    (batches / "grow.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4,6,3,9"))
+    test = (f'test_net: "{batches / "grow.prototxt"}" test_iter: 1 test_interval: 2 test_initialization: false '
+            if tested else "")
+    (batches / "solver.prototxt").write_text(f'train_net: "{batches / "grow.prototxt"}" {test}base_lr: 0.5 '
+                                             f'momentum: 0.9 lr_policy: "fixed" max_iter: 4 display: 0 '
+                                             f'snapshot_after_train: false')
+    solver = caffe.SGDSolver(str(batches / "solver.prototxt"))
+    w, b = (np.array(a.data, np.float64) for a in solver.net.params["ip"])
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    plans = {id(solver.net.memory_plan)}
+    for n in (4, 6, 3, 9):
+        solver.step(1)
+        plans.add(id(solver.net.memory_plan))
+        layer = solver.net.layer_dict["data"]
+        x, y = layer.x.astype(np.float64), layer.y.astype(int)
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert solver.net.blobs["loss"].data.item() == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-4)
+        p[np.arange(n), y] -= 1
+        vw, vb = 0.9 * vw + 0.5 * p.T @ x / n, 0.9 * vb + 0.5 * p.sum(0) / n
+        w, b = w - vw, b - vb
+        np.testing.assert_allclose(solver.net.params["ip"][0].data, w, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(solver.net.params["ip"][1].data, b, rtol=1e-4, atol=1e-6)
+    assert len(plans) == 3                  # planned for 4, then 6, then 9 items
+    if tested:                  # its test net (tested with 4 items at iteration 2) takes 6 now, and shares
+        net = solver.test_nets[0]
+        loss = net.forward()["loss"]
+        layer = net.layer_dict["data"]
+        x, y = layer.x.astype(np.float64), layer.y.astype(int)
+        assert x.shape == (6, 3) and net.blobs["data"].shape == (6, 3)
+        z = x @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        assert loss == pytest.approx(-np.log(p[np.arange(6), y]).mean(), rel=1e-4)
+        solver.step(1)                      # the train net's parameters, seen by the test net
+        assert net.params["ip"][0].data is solver.net.params["ip"][0].data
+
+
+REPEAT_NET = """force_backward: true
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "c" type: "Convolution" bottom: "x" top: "c"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "r" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "c2" type: "Convolution" bottom: "c" top: "c2"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "p" type: "Pooling" bottom: "c2" top: "p" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "rep" type: "Python" bottom: "p" top: "q" python_param { module: "batches" layer: "Repeat" } }
+layer { name: "ip" type: "InnerProduct" bottom: "q" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "Reduction" bottom: "ip" top: "loss" reduction_param { operation: SUMSQ } loss_weight: 1 }
+"""
+
+
+def _repeat_steps(mode):
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.net import Net
+    from sncaffe.prototxt import parse_text
+    from sncaffe.proto import sncaffe_pb2 as pb
+    net = Net(parse_text(REPEAT_NET, pb.NetParameter()), "TRAIN", device=CPUDevice("64MiB"), memory=mode, seed=1)
+    rng = np.random.default_rng(0)
+    steps = []
+    for _ in range(3):                  # the Python layer's top outgrows its block at every step
+        net.blobs["x"].data[...] = rng.standard_normal((4, 3, 8, 8))
+        net.clear_param_diffs()
+        loss = net.forward()
+        net.backward()
+        steps.append((loss, net.blobs["x"].diff.copy(), {k: b[0].diff.copy() for k, b in net.params.items()}))
+    return steps, net.plan
+
+
+@pytest.mark.parametrize("mode", ["liveness", "offload", "recompute", "all"])
+def test_growth_mid_net_gives_every_memory_mode_the_gradients_of_none(batches, mode, caplog):
+    """The pass goes on in a new plan from a layer in the middle of the net: what the old plan had
+    dropped or overwritten in place (ReLU on the convolution's output, copied before it for
+    recomputation) runs again, the rest is carried over."""
+    want, _ = _repeat_steps("none")
+    with caplog.at_level(logging.INFO, logger="sncaffe"):
+        got, plan = _repeat_steps(mode)
+    assert caplog.text.count("planned again") == 2
+    if mode == "recompute":
+        assert "c" in plan.dropped and "layers before it ran again for the new plan" in caplog.text
+    for (loss, dx, grads), (loss2, dx2, grads2) in zip(want, got):
+        assert loss2 == pytest.approx(loss, rel=1e-5)
+        np.testing.assert_allclose(dx2, dx, rtol=1e-4, atol=1e-6)
+        for k in grads:
+            np.testing.assert_allclose(grads2[k], grads[k], rtol=1e-4, atol=1e-6)
+
+
+def test_growth_over_several_locations_is_a_clear_error(batches):
+    """A net placed over locations is not planned again (its Copy operators and workers)."""
+    from sncaffe.backend.cpu import CPUDevice
+    from sncaffe.net import Net
+    from sncaffe.prototxt import parse_text
+    from sncaffe.proto import sncaffe_pb2 as pb
+    text = (BATCHES_NET % ("Batches", "4,6")).replace('layer { name: "ip" type: "InnerProduct"',
+                                                     'layer { name: "ip" type: "InnerProduct" location: "cpu:1"')
+    net = Net(parse_text(text, pb.NetParameter()), "TRAIN", device=CPUDevice("16MiB"),
+              devices={"cpu:1": CPUDevice("16MiB")})
+    net.forward()
+    with pytest.raises(LayerError, match=r'layer "data" \(Python\): top "data" to \(6, 3\) \(planned \(4, 3\)\).*: '
+                                         r"the net cannot be planned again over several locations"):
         net.forward()
-    (batches / "fwd.prototxt").write_text(BATCHES_NET % ("ReshapesInForward", "4"))
-    with pytest.raises(LayerError, match=r'forward reshaped top "data" from \(4, 3\) to \(1, 3\): set top '
-                                         r"shapes in reshape\(\)"):
-        caffe.Net(str(batches / "fwd.prototxt"), caffe.TRAIN).forward()

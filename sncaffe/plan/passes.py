@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..tensor import Tensor
 from .liveness import analyze as uses_of, op_tensors, persistent_roots, workspaces
 from ..sizes import align
-from .recompute import kept_scratch, segments
+from .recompute import group_units, kept_scratch, segments, units
 
 
 @dataclass
@@ -42,15 +42,16 @@ class Analysis:
     to_bring: list          # (step, order, root): each offloaded value's first backward need
 
 
-def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3) -> Analysis:
+def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3, granularity=0) -> Analysis:
     """The passes below, walked in order; their data is what the builder replays. ``hosted``:
-    parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``)."""
+    parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``);
+    ``granularity``: 0 recomputes per layer, more in segments of whole units (``recompute``)."""
     roots, uses = liveness(graph, ops, mode)
     persistent_ids = {id(r) for r in roots}
     param_ids, param_ops = {}, {}
     if hosted:
         param_ids, param_ops, roots = host_params(graph, ops, roots)
-    rc = recompute(ops[:nf], ops, uses, persistent_ids, mode in ("offload", "all")) \
+    rc = recompute(ops[:nf], ops, uses, persistent_ids, mode in ("offload", "all"), granularity) \
         if mode in ("recompute", "all") else Recompute([], {}, {})
     mc = memory_centric(rc.segs, centric)
     times, fwd_last = need_times(graph, uses, nf, rc, mc)
@@ -111,11 +112,13 @@ class Recompute:
     snap_at: dict       # forward index -> [(root, checkpoint tensor)] copied before it runs
 
 
-def recompute(forward, ops, uses, persistent_ids, offload) -> Recompute:
-    """What cheap layers produce is dropped after forward and replayed from the segment's
-    checkpoint in backward; a value an in-place layer overwrites is snapshotted first."""
+def recompute(forward, ops, uses, persistent_ids, offload, granularity=0) -> Recompute:
+    """What cheap layers produce (or, with a ``granularity``, what whole segments produce but
+    their outputs) is dropped after forward and replayed from the segment's checkpoint in
+    backward; a value an in-place layer overwrites is snapshotted first."""
     nf = len(forward)
-    segs, _ = segments(forward, persistent_ids)
+    segs = coarse_segments(forward, uses, persistent_ids, granularity) if granularity \
+        else segments(forward, persistent_ids)[0]
     dropped, snap_at = {}, {}
     fidx = {id(op.node): i for i, op in enumerate(forward)}
     for seg in segs:
@@ -150,8 +153,8 @@ def recompute(forward, ops, uses, persistent_ids, offload) -> Recompute:
             # Only what the segment's own backward reads is dropped: a value another
             # segment's backward needs (the next convolution's bottom) is a checkpoint.
             # (Without offload, dropping it anyway still saves more than it costs.)
-            if bwd and fw and max(fw) in cheap and (not offload or all(
-                    fidx[id(ops[x].node)] in own for x in bwd)):
+            if (id(r) in seg.drop) if granularity else (bwd and fw and max(fw) in cheap and (not offload or all(
+                    fidx[id(ops[x].node)] in own for x in bwd))):
                 seg.dropped.append(r)
                 dropped[id(r)] = seg
                 seg.needed_by.extend(bwd)
@@ -162,6 +165,60 @@ def recompute(forward, ops, uses, persistent_ids, offload) -> Recompute:
             snap_at.setdefault(point, []).append((r, ckpt))
         seg.snapshots = [(r, ckpt) for r, ckpt, _ in seg.snapshots]
     return Recompute(segs, dropped, snap_at)
+
+
+def coarse_segments(forward, uses, persistent_ids, granularity):
+    """Segments of whole units (recompute.units), joined up to ``granularity`` times the largest
+    unit's bytes, each replaying only the operators behind what it drops (``seg.drop``: what
+    backward reads and only the segment's own operators use in forward). An operator that
+    would overwrite, in a replay, a kept value that backward writes is kept out of replays."""
+    nf = len(forward)
+
+    def written(op):
+        return sum(align(r.nbytes) for r, w in op_tensors(op) if w and id(r) not in persistent_ids)
+    starts = group_units(forward, units(forward, persistent_ids), written, granularity)
+    fixed = set()
+    while True:
+        segs, seg_of = segments(forward, persistent_ids, starts, fixed)
+        unsafe = set()
+        for seg in segs:
+            seg.drop = _droppable(seg, forward, uses, nf, persistent_ids, seg_of)
+            seg.cheap = _replayed(seg, forward, seg.drop)
+            for k in seg.cheap:
+                for r, w in op_tensors(forward[k]):
+                    if w and id(r) not in persistent_ids and id(r) not in seg.drop \
+                            and any(x >= nf for x in uses[id(r)][1].writes):
+                        unsafe.add(k)
+        if not unsafe:
+            return segs
+        fixed |= unsafe
+
+
+def _droppable(seg, forward, uses, nf, persistent_ids, seg_of) -> set:
+    mine = set(seg.cheap)
+    kept = set().union(*(kept_scratch(forward[k].node) for k in seg.cheap))
+    out = set()
+    for k in seg.cheap:
+        for r, w in op_tensors(forward[k]):
+            key = id(r)
+            if not w or key in persistent_ids or key in kept or key in out:
+                continue
+            u = uses[key][1]
+            if any(x >= nf for x in u.reads + u.writes) and all(x in mine for x in u.writes if x < nf) \
+                    and all(seg_of[x] == seg.index for x in u.reads if x < nf):
+                out.add(key)
+    return out
+
+
+def _replayed(seg, forward, drop) -> list:
+    """The segment's operators a replay runs: those writing what is dropped, and, in turn, those
+    writing what they read."""
+    need, out = set(drop), []
+    for k in reversed(seg.cheap):
+        if any(w and id(r) in need for r, w in op_tensors(forward[k])):
+            out.append(k)
+            need.update(id(r) for r, _ in op_tensors(forward[k], ("reads",)))
+    return out[::-1]
 
 
 def memory_centric(segs, setting):

@@ -182,6 +182,7 @@ def coarse_segments(forward, uses, persistent_ids, granularity):
         segs, seg_of = segments(forward, persistent_ids, starts, fixed)
         unsafe = set()
         for seg in segs:
+            seg.span = [k for k in range(len(forward)) if seg_of[k] == seg.index]     # replayed or not
             seg.drop = _droppable(seg, forward, uses, nf, persistent_ids, seg_of)
             seg.cheap = _replayed(seg, forward, seg.drop)
             for k in seg.cheap:

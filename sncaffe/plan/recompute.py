@@ -95,7 +95,7 @@ def segments(forward_ops, persistent_ids, starts=None, fixed=()) -> list:
 
 
 def units(forward_ops, persistent_ids) -> list:
-    """The forward indices where a unit starts: cuts that one value alone crosses (written
+    """The forward indices where a unit starts: cuts that at most one value crosses (written
     before the cut, used after it) and that nothing after the cut writes: articulations."""
     first, last, last_write = {}, {}, {}
     for i, op in enumerate(forward_ops):
@@ -118,7 +118,7 @@ def units(forward_ops, persistent_ids) -> list:
     for b in range(1, n):
         crossing += count[b]
         ids += total[b]
-        if crossing == 1 and last_write.get(ids, n) < b:     # one value: the sum is its id
+        if crossing == 0 or crossing == 1 and last_write.get(ids, n) < b:   # one value: the sum is its id
             cuts.append(b)
     return cuts
 

@@ -67,6 +67,7 @@ class Builder:
         a = passes.analyze(self.graph, self.ops, self.nf, self.mode, self.host_params, self.memory_centric,
                            self.min_gap, self.granularity)
         plan.granularity = self.granularity
+        plan.segments = sum(1 for seg in a.rc.segs if seg.dropped) if self.granularity else 0
         self.uses, self.persistent_ids, self.param_ids, self.param_ops = a.uses, a.persistent_ids, a.param_ids, \
             a.param_ops
         self.dropped, self.snap_at, self.mc = a.rc.dropped, a.rc.snap_at, a.mc

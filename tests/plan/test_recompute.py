@@ -13,11 +13,12 @@ from sncaffe.gradcheck import Harness, make_layer
 from sncaffe.plan.liveness import op_tensors, persistent_roots
 from sncaffe.plan import passes
 from sncaffe.plan.planner import make_plan
+from sncaffe.plan.report import plan_line
 from sncaffe.plan.recompute import is_cheap, is_replayable, segments, units
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
 from test_liveness import TEXT, graph_of
-from test_modes import assert_peaks, assert_same_bits, net_param, reference, train
+from test_modes import ZOO, assert_peaks, assert_same_bits, net_param, reference, train
 from test_modes import graph_of as build
 from conftest import ROOT
 
@@ -199,6 +200,7 @@ def test_units_start_at_articulations():
 COARSE = {"lenet": ROOT / "prototxt" / "lenet_train_test.prototxt",
           "cifar10_resnet": ROOT / "prototxt" / "cifar10_resnet.prototxt",
           "resnet50": ROOT / "prototxt" / "resnet50.prototxt", "bn_drop": BN_DROP, "cross": CROSS}
+COARSE.update({"googlenet": p for p in ZOO if p.stem == "bvlc_googlenet__train_val"})    # Inception's branches
 
 
 def coarse_param(name):
@@ -215,7 +217,7 @@ def test_coarse_segments_give_nones_bits_and_the_planned_peak(name, granularity)
     replayed = [ins.op.node for ins in plan.schedule.backward if ins.kind == "run" and ins.recompute]
     assert replayed and all(is_replayable(node) for node in replayed)
     assert not any(ins.recompute for ins in plan.schedule.forward)
-    if name in ("cifar10_resnet", "resnet50"):
+    if name in ("cifar10_resnet", "resnet50", "googlenet"):
         assert any(node.type == "Convolution" for node in replayed)
     assert_peaks(steps, plan)
     _, ref = train(coarse_param(name), "none")
@@ -249,7 +251,8 @@ def test_recompute_goes_coarse_only_where_per_layer_does_not_fit():
     assert make_plan(graph, "recompute", per_layer.peak + (1 << 20)).granularity == 0
     capacity = (finest.peak + per_layer.peak) // 2
     plan = make_plan(graph, "recompute", capacity)
-    assert plan.fits and plan.granularity >= 1 and plan.peak <= capacity
+    assert plan.fits and plan.granularity >= 1 and plan.peak <= capacity and plan.segments > 1
+    assert f"convolutions included: {plan.segments})" in plan_line(plan)
     assert plan.recompute_flops > per_layer.recompute_flops
     plan, steps = train(param, "recompute", capacity)
     assert plan.granularity >= 1

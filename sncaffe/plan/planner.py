@@ -145,21 +145,29 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
                        (host_capacity, ram, host_extra, spill, host_room), before, param_disk=param_disk,
                        disk_extra=disk_extra, granularity=granularity).build()
     plan = _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_centric, forward_only, **kw)
-    if mode != "recompute" or granularity is not None or capacity is None or forward_only or plan.fits:
+    if mode != "recompute" or granularity is not None or capacity is None or forward_only or plan.fits \
+            or plan.lower_bound > capacity:         # what always lives, and one step, already do not fit
         return plan
-    return coarse(plan, lambda g: plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw))
+    base = plan.persistent_bytes + plan.extra_bytes
+
+    def floor(g):                       # one location: a bound that spares building hopeless plans
+        return base + passes.coarse_floor(graph, g) if len(plan.peaks) == 1 else 0
+    return coarse(plan, lambda g: plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw), floor, capacity)
 
 
 # Segment sizes tried, in multiples of the largest unit's bytes: finest (least recomputed) first.
 GRANULARITIES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def coarse(per_layer, build):
+def coarse(per_layer, build, floor, capacity):
     """The first coarse plan that fits, finest first: each replays every operator of its
     segments once, so a finer one recomputes no more (its checkpoints' operators are not
-    replayed) and holds fewer values at each replay. None fits: the lowest peak among them."""
+    replayed) and holds fewer values at each replay. None fits: the lowest peak among them.
+    A granularity whose ``floor`` (a lower bound of its peak) is over ``capacity`` is not built."""
     best, worse = per_layer, 0
     for g in GRANULARITIES:
+        if floor(g) > capacity:
+            continue
         plan = build(g)
         plan.note = f"recomputation in segments of up to {g}x the largest unit"
         if plan.fits:

@@ -95,8 +95,13 @@ def segments(forward_ops, persistent_ids, starts=None, fixed=()) -> list:
 
 
 def units(forward_ops, persistent_ids) -> list:
-    """The forward indices where a unit starts: cuts that at most one value crosses (written
-    before the cut, used after it) and that nothing after the cut writes: articulations."""
+    """The forward indices where a unit starts (see ``articulations``)."""
+    return [cut for cut, _ in articulations(forward_ops, persistent_ids)]
+
+
+def articulations(forward_ops, persistent_ids) -> list:
+    """(cut, id of the value crossing it, or None): the cuts that at most one value crosses
+    (written before the cut, used after it) and that nothing after the cut writes."""
     first, last, last_write = {}, {}, {}
     for i, op in enumerate(forward_ops):
         for r, write in op_tensors(op):
@@ -114,26 +119,26 @@ def units(forward_ops, persistent_ids) -> list:
             count[last[key] + 1] -= 1
             total[i + 1] += key
             total[last[key] + 1] -= key
-    cuts, crossing, ids = [0], 0, 0
+    cuts, crossing, ids = [(0, None)], 0, 0
     for b in range(1, n):
         crossing += count[b]
         ids += total[b]
-        if crossing == 0 or crossing == 1 and last_write.get(ids, n) < b:   # one value: the sum is its id
-            cuts.append(b)
+        if crossing == 0:
+            cuts.append((b, None))
+        elif crossing == 1 and last_write.get(ids, n) < b:     # one value: the sum is its id
+            cuts.append((b, ids))
     return cuts
 
 
-def group_units(forward_ops, cuts, size_of, factor) -> set:
-    """Segment starts: consecutive units joined while a segment's written bytes stay within
-    ``factor`` times the largest unit's (factor 1: about a unit each; larger: fewer, longer
-    segments, fewer checkpoints)."""
-    bounds = list(zip(cuts, cuts[1:] + [len(forward_ops)]))
-    sizes = [sum(size_of(op) for op in forward_ops[a:b]) for a, b in bounds]
+def group_units(cuts, sizes, factor) -> set:
+    """Segment starts: consecutive units (starting at ``cuts``, of ``sizes`` bytes) joined while
+    a segment's bytes stay within ``factor`` times the largest unit's (factor 1: about a unit
+    each; larger: fewer, longer segments, fewer checkpoints)."""
     limit = factor * max(sizes, default=0)
     starts, held = set(), None
-    for (a, _), size in zip(bounds, sizes):
+    for cut, size in zip(cuts, sizes):
         if held is None or held + size > limit:
-            starts.add(a)
+            starts.add(cut)
             held = 0
         held += size
     return starts

@@ -12,7 +12,7 @@ from sncaffe.backend import CPUDevice
 from sncaffe.gradcheck import Harness, make_layer
 from sncaffe.plan.liveness import op_tensors, persistent_roots
 from sncaffe.plan import passes
-from sncaffe.plan.planner import make_plan
+from sncaffe.plan.planner import GRANULARITIES, make_plan
 from sncaffe.plan.report import plan_line
 from sncaffe.plan.recompute import is_cheap, is_replayable, segments, units
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -230,7 +230,7 @@ def test_coarse_segments_keep_only_their_outputs():
     graph = build(net_param(ROOT / "prototxt" / "resnet50.prototxt"))
     F, pid = graph.forward_ops, {id(r) for r in persistent_roots(graph)}
     _, uses = passes.liveness(graph, graph.forward_ops + graph.backward_ops, "recompute")
-    segs = passes.coarse_segments(F, uses, pid, 1)
+    segs = passes.coarse_segments(F, uses, pid, 1, passes.unit_table(graph))
     seg_of = {k: s.index for s in segs for k in s.span}
     plan = make_plan(graph, "recompute", granularity=1)
     by_name = {r.name: key for key, (r, _) in uses.items()}
@@ -258,3 +258,15 @@ def test_recompute_goes_coarse_only_where_per_layer_does_not_fit():
     assert plan.granularity >= 1
     assert_peaks(steps, plan)
     assert_same_bits(steps, reference(ROOT / "prototxt" / "resnet50.prototxt")[1])
+
+
+@pytest.mark.parametrize("name", ["cifar10_resnet", "resnet50", "googlenet", "cross"])
+def test_coarse_floor_is_below_every_granularitys_peak(name):
+    """The bound that spares the search building plans that cannot fit never exceeds a peak."""
+    if name not in COARSE:
+        pytest.skip("the zoo's GoogLeNet is not present")
+    graph = build(coarse_param(name))
+    for g in GRANULARITIES[:7]:
+        plan = make_plan(graph, "recompute", granularity=g)
+        floor = plan.persistent_bytes + plan.extra_bytes + passes.coarse_floor(graph, g)
+        assert plan.persistent_bytes < floor <= plan.peak, g

@@ -1,8 +1,8 @@
 """Recomputation: segments of forward operators whose outputs are dropped after forward.
 
-Two granularities. Per layer (SuperNeurons): a segment starts at a checkpoint operator (convolution, inner product,
-concat, eltwise, anything not cheap) and runs over the cheap operators that
-follow it in forward order. In backward, the cheap operators are replayed
+Two granularities. Per layer (SuperNeurons): a segment starts at a checkpoint
+operator (convolution, inner product, concat, eltwise, anything not cheap) and
+runs over the cheap operators that follow it in forward order. In backward, the cheap operators are replayed
 (``Layer.recompute``: BatchNorm without moving its running statistics,
 Dropout with its kept mask) to bring back what backward reads.
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..tensor import Tensor
 from .liveness import analyze as uses_of, op_tensors, persistent_roots, workspaces
 from ..sizes import align
-from .recompute import kept_scratch, segments
+from .recompute import articulations, group_units, is_replayable, kept_scratch, segments
 
 
 @dataclass
@@ -42,15 +42,17 @@ class Analysis:
     to_bring: list          # (step, order, root): each offloaded value's first backward need
 
 
-def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3) -> Analysis:
+def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3, granularity=0) -> Analysis:
     """The passes below, walked in order; their data is what the builder replays. ``hosted``:
-    parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``)."""
+    parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``);
+    ``granularity``: 0 recomputes per layer, more in segments of whole units (``recompute``)."""
     roots, uses = liveness(graph, ops, mode)
     persistent_ids = {id(r) for r in roots}
     param_ids, param_ops = {}, {}
     if hosted:
         param_ids, param_ops, roots = host_params(graph, ops, roots)
-    rc = recompute(ops[:nf], ops, uses, persistent_ids, mode in ("offload", "all")) \
+    rc = recompute(ops[:nf], ops, uses, persistent_ids, mode in ("offload", "all"), granularity,
+                   unit_table(graph) if granularity else None) \
         if mode in ("recompute", "all") else Recompute([], {}, {})
     mc = memory_centric(rc.segs, centric)
     times, fwd_last = need_times(graph, uses, nf, rc, mc)
@@ -111,11 +113,13 @@ class Recompute:
     snap_at: dict       # forward index -> [(root, checkpoint tensor)] copied before it runs
 
 
-def recompute(forward, ops, uses, persistent_ids, offload) -> Recompute:
-    """What cheap layers produce is dropped after forward and replayed from the segment's
-    checkpoint in backward; a value an in-place layer overwrites is snapshotted first."""
+def recompute(forward, ops, uses, persistent_ids, offload, granularity=0, table=None) -> Recompute:
+    """What cheap layers produce (or, with a ``granularity``, what whole segments produce but
+    their outputs) is dropped after forward and replayed from the segment's checkpoint in
+    backward; a value an in-place layer overwrites is snapshotted first."""
     nf = len(forward)
-    segs, _ = segments(forward, persistent_ids)
+    segs = coarse_segments(forward, uses, persistent_ids, granularity, table) if granularity \
+        else segments(forward, persistent_ids)[0]
     dropped, snap_at = {}, {}
     fidx = {id(op.node): i for i, op in enumerate(forward)}
     for seg in segs:
@@ -150,8 +154,8 @@ def recompute(forward, ops, uses, persistent_ids, offload) -> Recompute:
             # Only what the segment's own backward reads is dropped: a value another
             # segment's backward needs (the next convolution's bottom) is a checkpoint.
             # (Without offload, dropping it anyway still saves more than it costs.)
-            if bwd and fw and max(fw) in cheap and (not offload or all(
-                    fidx[id(ops[x].node)] in own for x in bwd)):
+            if (id(r) in seg.drop) if granularity else (bwd and fw and max(fw) in cheap and (not offload or all(
+                    fidx[id(ops[x].node)] in own for x in bwd))):
                 seg.dropped.append(r)
                 dropped[id(r)] = seg
                 seg.needed_by.extend(bwd)
@@ -162,6 +166,115 @@ def recompute(forward, ops, uses, persistent_ids, offload) -> Recompute:
             snap_at.setdefault(point, []).append((r, ckpt))
         seg.snapshots = [(r, ckpt) for r, ckpt, _ in seg.snapshots]
     return Recompute(segs, dropped, snap_at)
+
+
+def coarse_segments(forward, uses, persistent_ids, granularity, table):
+    """Segments of whole units (recompute.units), joined up to ``granularity`` times the largest
+    unit's bytes, each replaying only the operators behind what it drops (``seg.drop``: what
+    backward reads and only the segment's own operators use in forward). An operator that
+    would overwrite, in a replay, a kept value that backward writes is kept out of replays."""
+    nf = len(forward)
+    cuts, _, _, written = table
+    starts = group_units(cuts, written, granularity)
+    fixed = set()
+    while True:
+        segs, seg_of = segments(forward, persistent_ids, starts, fixed)
+        unsafe = set()
+        for seg in segs:
+            seg.span = [k for k in range(len(forward)) if seg_of[k] == seg.index]     # replayed or not
+            seg.drop = _droppable(seg, forward, uses, nf, persistent_ids, seg_of)
+            seg.cheap = _replayed(seg, forward, seg.drop)
+            for k in seg.cheap:
+                for r, w in op_tensors(forward[k]):
+                    if w and id(r) not in persistent_ids and id(r) not in seg.drop \
+                            and any(x >= nf for x in uses[id(r)][1].writes):
+                        unsafe.add(k)
+        if not unsafe:
+            return segs
+        fixed |= unsafe
+
+
+def coarse_floor(graph, granularity) -> int:
+    """A lower bound of the transient bytes of the coarse plan at ``granularity``, without
+    building it: at the replay of each segment, the values it drops that are local to one of
+    its units are all resident, beside the checkpoints (crossing values) that start it and every
+    segment before it, which backward still needs."""
+    cuts, drop, ckpt, written = unit_table(graph)
+    starts = group_units(cuts, written, granularity)
+    floor = held = here = 0
+    for u, cut in enumerate(cuts):
+        if cut in starts:
+            floor, here = max(floor, held + here), 0
+            held += ckpt[u]
+        here += drop[u]
+    return max(floor, held + here)
+
+
+def unit_table(graph):
+    """The net's units (recompute.articulations), computed once per graph: see ``_units``."""
+    key = ("_units", len(graph.forward_ops))
+    if key not in graph.__dict__:
+        graph.__dict__[key] = _units(graph)
+    return graph.__dict__[key]
+
+
+def _units(graph):
+    """(cuts, per unit: bytes of the values only it uses in forward and backward reads (none
+    where it has an operator that is never replayed), bytes of the value crossing its cut where
+    backward reads it, bytes its operators write)."""
+    forward = graph.forward_ops
+    nf = len(forward)
+    roots, uses = liveness(graph, forward + graph.backward_ops, "recompute")
+    pid = {id(r) for r in roots}
+    arts = articulations(forward, pid)
+    cuts = [c for c, _ in arts]
+    unit_of = [0] * nf
+    for u, (a, b) in enumerate(zip(cuts, cuts[1:] + [nf])):
+        unit_of[a:b] = [u] * (b - a)
+    whole = [True] * len(cuts)
+    kept = set()
+    for i, op in enumerate(forward):
+        whole[unit_of[i]] = whole[unit_of[i]] and is_replayable(op.node)
+        kept |= kept_scratch(op.node)
+    drop, written = [0] * len(cuts), [0] * len(cuts)
+    for key, (r, u) in uses.items():
+        fw = [x for x in u.reads + u.writes if x < nf]
+        if not fw or not any(x < nf for x in u.writes):
+            continue
+        written[unit_of[min(x for x in u.writes if x < nf)]] += align(r.nbytes)
+        if key not in kept and any(x >= nf for x in u.reads + u.writes) and whole[unit_of[fw[0]]] \
+                and all(unit_of[x] == unit_of[fw[0]] for x in fw):
+            drop[unit_of[fw[0]]] += align(r.nbytes)
+    ckpt = [align(uses[k][0].nbytes) if k in uses and any(x >= nf for x in uses[k][1].reads) else 0
+            for _, k in arts]
+    return cuts, drop, ckpt, written
+
+
+def _droppable(seg, forward, uses, nf, persistent_ids, seg_of) -> set:
+    mine = set(seg.cheap)
+    kept = set().union(*(kept_scratch(forward[k].node) for k in seg.cheap))
+    out = set()
+    for k in seg.cheap:
+        for r, w in op_tensors(forward[k]):
+            key = id(r)
+            if not w or key in persistent_ids or key in kept or key in out:
+                continue
+            u = uses[key][1]
+            if any(x >= nf for x in u.reads + u.writes) and all(x in mine for x in u.writes if x < nf) \
+                    and all(seg_of[x] == seg.index for x in u.reads if x < nf):
+                out.add(key)
+    return out
+
+
+def _replayed(seg, forward, drop) -> list:
+    """The segment's operators a replay runs: those writing what is dropped, and, in turn, those
+    writing what they read."""
+    need, out = set(drop), []
+    for k in reversed(seg.cheap):
+        if any(w and id(r) in need for r, w in op_tensors(forward[k])):
+            out.append(k)
+            need.update(id(r) for r, _ in op_tensors(forward[k], ("reads",)))
+    return out[::-1]
 
 
 def memory_centric(segs, setting):

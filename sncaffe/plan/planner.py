@@ -7,7 +7,9 @@ Modes combine the techniques of SuperNeurons:
 - ``offload``    liveness, and tensors backward needs are copied to host after
                  forward produces them, released, and prefetched before backward
 - ``recompute``  liveness, and what cheap layers produce is dropped after
-                 forward and replayed from the segment's checkpoint in backward
+                 forward and replayed from the segment's checkpoint in backward;
+                 where that does not fit, whole segments of the net (convolutions
+                 included) between checkpoints are, the least recomputation that fits
 - ``all``        recompute and offload together (checkpoints go to host)
 
 Given a capacity, offloaded tensors stay cached on the device while they fit
@@ -110,7 +112,7 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
 def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
             host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
             host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
-            forward_only=False, param_disk=False, disk_extra=0) -> Plan:
+            forward_only=False, param_disk=False, disk_extra=0, granularity=None) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
@@ -129,9 +131,59 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
     ``param_disk``: with ``host_params``, the parameters, their gradients and the solver's
     history (``host_extra``'s blocks but its last two, the solver's work buffers) live in the
     spill file, not the host pool (the host cannot hold them): the disk tier's base.
-    ``disk_extra``: spill-file bytes held beside this net (another net's parameters there)."""
+    ``disk_extra``: spill-file bytes held beside this net (another net's parameters there).
+    ``granularity`` (``recompute``): 0 recomputes per layer; k > 0 in segments of whole units
+    of up to k times the largest unit's bytes (passes.coarse_segments); None: per layer, or
+    where that does not fit ``capacity``, the finest segments that fit (see ``coarse``)."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
+    kw = dict(lookahead=lookahead, min_gap=min_gap, host_params=host_params, host_capacity=host_capacity,
+              ram=ram, host_extra=host_extra, before=before, spill=spill, host_room=host_room,
+              param_disk=param_disk, disk_extra=disk_extra)
+    if mode == "recompute" and granularity:
+        return Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params,
+                       (host_capacity, ram, host_extra, spill, host_room), before, param_disk=param_disk,
+                       disk_extra=disk_extra, granularity=granularity).build()
+    plan = _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_centric, forward_only, **kw)
+    if mode != "recompute" or granularity is not None or capacity is None or forward_only or plan.fits \
+            or plan.lower_bound > capacity:         # what always lives, and one step, already do not fit
+        return plan
+    base = plan.persistent_bytes + plan.extra_bytes
+
+    def floor(g):                       # one location: a bound that spares building hopeless plans
+        return base + passes.coarse_floor(graph, g) if len(plan.peaks) == 1 else 0
+    return coarse(plan, lambda g: plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw), floor, capacity)
+
+
+# Segment sizes tried, in multiples of the largest unit's bytes: finest (least recomputed) first.
+GRANULARITIES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def coarse(per_layer, build, floor, capacity):
+    """The first coarse plan that fits, finest first: each replays every operator of its
+    segments once, so a finer one recomputes no more (its checkpoints' operators are not
+    replayed) and holds fewer values at each replay. None fits: the lowest peak among them.
+    A granularity whose ``floor`` (a lower bound of its peak) is over ``capacity`` is not built."""
+    best, worse = per_layer, 0
+    for g in GRANULARITIES:
+        if floor(g) > capacity:
+            continue
+        plan = build(g)
+        plan.note = f"recomputation in segments of up to {g}x the largest unit"
+        if plan.fits:
+            return plan
+        if (not plan.device_fits, plan.peak) < (not best.device_fits, best.peak):
+            best, worse = plan, 0
+        else:
+            worse += 1
+            if worse == 3:          # past the size where checkpoints and a segment's values balance
+                break
+    return best
+
+
+def _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_centric, forward_only, lookahead,
+               min_gap, host_params, host_capacity, ram, host_extra, before, spill, host_room, param_disk,
+               disk_extra):
     args = (capacity, extra_bytes, lookahead, min_gap, host_params,
             (host_capacity, ram, host_extra, spill, host_room), before)
     plan = Builder(graph, mode, *args, memory_centric=bool(memory_centric), forward_only=forward_only,

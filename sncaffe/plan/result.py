@@ -35,6 +35,8 @@ class Plan:
     h2d_bytes: int = 0
     recompute_flops: int = 0
     recomputed_ops: int = 0
+    granularity: int = 0              # recompute: 0 per layer, else segments of whole units (passes.py)
+    segments: int = 0                 # with a granularity: the segments replayed in backward
     memory_centric: int = 0           # segments replayed memory-centric (from the checkpoint for each need)
     cache_hits: int = 0
     cache_misses: int = 0

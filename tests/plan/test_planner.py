@@ -150,7 +150,10 @@ def test_auto_picks_the_cheapest_mode_that_fits(r50):
     assert auto_plan(r50.graph, p["none"]).mode == "none"
     assert auto_plan(r50.graph, p["none"] - 1).mode == "liveness"
     assert auto_plan(r50.graph, p["recompute"] + GiB // 8).mode == "recompute"
-    lean = auto_plan(r50.graph, (p["offload"] + p["recompute"]) // 2)
+    coarse = auto_plan(r50.graph, (p["offload"] + p["recompute"]) // 2)     # whole blocks replayed
+    assert coarse.mode == "recompute" and coarse.granularity >= 1 and coarse.fits
+    finest = make_plan(r50.graph, "recompute", granularity=1).peak
+    lean = auto_plan(r50.graph, (p["offload"] + finest) // 2)
     assert lean.mode in ("offload", "all") and lean.fits and lean.peak <= lean.capacity
     hopeless = auto_plan(r50.graph, p["all"] // 2)
     assert hopeless.mode == "all" and not hopeless.fits

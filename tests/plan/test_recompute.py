@@ -1,5 +1,6 @@
 """Recomputation: segments split at checkpoints, cross-segment in-place writes, BatchNorm's
-running statistics moved once, Dropout's mask kept, each segment replayed once."""
+running statistics moved once, Dropout's mask kept, each segment replayed once; coarse
+segments of whole units (convolutions replayed) with none's bits and the planned peak."""
 from dataclasses import replace
 
 import numpy as np
@@ -10,12 +11,16 @@ from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.gradcheck import Harness, make_layer
 from sncaffe.plan.liveness import op_tensors, persistent_roots
-from sncaffe.plan.planner import make_plan
-from sncaffe.plan.recompute import is_cheap, segments
+from sncaffe.plan import passes
+from sncaffe.plan.planner import GRANULARITIES, make_plan
+from sncaffe.plan.report import plan_line
+from sncaffe.plan.recompute import is_cheap, is_replayable, segments, units
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
 from test_liveness import TEXT, graph_of
-from test_modes import assert_peaks, assert_same_bits, train
+from test_modes import ZOO, assert_peaks, assert_same_bits, net_param, reference, train
+from test_modes import graph_of as build
+from conftest import ROOT
 
 CONV = 'weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "constant" value: 0.1 }'
 # relu_x runs in place on pool1, a value of conv1's segment, from inside conv2's segment.
@@ -169,3 +174,99 @@ def test_dropout_draws_once_per_iteration():
         nets[mode] = net
     layers = {m: next(n.layer for n in net.graph.layers if n.name == "drop1") for m, net in nets.items()}
     assert layers["none"].rng.bit_generator.state == layers["recompute"].rng.bit_generator.state
+
+
+# -- coarse segments: whole units replayed, convolutions included ---------------------------
+
+def crossing(forward, persistent_ids, cut):
+    """The values written before ``cut`` and used at or after it (brute force)."""
+    before = {id(r) for op in forward[:cut] for r, w in op_tensors(op) if id(r) not in persistent_ids}
+    return {id(r) for op in forward[cut:] for r, _ in op_tensors(op) if id(r) in before}
+
+
+def test_units_start_at_articulations():
+    graph = build(net_param(ROOT / "prototxt" / "resnet50.prototxt"))
+    F, pid = graph.forward_ops, {id(r) for r in persistent_roots(graph)}
+    cuts = units(F, pid)
+    blocks = [f"res{s}{b}_branch{'1' if b == 'a' else '2a'}" for s, n in ((2, 3), (3, 4), (4, 6), (5, 3))
+              for b in "abcdef"[:n]]
+    assert [F[c].node.name for c in cuts] == ["data", "conv1", "pool1"] + blocks + ["pool5", "fc1000", "loss"]
+    for cut in range(1, len(F)):
+        across = crossing(F, pid, cut)
+        written_after = {id(r) for op in F[cut:] for r, w in op_tensors(op) if w}
+        assert (cut in cuts) == (len(across) <= 1 and not across & written_after), F[cut].name
+
+
+COARSE = {"lenet": ROOT / "prototxt" / "lenet_train_test.prototxt",
+          "cifar10_resnet": ROOT / "prototxt" / "cifar10_resnet.prototxt",
+          "resnet50": ROOT / "prototxt" / "resnet50.prototxt", "bn_drop": BN_DROP, "cross": CROSS}
+COARSE.update({"googlenet": p for p in ZOO if p.stem == "bvlc_googlenet__train_val"})    # Inception's branches
+
+
+def coarse_param(name):
+    source = COARSE[name]
+    return param_of(source) if isinstance(source, str) else net_param(source)
+
+
+@pytest.mark.parametrize("granularity", [1, 3])
+@pytest.mark.parametrize("name", list(COARSE))
+def test_coarse_segments_give_nones_bits_and_the_planned_peak(name, granularity):
+    plan, steps = train(coarse_param(name), "recompute",
+                        planner=lambda net: make_plan(net.graph, "recompute", granularity=granularity))
+    assert plan.granularity == granularity
+    replayed = [ins.op.node for ins in plan.schedule.backward if ins.kind == "run" and ins.recompute]
+    assert replayed and all(is_replayable(node) for node in replayed)
+    assert not any(ins.recompute for ins in plan.schedule.forward)
+    if name in ("cifar10_resnet", "resnet50", "googlenet"):
+        assert any(node.type == "Convolution" for node in replayed)
+    assert_peaks(steps, plan)
+    _, ref = train(coarse_param(name), "none")
+    assert_same_bits(steps, ref)
+
+
+def test_coarse_segments_keep_only_their_outputs():
+    """What a segment drops only its own operators use in forward (a block output the next
+    segment reads is a checkpoint), and each replayed operator runs once."""
+    graph = build(net_param(ROOT / "prototxt" / "resnet50.prototxt"))
+    F, pid = graph.forward_ops, {id(r) for r in persistent_roots(graph)}
+    _, uses = passes.liveness(graph, graph.forward_ops + graph.backward_ops, "recompute")
+    segs = passes.coarse_segments(F, uses, pid, 1, passes.unit_table(graph))
+    seg_of = {k: s.index for s in segs for k in s.span}
+    plan = make_plan(graph, "recompute", granularity=1)
+    by_name = {r.name: key for key, (r, _) in uses.items()}
+    for name in plan.dropped:
+        u = uses[by_name[name]][1]
+        assert len({seg_of.get(x) for x in u.reads + u.writes if x < len(F)}) == 1, name
+    kept = [r.name for key, (r, u) in uses.items() if len({seg_of[x] for x in u.reads + u.writes if x < len(F)}) > 1]
+    assert len(kept) >= len(segs) - 2 and not set(kept) & set(plan.dropped)
+    replays = [ins.op for ins in plan.schedule.backward if ins.kind == "run" and ins.recompute]
+    assert len(replays) == len({id(op) for op in replays}) == plan.recomputed_ops
+    assert plan.peak < make_plan(graph, "recompute", granularity=0).peak
+
+
+def test_recompute_goes_coarse_only_where_per_layer_does_not_fit():
+    param = net_param(ROOT / "prototxt" / "resnet50.prototxt")
+    graph = build(param)
+    per_layer, finest = make_plan(graph, "recompute"), make_plan(graph, "recompute", granularity=1)
+    assert make_plan(graph, "recompute", per_layer.peak + (1 << 20)).granularity == 0
+    capacity = (finest.peak + per_layer.peak) // 2
+    plan = make_plan(graph, "recompute", capacity)
+    assert plan.fits and plan.granularity >= 1 and plan.peak <= capacity and plan.segments > 1
+    assert f"convolutions included: {plan.segments})" in plan_line(plan)
+    assert plan.recompute_flops > per_layer.recompute_flops
+    plan, steps = train(param, "recompute", capacity)
+    assert plan.granularity >= 1
+    assert_peaks(steps, plan)
+    assert_same_bits(steps, reference(ROOT / "prototxt" / "resnet50.prototxt")[1])
+
+
+@pytest.mark.parametrize("name", ["cifar10_resnet", "resnet50", "googlenet", "cross"])
+def test_coarse_floor_is_below_every_granularitys_peak(name):
+    """The bound that spares the search building plans that cannot fit never exceeds a peak."""
+    if name not in COARSE:
+        pytest.skip("the zoo's GoogLeNet is not present")
+    graph = build(coarse_param(name))
+    for g in GRANULARITIES[:7]:
+        plan = make_plan(graph, "recompute", granularity=g)
+        floor = plan.persistent_bytes + plan.extra_bytes + passes.coarse_floor(graph, g)
+        assert plan.persistent_bytes < floor <= plan.peak, g

@@ -29,7 +29,7 @@ import logging
 from dataclasses import replace
 
 from . import passes
-from .builder import Builder
+from .builder import Builder, paused_gc
 from .result import MemoryExhausted, Plan, PlanError, layer_flops  # noqa: F401  (the planner's API)
 from ..sizes import ALIGNMENT, align, fmt_bytes
 
@@ -85,6 +85,7 @@ def check_fits(graph, plan, capacity, reserve=0) -> None:
         f"({fmt_bytes(plan.peak - capacity)} short) at step {step}, {t.labels[i]}; {advice(graph, capacity, reserve)}")
 
 
+@paused_gc()
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
     """``mode``'s plan under ``capacity`` (see ``plan_at``), placed on the pool's allocator.
 
@@ -193,6 +194,7 @@ def _cost(plan):
     return (not plan.fits, plan.peak, plan.d2h_bytes + plan.h2d_bytes)
 
 
+@paused_gc()
 def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
     """The cheapest mode whose plan fits ``capacity`` (and the host tier, ``host_capacity`` and
     ``ram``); then ``all`` with parameters on the host. Modes that cannot fit by a cheap bound
@@ -214,6 +216,7 @@ def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
     return plan if plan is not None else make_plan(graph, "all", capacity, extra_bytes, **kw)
 
 
+@paused_gc()
 def shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
     """``mode``'s plan, fitted to the host tier where the first plan is not. On one RAM (the
     CPU) what an offloading plan keeps cached on the device is held twice: plan the device

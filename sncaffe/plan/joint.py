@@ -56,7 +56,8 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
         own, homes = persistent_blocks(train.graph, mode, hosted)
         test_own = [persistent_blocks(t.graph, "liveness" if t.memory == "auto" else t.memory)[0] for t in tests]
         after = [b for blocks in test_own for b in blocks] + dev_history
-        if quick_bound(train.graph, mode, after, hosted) > limit:
+        # (a mode given is planned even so: the error then says what it needs)
+        if train.memory == "auto" and quick_bound(train.graph, mode, after, hosted) > limit:
             continue
         if len(train.graph.layers) >= 1000:
             log.info("planning memory: trying mode '%s' for the train net beside %d test net(s)", mode, len(tests))

@@ -164,8 +164,10 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
 def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
     """A lower bound of ``mode``'s peak at any capacity, without building its plan: for
     ``none`` every tensor at once, for ``liveness`` the most bytes whose lives overlap (its
-    workspaces left out: a plan under a capacity may chunk them); 0 for the others."""
-    if mode not in ("none", "liveness") or host_params:
+    workspaces left out: a plan under a capacity may chunk them), for ``recompute`` what
+    forward leaves on the device for backward (neither dropped nor offloaded: every checkpoint
+    and what the segments do not drop); 0 for the others."""
+    if mode not in ("none", "liveness", "recompute") or host_params:
         return 0
     extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
     key = ("_quick_bound", mode)
@@ -175,6 +177,8 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
         always = sum(align(r.nbytes) for r in roots)
         if mode == "none":
             bound = always + sum(align(r.nbytes) for r, _ in uses.values())
+        elif mode == "recompute":
+            bound = always + _left_for_backward(graph, ops, roots, uses)
         else:
             delta = [0] * (len(ops) + 1)
             for r, u in uses.values():
@@ -188,6 +192,16 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
             bound = always + most
         graph.__dict__[key] = bound
     return graph.__dict__[key] + extra
+
+
+def _left_for_backward(graph, ops, roots, uses) -> int:
+    """Bytes of the values recomputation keeps from forward to backward: each is resident
+    when forward ends (the plan's own checkpoint copies come on top)."""
+    nf = len(graph.forward_ops)
+    rc = passes.recompute(ops[:nf], ops, uses, {id(r) for r in roots}, False)
+    times, fwd_last = passes.need_times(graph, uses, nf, rc)
+    return sum(r.block_bytes for key, (r, _) in uses.items()
+               if key not in rc.dropped and fwd_last[key][1] >= 0 and times[key] and times[key][-1] >= nf)
 
 
 def _cost(plan):

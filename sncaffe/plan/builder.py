@@ -82,7 +82,7 @@ class Builder:
         plan.dropped = [r.name for seg in a.rc.segs for r in seg.dropped]
         plan.memory_centric = len(a.mc)
         plan.offloaded = [r.name for r in a.offloaded.values()]
-        plan.persistent = a.persistent
+        plan.persistent = list(a.persistent)
         plan.persistent_bytes = sum(align(r.nbytes) for r in a.persistent)
         self.base = {"": self.extra}          # bytes each location holds before the iteration
         for loc in locations(self.graph, self.ops):

@@ -44,7 +44,16 @@ class Analysis:
 
 def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3) -> Analysis:
     """The passes below, walked in order; their data is what the builder replays. ``hosted``:
-    parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``)."""
+    parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``).
+    The same for every plan of these arguments (auto makes several at different capacities):
+    analysed once per graph, and read-only to the builder."""
+    key = ("_analysis", mode, bool(hosted), centric, min_gap, len(ops), nf)
+    if key not in graph.__dict__:
+        graph.__dict__[key] = _analyze(graph, ops, nf, mode, hosted, centric, min_gap)
+    return graph.__dict__[key]
+
+
+def _analyze(graph, ops, nf, mode, hosted, centric, min_gap) -> Analysis:
     roots, uses = liveness(graph, ops, mode)
     persistent_ids = {id(r) for r in roots}
     param_ids, param_ops = {}, {}

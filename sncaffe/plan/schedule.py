@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)       # (slots: a plan of a deep net makes millions)
 class Instr:
     kind: str                   # alloc | free | run | offload | prefetch | drop | snapshot | restore
     tensor: object = None       # a graph Tensor (a root), for memory instructions

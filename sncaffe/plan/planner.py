@@ -164,9 +164,10 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
 def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
     """A lower bound of ``mode``'s peak at any capacity, without building its plan: for
     ``none`` every tensor at once, for ``liveness`` the most bytes whose lives overlap (its
-    workspaces left out: a plan under a capacity may chunk them), for ``recompute`` what
-    forward leaves on the device for backward (neither dropped nor offloaded: every checkpoint
-    and what the segments do not drop); 0 for the others."""
+    workspaces left out: a plan under a capacity may chunk them), for ``recompute`` the same
+    with each value recomputation drops counted only in forward and at the backward steps
+    that use it, and each checkpoint copy from its copy to its segment's first replay; 0 for
+    the others."""
     if mode not in ("none", "liveness", "recompute") or host_params:
         return 0
     extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
@@ -177,14 +178,26 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
         always = sum(align(r.nbytes) for r in roots)
         if mode == "none":
             bound = always + sum(align(r.nbytes) for r, _ in uses.values())
-        elif mode == "recompute":
-            bound = always + _left_for_backward(graph, ops, roots, uses)
         else:
+            nf = len(graph.forward_ops)
+            rc = passes.recompute(ops[:nf], ops, uses, {id(r) for r in roots}, False) \
+                if mode == "recompute" else passes.Recompute([], {}, {})
+            dropped = rc.dropped
             delta = [0] * (len(ops) + 1)
-            for r, u in uses.values():
+            copied = {id(c): at for at, snaps in rc.snap_at.items() for _, c in snaps}
+            for seg in rc.segs:
+                for _, c in seg.snapshots if seg.needed_by else ():
+                    delta[copied[id(c)]] += c.block_bytes
+                    delta[seg.needed_by[0] + 1] -= c.block_bytes
+            for k, (r, u) in uses.items():
                 steps = u.reads + u.writes
-                delta[min(steps)] += align(r.nbytes)
-                delta[max(steps) + 1] -= align(r.nbytes)
+                lives = [(min(steps), max(steps))]
+                if k in dropped:    # freed after forward, and in backward perhaps between any two uses
+                    fwd = [s for s in steps if s < nf]
+                    lives = [(min(fwd), max(fwd))] * bool(fwd) + [(s, s) for s in set(steps) if s >= nf]
+                for a, b in lives:
+                    delta[a] += r.block_bytes
+                    delta[b + 1] -= r.block_bytes
             live = most = 0
             for d in delta:
                 live += d
@@ -192,16 +205,6 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
             bound = always + most
         graph.__dict__[key] = bound
     return graph.__dict__[key] + extra
-
-
-def _left_for_backward(graph, ops, roots, uses) -> int:
-    """Bytes of the values recomputation keeps from forward to backward: each is resident
-    when forward ends (the plan's own checkpoint copies come on top)."""
-    nf = len(graph.forward_ops)
-    rc = passes.recompute(ops[:nf], ops, uses, {id(r) for r in roots}, False)
-    times, fwd_last = passes.need_times(graph, uses, nf, rc)
-    return sum(r.block_bytes for key, (r, _) in uses.items()
-               if key not in rc.dropped and fwd_last[key][1] >= 0 and times[key] and times[key][-1] >= nf)
 
 
 def _cost(plan):

@@ -464,8 +464,11 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     capacity, kw = res.budgets(param)
     mode = res.mode(param)
     name = graph.param.name or "net"
+    # the tables' plans first: auto's disk tier reuses the peak of the plan without a capacity
+    plans = mode_plans(graph, planner.MODES, reserve)
+    hosted = mode_plans(graph, ("offload", "all"), 0, host_params=True)
     if capacity is None:        # a GPU with none here to ask its memory
-        chosen = planner.make_plan(graph, "none" if mode == "auto" else mode, None, reserve)
+        chosen = plans[planner.MODES.index("none" if mode == "auto" else mode)]
         out(f"{name}: mode '{chosen.mode}' needs {fmt_bytes(chosen.peak)} on {device} (no GPU here: "
             "give --device-memory for the verdict of auto)")
     else:
@@ -481,7 +484,6 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     if target is not None:
         how = "measured by cuDNN on " + target.name if target.cudnn else "estimated (no GPU here; see cudnn_conv.py)"
         out(f"planned for {device}: convolution workspaces {how}")
-    plans = mode_plans(graph, planner.MODES, reserve)
     copies = [n for n in graph.layers if n.type == "Copy"]
     if copies:
         out(f"{len(copies)} Copy operators join the locations:")
@@ -492,7 +494,6 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
             out(f"  {p.mode}: " + ", ".join(f"{loc or 'default'} {fmt_bytes(v)}" for loc, v in p.peaks.items() if v))
     out(f"lower bound (the most one step needs): {fmt_bytes(plans[0].lower_bound)} at {plans[-1].lower_bound_step}")
     out(report.plan_table(plans))
-    hosted = mode_plans(graph, ("offload", "all"), 0, host_params=True)
     params = sum(r.nbytes for r in hosted[-1].host_params)
     out(f"with parameters, gradients and {solver_type} history on the host ({fmt_bytes(params + reserve)} there), "
         "brought in per layer:")

@@ -1,8 +1,8 @@
 """CPU seconds of each phase of planning one net (default: ResNet-2500, the target: at most
 10 s for `sncaffe plan` and for the plan `sncaffe train` makes before its first iteration).
 
-``plan``: what ``sncaffe plan NET`` runs (read, then ``run.plan_report``: the graph, the verdict
-of auto, the table of every mode). ``train``: what ``sncaffe train NET`` runs up to its first
+``plan``: what ``sncaffe plan NET`` runs (read, then ``run.plan_report``: the graph, the table
+of every mode, the verdict of auto). ``train``: what ``sncaffe train NET`` runs up to its first
 iteration, less binding the tensors (read as a solver or a net, the train net's graph, the
 automatic plan with the solver's history). CPU time (time.process_time) is what a loaded machine
 does not inflate; wall time is printed beside it. What auto plans for depends on the RAM free
@@ -63,9 +63,9 @@ def plan_command(path):
     graph = t("graph", lambda: run.build_graph(run.prepare_net(param, "TRAIN"), 0))
     reserve = history_bytes(graph, RULES["SGD"].n_history)
     capacity, kw = res.budgets(param)
-    chosen = t("auto's verdict", lambda: planner.auto_plan(graph, capacity, reserve, **kw))
     t("every mode's plan", lambda: run.mode_plans(graph, planner.MODES, reserve))
     t("host parameters' plans", lambda: run.mode_plans(graph, ("offload", "all"), 0, host_params=True))
+    chosen = t("auto's verdict", lambda: planner.auto_plan(graph, capacity, reserve, **kw))
     rows = t.total("sum of the phases")
     whole = Phases()
     whole("the command", lambda: run.plan_report(run.net_param(path), res, out=lambda *a, **k: None))

@@ -96,6 +96,8 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
     device's pool is held to that arena when the net binds (Net.place), so the run places every
     block where the plan did. Only for a pool that holds nothing before the net (``before``)."""
     plan = plan_at(graph, mode, capacity, extra_bytes, **kw)
+    if capacity is None and mode in ("none", "liveness", "offload"):
+        graph.__dict__[_free_peak_key(mode, extra_bytes, kw)] = plan.peak
     if not plan.overflow or capacity is None or kw.get("before") or plan.peak > capacity:
         return plan
     kw.pop("built", None)
@@ -106,6 +108,16 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
             tight.capacity, tight.arena = capacity, arena // ALIGNMENT * ALIGNMENT
             return tight
     return plan
+
+
+def _free_peak_key(mode, extra_bytes, kw):
+    """Where the peak of a plan without a capacity is kept on the graph: a later plan of the same
+    walk reuses it (auto's disk tier, and ``sncaffe plan``'s table before it). The RAM and the
+    host pool's size are left out of the key: without a capacity they change what fits, not
+    the walk (modes that weigh recomputation against fits are not kept)."""
+    given = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items()
+                         if k not in ("built", "host_capacity", "ram", "spill")))
+    return ("_free_peak", mode, extra_bytes if isinstance(extra_bytes, int) else tuple(extra_bytes), given)
 
 
 def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
@@ -259,7 +271,8 @@ def shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
         return plan
     _progress(graph, f"planning memory: mode '{mode}' with a disk tier")
     plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room", "param_disk")}
-    need = make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
+    need = graph.__dict__.get(_free_peak_key(mode, extra_bytes, plain)) \
+        or make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
     for slack in (1.02, 1.1, 1.3):
         device = int(need * slack) if capacity is None else min(int(need * slack), capacity)
         room = min(x for x in (host_capacity, None if ram is None else ram - device, 1 << 62) if x is not None)

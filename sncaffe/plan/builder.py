@@ -83,16 +83,16 @@ class Builder:
         plan.memory_centric = len(a.mc)
         plan.offloaded = [r.name for r in a.offloaded.values()]
         plan.persistent = list(a.persistent)
-        plan.persistent_bytes = sum(align(r.nbytes) for r in a.persistent)
+        plan.persistent_bytes = sum(r.block_bytes for r in a.persistent)
         self.base = {"": self.extra}          # bytes each location holds before the iteration
         for loc in locations(self.graph, self.ops):
             self.base.setdefault(loc, 0)
         for r in a.persistent:
-            self.base[r.location] = self.base.get(r.location, 0) + align(r.nbytes)
+            self.base[r.location] = self.base.get(r.location, 0) + r.block_bytes
         self.where = Placement(self.capacity, self.base, self.before_blocks, a.persistent, self.extra_blocks)
         self.live, self.hosted, self.cache, self.free_at = {}, {}, LRUCache(), {}
         self.mc_free, self.mc_open = [], []     # memory-centric replays' results, and their open segments
-        hosted = 0 if self.param_disk else sum(align(r.nbytes) for r in plan.host_params)
+        hosted = 0 if self.param_disk else sum(r.block_bytes for r in plan.host_params)
         self.tiers = Tiers(self.host_room, plan.host_extra + hosted)
         self.to_bring = deque(self.to_bring)
         self.pos = -1
@@ -329,7 +329,7 @@ class Builder:
         plan.overflow = self.where.overflow
         homes = {}
         for r in plan.host_params:
-            homes[r.location] = homes.get(r.location, 0) + align(max(r.nbytes, 1))
+            homes[r.location] = homes.get(r.location, 0) + r.block_bytes
         disk_homes = homes if self.param_disk else {}
         homes = {} if self.param_disk else homes
         plan.disk_base = disk_homes.get("", 0) + self.disk_extra

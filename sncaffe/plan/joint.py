@@ -33,7 +33,7 @@ def persistent_blocks(graph, mode, host_params=False):
     homes = 0
     if host_params:
         params = {id(t.root) for n in graph.layers for d, dd in n.params for t in (d, dd)}
-        homes = sum(align(max(r.nbytes, 1)) for r in roots if id(r) in params)
+        homes = sum(r.block_bytes for r in roots if id(r) in params)
         roots = [r for r in roots if id(r) not in params]
     return [r.nbytes for r in roots if r.location == ""], homes
 

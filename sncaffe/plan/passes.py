@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from ..tensor import Tensor
 from .liveness import analyze as uses_of, op_tensors, persistent_roots, workspaces
-from ..sizes import align
 from .recompute import kept_scratch, segments
 
 
@@ -250,9 +249,9 @@ def lower_bound(graph, ops, param_ids):
         keep = {id(r) for r in always}
         best, where = 0, ""
         for op in ops:
-            need = sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in keep)
-            need += sum(align(t.nbytes) for t in workspaces(op))
+            need = sum(r.block_bytes for r, _ in op_tensors(op) if id(r) not in keep)
+            need += sum(t.block_bytes for t in workspaces(op))
             if need > best:
                 best, where = need, op.name
-        graph.__dict__[key] = (sum(align(r.nbytes) for r in always) + best, where)
+        graph.__dict__[key] = (sum(r.block_bytes for r in always) + best, where)
     return graph.__dict__[key]

@@ -187,9 +187,9 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
     if key not in graph.__dict__:
         ops = graph.forward_ops + graph.backward_ops
         roots, uses = passes.liveness(graph, ops, "liveness")
-        always = sum(align(r.nbytes) for r in roots)
+        always = sum(r.block_bytes for r in roots)
         if mode == "none":
-            bound = always + sum(align(r.nbytes) for r, _ in uses.values())
+            bound = always + sum(r.block_bytes for r, _ in uses.values())
         else:
             nf = len(graph.forward_ops)
             rc = passes.recompute(ops[:nf], ops, uses, {id(r) for r in roots}, False) \

@@ -455,7 +455,8 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     t0 = time.perf_counter()
     device = res.device or "cpu"
     target = backend.plan_target(device)
-    graph = build_graph(prepare_net(param, phase), 0 if phase == "TRAIN" else 1, target=target)
+    with planner.paused_gc():
+        graph = build_graph(prepare_net(param, phase), 0 if phase == "TRAIN" else 1, target=target)
     rule = RULES.get(solver_type)
     if rule is None:
         raise ValueError(f"unknown solver type {solver_type!r} ({', '.join(RULES)})")

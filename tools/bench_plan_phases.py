@@ -15,7 +15,10 @@ and ``--ram`` plans as if the pools had that much RAM, for figures to compare.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,20 +59,31 @@ def fmt(rows):
     return [(name, f"{cpu:.2f}", f"{wall:.2f}") for name, cpu, wall in rows]
 
 
-def plan_command(path):
+def plan_command(path, ram=None):
     """The phases of ``sncaffe plan PATH`` (no flags), then the command's own function end to end."""
     t, res = Phases(), run.Resources()
     param = t("read the prototxt", lambda: run.net_param(path))
-    graph = t("graph", lambda: run.build_graph(run.prepare_net(param, "TRAIN"), 0))
+    with planner.paused_gc():       # as plan_report builds it
+        graph = t("graph", lambda: run.build_graph(run.prepare_net(param, "TRAIN"), 0))
     reserve = history_bytes(graph, RULES["SGD"].n_history)
     capacity, kw = res.budgets(param)
     t("every mode's plan", lambda: run.mode_plans(graph, planner.MODES, reserve))
     t("host parameters' plans", lambda: run.mode_plans(graph, ("offload", "all"), 0, host_params=True))
     chosen = t("auto's verdict", lambda: planner.auto_plan(graph, capacity, reserve, **kw))
-    rows = t.total("sum of the phases")
-    whole = Phases()
-    whole("the command", lambda: run.plan_report(run.net_param(path), res, out=lambda *a, **k: None))
-    return rows + [("the command, end to end", *whole.rows[0][1:])], chosen, len(graph.layers)
+    return t.total("sum of the phases") + [whole_command(path, ram)], chosen, len(graph.layers)
+
+
+def whole_command(path, ram=None):
+    """("the command, whole process", CPU s, wall s) of ``sncaffe plan PATH`` in a process of its
+    own, interpreter and imports included (with ``ram``: the same budget as the phases)."""
+    pin = (f"from sncaffe.backend import cpu; from sncaffe.runtime import budget; "
+           f"budget.ram_budget = cpu.ram_budget = lambda: {ram}; ") if ram else ""
+    code = f"import sys; {pin}from sncaffe.cli import main; sys.exit(main(['plan', {str(path)!r}]))"
+    before, w = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return "the command, whole process", cpu, time.perf_counter() - w
 
 
 def train_plan(path):
@@ -106,9 +120,10 @@ def main(argv=None) -> int:
     print(f"{args.net}: CPU and wall seconds per phase (load average {load:.1f} on {os.cpu_count()} cores "
           "at start)\n")
     if args.only in (None, "plan"):
-        rows, chosen, n = plan_command(args.net)
+        rows, chosen, n = plan_command(args.net, args.ram and parse_bytes(args.ram))
         print(f"sncaffe plan: {n} layers, auto chose '{chosen.mode}', device peak {fmt_bytes(chosen.peak)}")
         table(fmt(rows), ("sncaffe plan", "CPU s", "wall s"))
+    gc.collect()            # the plan phases' garbage, not the train phases' to collect
     if args.only in (None, "train"):
         rows, plan = train_plan(args.net)
         print(f"sncaffe train, before the first iteration: auto chose '{plan.mode}', "

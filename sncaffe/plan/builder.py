@@ -27,8 +27,8 @@ from .tiers import Tiers
 @contextmanager
 def paused_gc():
     """The cyclic collector off while plans are made: a walk makes hundreds of thousands of
-    objects and no cycles, and each plan it keeps makes the collector's next full pass longer
-    (ResNet-2500: a fifth of the planning time inside a walk, as much again between them)."""
+    objects and no cycles, and each plan kept makes the collector's next full pass longer: on
+    the deepest nets the collector took a large share of planning, within walks and between."""
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -291,15 +291,15 @@ class Builder:
                 return
             self.emit("free", victim)
 
-    def emit(self, kind, tensor=None, **kw):
-        key = id(tensor)
+    def emit(self, kind, tensor, fill=None, source=None):
+        key, tier = id(tensor), "host"
         if kind == "alloc":
             if self.cache.held:
                 self.make_room([tensor.nbytes], tensor.location)
         elif kind == "offload" and self.host_room is not None and key not in self.hosted \
                 and id(tensor.root) not in self.param_ids:
-            kw["tier"] = self.tiers.place(tensor)
-        self.out.append(Instr(kind, tensor, **kw))
+            tier = self.tiers.place(tensor)
+        self.out.append(Instr(kind, tensor, None, False, fill, source, None, None, tier))
         if kind == "alloc":
             error = self.where.alloc(tensor)
             if error is not None and not self.where.overflow:

@@ -266,7 +266,7 @@ class Builder:
     def run(self, i, recompute=False):
         op = self.ops[i]
         ws, chunk = workspaces(op), None
-        loc = op.node.layer.param.location
+        loc = op.node.layer.param.location if ws else ""
         if self.capacity is not None and ws and not self.where.fits([t.nbytes for t in ws], loc):
             self.make_room([t.nbytes for t in ws], loc)
             if not self.where.fits([t.nbytes for t in ws], loc):
@@ -275,8 +275,8 @@ class Builder:
                 chunk, ws = best or (None, ws)
         for t in ws:
             self.emit("alloc", t)
-        self.out.append(Instr("run", op=op, recompute=recompute, chunk=chunk,
-                              workspace={t.name.split("#", 1)[1]: t for t in ws} if chunk else None))
+        self.out.append(Instr("run", None, op, recompute, None, None, chunk,
+                              {t.name.split("#", 1)[1]: t for t in ws} if chunk else None))
         for t in ws:
             self.emit("free", t)
         if recompute:

@@ -88,10 +88,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("net", help="a net prototxt (trained with train's default solver) or a solver")
     ap.add_argument("--batch", type=int, help="batch size (default: the net's)")
+    ap.add_argument("--threads", type=int, help="train's --threads (default: the thread policy's choice)")
     ap.add_argument("--rate-only", action="store_true", help="the FLOPs and the bound, no iteration")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    res = run.Resources()
+    res = run.Resources(threads=args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         p, _ = run.solver_param(args.net, max_iter=1, batch=args.batch, snapshot_prefix=os.path.join(tmp, "s"))
         p.snapshot_after_train = False

@@ -20,7 +20,7 @@ from . import blobproto
 from . import hdf5_weights
 from .hdf5_weights import warn_nonfinite
 from .backend import default_device, make_device
-from .plan.planner import MODES, MemoryExhausted, PlanError, auto_plan, check_fits, shared_ram_plan
+from .plan.planner import MODES, MemoryExhausted, PlanError, auto_plan, check_fits, paused_gc, shared_ram_plan
 from .plan.report import plan_line
 from .runtime.spill import spill_of, spill_room
 from .sizes import fmt_bytes
@@ -107,7 +107,8 @@ class Net:
             memory = memory_mode(param)
             host_params = host_params or param.memory_param.host_params
         # a GPU's layers size cuDNN's workspaces; setup_shapes, reuse: see build_graph
-        self.graph = build_graph(param, phase, dtype, device, setup_shapes, reuse)
+        with paused_gc():       # (hundreds of thousands of objects on the deepest nets, no garbage)
+            self.graph = build_graph(param, phase, dtype, device, setup_shapes, reuse)
         self._dtype, self._setup_shapes = dtype, setup_shapes
         self.replan_hooks = []          # called after the net is planned again mid-pass (pycaffe's views)
         # A solver's nets share the pool with the history and each other: () -> the bytes the others

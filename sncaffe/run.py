@@ -472,6 +472,15 @@ def time_net(param, res, phase="TRAIN", iterations=50, weights=None, source="", 
 
 # -- plan ---------------------------------------------------------------------------
 
+def mode_plans(graph, modes, reserve, **kw) -> list:
+    """Each mode's plan without a capacity; recompute and all reuse the plans without
+    recomputation they are weighed against (liveness, offload) instead of making them again."""
+    built = {}
+    for mode in modes:
+        built[mode] = planner.make_plan(graph, mode, None, reserve, built=built, **kw)
+    return list(built.values())
+
+
 def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="", out=print):
     """The memory of one iteration in every mode, simulated: nothing is allocated or computed.
     First the verdict for ``res`` (the mode auto picks, or ``res.memory``), then the tables;
@@ -479,7 +488,8 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     t0 = time.perf_counter()
     device = res.device or "cpu"
     target = backend.plan_target(device)
-    graph = build_graph(prepare_net(param, phase), 0 if phase == "TRAIN" else 1, target=target)
+    with planner.paused_gc():
+        graph = build_graph(prepare_net(param, phase), 0 if phase == "TRAIN" else 1, target=target)
     rule = RULES.get(solver_type)
     if rule is None:
         raise ValueError(f"unknown solver type {solver_type!r} ({', '.join(RULES)})")
@@ -488,8 +498,11 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     capacity, kw = res.budgets(param)
     mode = res.mode(param)
     name = graph.param.name or "net"
+    # the tables' plans first: auto's disk tier reuses the peak of the plan without a capacity
+    plans = mode_plans(graph, planner.MODES, reserve)
+    hosted = mode_plans(graph, ("offload", "all"), 0, host_params=True)
     if capacity is None:        # a GPU with none here to ask its memory
-        chosen = planner.make_plan(graph, "none" if mode == "auto" else mode, None, reserve)
+        chosen = plans[planner.MODES.index("none" if mode == "auto" else mode)]
         out(f"{name}: mode '{chosen.mode}' needs {fmt_bytes(chosen.peak)} on {device} (no GPU here: "
             "give --device-memory for the verdict of auto)")
     else:
@@ -505,7 +518,6 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     if target is not None:
         how = "measured by cuDNN on " + target.name if target.cudnn else "estimated (no GPU here; see cudnn_conv.py)"
         out(f"planned for {device}: convolution workspaces {how}")
-    plans = [planner.make_plan(graph, m, None, reserve) for m in planner.MODES]
     copies = [n for n in graph.layers if n.type == "Copy"]
     if copies:
         out(f"{len(copies)} Copy operators join the locations:")
@@ -516,7 +528,6 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
             out(f"  {p.mode}: " + ", ".join(f"{loc or 'default'} {fmt_bytes(v)}" for loc, v in p.peaks.items() if v))
     out(f"lower bound (the most one step needs): {fmt_bytes(plans[0].lower_bound)} at {plans[-1].lower_bound_step}")
     out(report.plan_table(plans))
-    hosted = [planner.make_plan(graph, m, None, 0, host_params=True) for m in ("offload", "all")]
     params = sum(r.nbytes for r in hosted[-1].host_params)
     out(f"with parameters, gradients and {solver_type} history on the host ({fmt_bytes(params + reserve)} there), "
         "brought in per layer:")

@@ -8,6 +8,8 @@ from functools import cached_property
 
 import numpy as np
 
+from .sizes import align
+
 
 @dataclass(eq=False)
 class Tensor:
@@ -21,6 +23,11 @@ class Tensor:
     @cached_property
     def nbytes(self) -> int:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+    @cached_property
+    def block_bytes(self) -> int:
+        """The bytes of its pool block (``nbytes`` aligned): the planner asks millions of times."""
+        return align(self.nbytes)
 
     @property
     def root(self) -> "Tensor":

@@ -10,16 +10,32 @@ from __future__ import annotations
 
 import bisect
 import gc
+from collections import deque
+from contextlib import contextmanager
 
 from . import passes
 from .cache import LRUCache
 from .chunks import choose_chunk
-from .liveness import op_tensors, workspaces
+from .liveness import locations, op_tensors, workspaces
 from .placement import Placement
 from .result import Plan, PlanError, layer_flops
 from ..sizes import align
 from .schedule import Instr, Schedule, simulate
 from .tiers import Tiers
+
+
+@contextmanager
+def paused_gc():
+    """The cyclic collector off while plans are made: a walk makes hundreds of thousands of
+    objects and no cycles, and each plan kept makes the collector's next full pass longer: on
+    the deepest nets the collector took a large share of planning, within walks and between."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class Builder:
@@ -49,15 +65,8 @@ class Builder:
 
     # -- the walk ---------------------------------------------------------------
     def build(self):
-        # The walk makes hundreds of thousands of short-lived objects and no cycles: the cyclic
-        # collector would only rescan the graph's own (ResNet-2500: a fifth of the planning time).
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with paused_gc():
             return self.walk()
-        finally:
-            if collecting:
-                gc.enable()
 
     def walk(self):
         self.error, self.flops = PlanError, layer_flops
@@ -76,19 +85,19 @@ class Builder:
         plan.dropped = [r.name for seg in a.rc.segs for r in seg.dropped]
         plan.memory_centric = len(a.mc)
         plan.offloaded = [r.name for r in a.offloaded.values()]
-        plan.persistent = a.persistent
-        plan.persistent_bytes = sum(align(r.nbytes) for r in a.persistent)
+        plan.persistent = list(a.persistent)
+        plan.persistent_bytes = sum(r.block_bytes for r in a.persistent)
         self.base = {"": self.extra}          # bytes each location holds before the iteration
-        for op in self.ops:
-            for t in op.reads + op.writes:
-                self.base.setdefault(t.location, 0)
+        for loc in locations(self.graph, self.ops):
+            self.base.setdefault(loc, 0)
         for r in a.persistent:
-            self.base[r.location] = self.base.get(r.location, 0) + align(r.nbytes)
+            self.base[r.location] = self.base.get(r.location, 0) + r.block_bytes
         self.where = Placement(self.capacity, self.base, self.before_blocks, a.persistent, self.extra_blocks)
         self.live, self.hosted, self.cache, self.free_at = {}, {}, LRUCache(), {}
         self.mc_free, self.mc_open = [], []     # memory-centric replays' results, and their open segments
-        hosted = 0 if self.param_disk else sum(align(r.nbytes) for r in plan.host_params)
+        hosted = 0 if self.param_disk else sum(r.block_bytes for r in plan.host_params)
         self.tiers = Tiers(self.host_room, plan.host_extra + hosted)
+        self.to_bring = deque(self.to_bring)
         self.pos = -1
         self.out = plan.schedule.forward
         for i in range(self.nf):
@@ -138,7 +147,7 @@ class Builder:
     def backward_step(self, j):
         # Prefetch what the next few operators need, so the copy hides behind compute.
         while self.to_bring and self.to_bring[0][0] <= j + self.lookahead:
-            self.bring(self.to_bring.pop(0)[2])
+            self.bring(self.to_bring.popleft()[2])
         self.bring_params(j, len(self.ops))
         for r, write in op_tensors(self.ops[j]):
             if id(r) not in self.persistent_ids:
@@ -260,7 +269,7 @@ class Builder:
     def run(self, i, recompute=False):
         op = self.ops[i]
         ws, chunk = workspaces(op), None
-        loc = op.node.layer.param.location
+        loc = op.node.layer.param.location if ws else ""
         if self.capacity is not None and ws and not self.where.fits([t.nbytes for t in ws], loc):
             self.make_room([t.nbytes for t in ws], loc)
             if not self.where.fits([t.nbytes for t in ws], loc):
@@ -269,8 +278,8 @@ class Builder:
                 chunk, ws = best or (None, ws)
         for t in ws:
             self.emit("alloc", t)
-        self.out.append(Instr("run", op=op, recompute=recompute, chunk=chunk,
-                              workspace={t.name.split("#", 1)[1]: t for t in ws} if chunk else None))
+        self.out.append(Instr("run", None, op, recompute, None, None, chunk,
+                              {t.name.split("#", 1)[1]: t for t in ws} if chunk else None))
         for t in ws:
             self.emit("free", t)
         if recompute:
@@ -285,14 +294,15 @@ class Builder:
                 return
             self.emit("free", victim)
 
-    def emit(self, kind, tensor=None, **kw):
-        key = id(tensor)
+    def emit(self, kind, tensor, fill=None, source=None):
+        key, tier = id(tensor), "host"
         if kind == "alloc":
-            self.make_room([tensor.nbytes], tensor.location)
+            if self.cache.held:
+                self.make_room([tensor.nbytes], tensor.location)
         elif kind == "offload" and self.host_room is not None and key not in self.hosted \
                 and id(tensor.root) not in self.param_ids:
-            kw["tier"] = self.tiers.place(tensor)
-        self.out.append(Instr(kind, tensor, **kw))
+            tier = self.tiers.place(tensor)
+        self.out.append(Instr(kind, tensor, None, False, fill, source, None, None, tier))
         if kind == "alloc":
             error = self.where.alloc(tensor)
             if error is not None and not self.where.overflow:
@@ -322,7 +332,7 @@ class Builder:
         plan.overflow = self.where.overflow
         homes = {}
         for r in plan.host_params:
-            homes[r.location] = homes.get(r.location, 0) + align(max(r.nbytes, 1))
+            homes[r.location] = homes.get(r.location, 0) + r.block_bytes
         disk_homes = homes if self.param_disk else {}
         homes = {} if self.param_disk else homes
         plan.disk_base = disk_homes.get("", 0) + self.disk_extra

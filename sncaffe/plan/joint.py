@@ -33,7 +33,7 @@ def persistent_blocks(graph, mode, host_params=False):
     homes = 0
     if host_params:
         params = {id(t.root) for n in graph.layers for d, dd in n.params for t in (d, dd)}
-        homes = sum(align(max(r.nbytes, 1)) for r in roots if id(r) in params)
+        homes = sum(r.block_bytes for r in roots if id(r) in params)
         roots = [r for r in roots if id(r) not in params]
     return [r.nbytes for r in roots if r.location == ""], homes
 
@@ -56,7 +56,8 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
         own, homes = persistent_blocks(train.graph, mode, hosted)
         test_own = [persistent_blocks(t.graph, "liveness" if t.memory == "auto" else t.memory)[0] for t in tests]
         after = [b for blocks in test_own for b in blocks] + dev_history
-        if quick_bound(train.graph, mode, after, hosted) > limit:
+        # (a mode given is planned even so: the error then says what it needs)
+        if train.memory == "auto" and quick_bound(train.graph, mode, after, hosted) > limit:
             continue
         if len(train.graph.layers) >= 1000:
             log.info("planning memory: trying mode '%s' for the train net beside %d test net(s)", mode, len(tests))

@@ -83,4 +83,16 @@ def analyze(ops, persistent) -> dict:
 
 
 def workspaces(op) -> list:
-    return [t for t in op.writes if t.kind == "workspace"]
+    """The operator's workspace tensors (kept on the operator, as ``op_tensors``; read-only)."""
+    ws = op.__dict__.get("_workspaces")
+    if ws is None:
+        ws = op.__dict__["_workspaces"] = [t for t in op.writes if t.kind == "workspace"]
+    return ws
+
+
+def locations(graph, ops) -> list:
+    """The locations the tensors of ``ops`` live on, in first-use order (once per graph)."""
+    key = ("_locations", len(ops))
+    if key not in graph.__dict__:
+        graph.__dict__[key] = list(dict.fromkeys(t.location for op in ops for t in op.reads + op.writes))
+    return graph.__dict__[key]

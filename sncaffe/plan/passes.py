@@ -45,7 +45,16 @@ class Analysis:
 def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3, granularity=0) -> Analysis:
     """The passes below, walked in order; their data is what the builder replays. ``hosted``:
     parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``);
-    ``granularity``: 0 recomputes per layer, more in segments of whole units (``recompute``)."""
+    ``granularity``: 0 recomputes per layer, more in segments of whole units (``recompute``).
+    The same for every plan of these arguments (auto makes several at different capacities):
+    analysed once per graph, and read-only to the builder."""
+    key = ("_analysis", mode, bool(hosted), centric, min_gap, len(ops), nf, granularity)
+    if key not in graph.__dict__:
+        graph.__dict__[key] = _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity)
+    return graph.__dict__[key]
+
+
+def _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity) -> Analysis:
     roots, uses = liveness(graph, ops, mode)
     persistent_ids = {id(r) for r in roots}
     param_ids, param_ops = {}, {}
@@ -354,9 +363,9 @@ def lower_bound(graph, ops, param_ids):
         keep = {id(r) for r in always}
         best, where = 0, ""
         for op in ops:
-            need = sum(align(r.nbytes) for r, _ in op_tensors(op) if id(r) not in keep)
-            need += sum(align(t.nbytes) for t in workspaces(op))
+            need = sum(r.block_bytes for r, _ in op_tensors(op) if id(r) not in keep)
+            need += sum(t.block_bytes for t in workspaces(op))
             if need > best:
                 best, where = need, op.name
-        graph.__dict__[key] = (sum(align(r.nbytes) for r in always) + best, where)
+        graph.__dict__[key] = (sum(r.block_bytes for r in always) + best, where)
     return graph.__dict__[key]

@@ -34,7 +34,7 @@ class Placement:
     def alloc(self, tensor):
         """Place ``tensor``: the allocator's error where it cannot be placed, else None."""
         sim = self.sims.get(tensor.location)
-        self.in_use[tensor.location] = self.in_use.get(tensor.location, 0) + align(tensor.nbytes)
+        self.in_use[tensor.location] = self.in_use.get(tensor.location, 0) + tensor.block_bytes
         if sim is not None:
             try:
                 self.placed[id(tensor)] = sim.alloc(tensor.nbytes, tensor.name)
@@ -45,7 +45,7 @@ class Placement:
     def free(self, tensor):
         if id(tensor) in self.placed:
             self.sims[tensor.location].free(self.placed.pop(id(tensor)))
-        self.in_use[tensor.location] -= align(tensor.nbytes)
+        self.in_use[tensor.location] -= tensor.block_bytes
 
     def fits(self, sizes, loc="") -> bool:
         """Whether blocks of ``sizes`` can be placed on ``loc`` now."""

@@ -31,7 +31,8 @@ import logging
 from dataclasses import replace
 
 from . import passes
-from .builder import Builder
+from .builder import Builder, paused_gc
+from .liveness import locations
 from .result import MemoryExhausted, Plan, PlanError, layer_flops  # noqa: F401  (the planner's API)
 from ..sizes import ALIGNMENT, align, fmt_bytes
 
@@ -87,6 +88,7 @@ def check_fits(graph, plan, capacity, reserve=0) -> None:
         f"({fmt_bytes(plan.peak - capacity)} short) at step {step}, {t.labels[i]}; {advice(graph, capacity, reserve)}")
 
 
+@paused_gc()
 def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
     """``mode``'s plan under ``capacity`` (see ``plan_at``), placed on the pool's allocator.
 
@@ -97,6 +99,8 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
     device's pool is held to that arena when the net binds (Net.place), so the run places every
     block where the plan did. Only for a pool that holds nothing before the net (``before``)."""
     plan = plan_at(graph, mode, capacity, extra_bytes, **kw)
+    if capacity is None and mode in ("none", "liveness", "offload"):
+        graph.__dict__[_free_peak_key(mode, extra_bytes, kw)] = plan.peak
     if not plan.overflow or capacity is None or kw.get("before") or plan.peak > capacity:
         return plan
     kw.pop("built", None)
@@ -107,6 +111,16 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
             tight.capacity, tight.arena = capacity, arena // ALIGNMENT * ALIGNMENT
             return tight
     return plan
+
+
+def _free_peak_key(mode, extra_bytes, kw):
+    """Where the peak of a plan without a capacity is kept on the graph: a later plan of the same
+    walk reuses it (auto's disk tier, and ``sncaffe plan``'s table before it). The RAM and the
+    host pool's size are left out of the key: without a capacity they change what fits, not
+    the walk (modes that weigh recomputation against fits are not kept)."""
+    given = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items()
+                         if k not in ("built", "host_capacity", "ram", "spill")))
+    return ("_free_peak", mode, extra_bytes if isinstance(extra_bytes, int) else tuple(extra_bytes), given)
 
 
 def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
@@ -215,28 +229,48 @@ def _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_cen
 def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
     """A lower bound of ``mode``'s peak at any capacity, without building its plan: for
     ``none`` every tensor at once, for ``liveness`` the most bytes whose lives overlap (its
-    workspaces left out: a plan under a capacity may chunk them); 0 for the others."""
-    if mode not in ("none", "liveness") or host_params:
+    workspaces left out: a plan under a capacity may chunk them), for ``recompute`` the same
+    with each value recomputation drops counted only in forward and at the backward steps
+    that use it, and each checkpoint copy from its copy to its segment's first replay, or
+    less where whole segments replayed may hold less (``passes.coarse_floor``); 0 for the others."""
+    if mode not in ("none", "liveness", "recompute") or host_params:
         return 0
     extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
     key = ("_quick_bound", mode)
     if key not in graph.__dict__:
         ops = graph.forward_ops + graph.backward_ops
         roots, uses = passes.liveness(graph, ops, "liveness")
-        always = sum(align(r.nbytes) for r in roots)
+        always = sum(r.block_bytes for r in roots)
         if mode == "none":
-            bound = always + sum(align(r.nbytes) for r, _ in uses.values())
+            bound = always + sum(r.block_bytes for r, _ in uses.values())
         else:
+            nf = len(graph.forward_ops)
+            rc = passes.recompute(ops[:nf], ops, uses, {id(r) for r in roots}, False) \
+                if mode == "recompute" else passes.Recompute([], {}, {})
+            dropped = rc.dropped
             delta = [0] * (len(ops) + 1)
-            for r, u in uses.values():
+            copied = {id(c): at for at, snaps in rc.snap_at.items() for _, c in snaps}
+            for seg in rc.segs:
+                for _, c in seg.snapshots if seg.needed_by else ():
+                    delta[copied[id(c)]] += c.block_bytes
+                    delta[seg.needed_by[0] + 1] -= c.block_bytes
+            for k, (r, u) in uses.items():
                 steps = u.reads + u.writes
-                delta[min(steps)] += align(r.nbytes)
-                delta[max(steps) + 1] -= align(r.nbytes)
+                lives = [(min(steps), max(steps))]
+                if k in dropped:    # freed after forward, and in backward perhaps between any two uses
+                    fwd = [s for s in steps if s < nf]
+                    lives = [(min(fwd), max(fwd))] * bool(fwd) + [(s, s) for s in set(steps) if s >= nf]
+                for a, b in lives:
+                    delta[a] += r.block_bytes
+                    delta[b + 1] -= r.block_bytes
             live = most = 0
             for d in delta:
                 live += d
                 most = max(most, live)
             bound = always + most
+            if mode == "recompute":     # or whole segments replayed, where per layer does not fit
+                bound = min(bound, always + min(passes.coarse_floor(graph, g) for g in GRANULARITIES)
+                            if len(locations(graph, ops)) == 1 else 0)
         graph.__dict__[key] = bound
     return graph.__dict__[key] + extra
 
@@ -245,6 +279,7 @@ def _cost(plan):
     return (not plan.fits, plan.peak, plan.d2h_bytes + plan.h2d_bytes)
 
 
+@paused_gc()
 def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
     """The cheapest mode whose plan fits ``capacity`` (and the host tier, ``host_capacity`` and
     ``ram``); then ``all`` with parameters on the host. Modes that cannot fit by a cheap bound
@@ -266,6 +301,7 @@ def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
     return plan if plan is not None else make_plan(graph, "all", capacity, extra_bytes, **kw)
 
 
+@paused_gc()
 def shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
     """``mode``'s plan, fitted to the host tier where the first plan is not. On one RAM (the
     CPU) what an offloading plan keeps cached on the device is held twice: plan the device
@@ -291,7 +327,8 @@ def shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
         return plan
     _progress(graph, f"planning memory: mode '{mode}' with a disk tier")
     plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room", "param_disk")}
-    need = make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
+    need = graph.__dict__.get(_free_peak_key(mode, extra_bytes, plain)) \
+        or make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
     for slack in (1.02, 1.1, 1.3):
         device = int(need * slack) if capacity is None else min(int(need * slack), capacity)
         room = min(x for x in (host_capacity, None if ram is None else ram - device, 1 << 62) if x is not None)

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..sizes import align
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)       # (slots: a plan of a deep net makes millions)
 class Instr:
     kind: str                   # alloc | free | run | offload | prefetch | drop | snapshot | restore
     tensor: object = None       # a graph Tensor (a root), for memory instructions
@@ -87,36 +86,38 @@ def simulate(schedule: Schedule, persistent: int, location: str = "", host_base:
     held = {}                       # id(value) -> the tier its copy is in
     d, h, k_, labels, steps = [dev], [host], [disk], ["start"], []
     backward_start = None
-    for k, ins in enumerate(schedule):
-        if k == len(schedule.forward):
+    for part in (schedule.forward, schedule.backward):
+        if part is schedule.backward:
             backward_start = len(d) - 1
-        if ins.tensor is not None and (ins.source or ins.tensor).location != location:
-            continue
-        if ins.kind == "alloc":
-            dev += align(ins.tensor.nbytes)
-        elif ins.kind == "free":
-            dev -= align(ins.tensor.nbytes)
-        elif ins.kind == "offload":
-            key = id(ins.tensor)
-            if key in homes or key in held:
-                continue                    # its host block is already there
-            held[key] = ins.tier
-            if ins.tier == "disk":
-                disk += align(ins.tensor.nbytes)
+        for ins in part:            # (millions on the deepest nets: kept to one dispatch per kind)
+            kind, t = ins.kind, ins.tensor
+            if kind == "run":
+                steps.append((len(d), ins.op.name + (" (recompute)" if ins.recompute else "")))
+                continue
+            if (ins.source or t).location != location:
+                continue
+            if kind == "alloc":
+                dev += t.block_bytes
+            elif kind == "free":
+                dev -= t.block_bytes
+            elif kind == "offload":
+                key = id(t)
+                if key in homes or key in held:
+                    continue                    # its host block is already there
+                held[key] = ins.tier
+                if ins.tier == "disk":
+                    disk += t.block_bytes
+                else:
+                    host += t.block_bytes
+            elif kind == "drop":
+                if held.pop(id(t), "host") == "disk":
+                    disk -= t.block_bytes
+                else:
+                    host -= t.block_bytes
             else:
-                host += align(ins.tensor.nbytes)
-        elif ins.kind == "drop":
-            if held.pop(id(ins.tensor), "host") == "disk":
-                disk -= align(ins.tensor.nbytes)
-            else:
-                host -= align(ins.tensor.nbytes)
-        elif ins.kind == "run":
-            steps.append((len(d), ins.op.name + (" (recompute)" if ins.recompute else "")))
-            continue
-        else:
-            continue
-        d.append(dev)
-        h.append(host)
-        k_.append(disk)
-        labels.append(ins)
-    return Timeline(d, h, labels, steps, len(d) - 1 if backward_start is None else backward_start, k_)
+                continue
+            d.append(dev)
+            h.append(host)
+            k_.append(disk)
+            labels.append(ins)
+    return Timeline(d, h, labels, steps, backward_start, k_)

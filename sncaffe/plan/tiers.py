@@ -3,7 +3,6 @@ as it fills), the disk tier (the spill file, spill.py) for the rest. Parameters 
 host have their own home there and are not placed here."""
 from __future__ import annotations
 
-from ..sizes import align
 class Tiers:
     def __init__(self, room, used):
         self.room = room                # host bytes copies may take (with ``used``); None: all
@@ -12,7 +11,7 @@ class Tiers:
 
     def place(self, tensor) -> str:
         """The tier ``tensor``'s copy goes to."""
-        n = align(tensor.nbytes)
+        n = tensor.block_bytes
         tier = "host" if self.used + n <= self.room else "disk"
         if tier == "host":
             self.used += n
@@ -22,4 +21,4 @@ class Tiers:
     def release(self, tensor) -> None:
         """The copy is dropped: its host bytes come back."""
         if self.of.pop(id(tensor), "disk") == "host":
-            self.used -= align(tensor.nbytes)
+            self.used -= tensor.block_bytes

@@ -9,7 +9,8 @@ from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.plan.liveness import op_tensors, workspaces
-from sncaffe.plan.planner import AUTO_ORDER, MODES, MemoryExhausted, PlanError, _cost, auto_plan, check_fits, make_plan
+from sncaffe.plan.planner import (AUTO_ORDER, MODES, MemoryExhausted, PlanError, _cost, auto_plan, check_fits,
+                                  make_plan, quick_bound)
 from sncaffe.sizes import align
 from sncaffe.plan.schedule import simulate
 from sncaffe.proto import sncaffe_pb2 as pb
@@ -252,3 +253,20 @@ def test_a_huge_batch_chunks_by_bisection(monkeypatch):
     chunked = [ins for ins in runs if ins.chunk]
     assert chunked and all(1 <= ins.chunk < 1_000_000 for ins in chunked)
     assert 0 < plan.chunk_trials <= len(chunked) * (math.floor(math.log2(1_000_000)) + 1)
+
+
+@pytest.mark.parametrize("name", ["resnet50 batch 16", "zoo"])
+def test_quick_bounds_are_at_most_the_peaks(r50, name):
+    """auto skips a mode whose quick bound exceeds the capacity: the bound must never be more
+    than the mode's plan, at no capacity or at a tight one, with a solver's history beside it."""
+    from test_modes import ZOO
+    graphs = [r50.graph] if name != "zoo" else [graph_of(net_param(p)) for p in ZOO[:6]]
+    if not graphs:
+        pytest.skip("tests/data/shared/zoo is not present")
+    for graph in graphs:
+        for mode in ("none", "liveness", "recompute"):
+            free = make_plan(graph, mode, None, 4096)
+            bound = quick_bound(graph, mode, 4096)
+            assert 0 < bound <= free.peak, mode
+            tight = make_plan(graph, mode, bound + (free.peak - bound) // 2, 4096)
+            assert bound <= tight.peak, mode

@@ -157,7 +157,10 @@ def cmd_time(args) -> int:
 
 def cmd_plan(args) -> int:
     """The memory of one iteration in every mode, simulated: nothing is allocated or computed."""
-    run.plan_report(net_param(args), resources(args), args.phase, args.solver_type, args.png, args.net)
+    param = net_param(args)
+    if args.host_params:
+        param.memory_param.host_params = True
+    run.plan_report(param, resources(args), args.phase, args.solver_type, args.png, args.net)
     return 0
 
 
@@ -204,7 +207,7 @@ COMMANDS = [
          "plan for cpu or cuda (default: %(default)s): a GPU's convolutions take cuDNN's workspaces, measured "
          "where a GPU is here, else estimated"))), "place", "batch", ("phase", dict(default="TRAIN")),
          ("memory", dict(help="the mode of the verdict (default: the net's memory_param, else auto: what train "
-                              "would decide here)")), "solver_type", "png", *STATE]),
+                              "would decide here)")), "solver_type", "host_params", "png", *STATE]),
     ("draw", cmd_draw, "draw a net with Graphviz (like Caffe's draw_net.py)",
      [NET, ("out", dict(help="the drawing: .dot (text), or .png, .svg, .pdf (these need Graphviz's dot)"))],
      ["rankdir", ("phase", dict(default="ALL", choices=["TRAIN", "TEST", "ALL"],

@@ -500,7 +500,6 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     name = graph.param.name or "net"
     # the tables' plans first: auto's disk tier reuses the peak of the plan without a capacity
     plans = mode_plans(graph, planner.MODES, reserve)
-    hosted = mode_plans(graph, ("offload", "all"), 0, host_params=True)
     if capacity is None:        # a GPU with none here to ask its memory
         chosen = plans[planner.MODES.index("none" if mode == "auto" else mode)]
         out(f"{name}: mode '{chosen.mode}' needs {fmt_bytes(chosen.peak)} on {device} (no GPU here: "
@@ -528,11 +527,19 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
             out(f"  {p.mode}: " + ", ".join(f"{loc or 'default'} {fmt_bytes(v)}" for loc, v in p.peaks.items() if v))
     out(f"lower bound (the most one step needs): {fmt_bytes(plans[0].lower_bound)} at {plans[-1].lower_bound_step}")
     out(report.plan_table(plans))
-    params = sum(r.nbytes for r in hosted[-1].host_params)
-    out(f"with parameters, gradients and {solver_type} history on the host ({fmt_bytes(params + reserve)} there), "
-        "brought in per layer:")
-    out(report.plan_table(hosted))
-    more = [("host params", hosted)]
+    more = []
+    # The tables with the parameters on the host where they matter: the device cannot hold them,
+    # or the user keeps them there (a whole set of plans more, seconds on the deepest nets).
+    if capacity is None or not chosen.fits or chosen.host_params or param.memory_param.host_params:
+        hosted = mode_plans(graph, ("offload", "all"), 0, host_params=True)
+        params = sum(r.nbytes for r in hosted[-1].host_params)
+        out(f"with parameters, gradients and {solver_type} history on the host ({fmt_bytes(params + reserve)} "
+            "there), brought in per layer:")
+        out(report.plan_table(hosted))
+        more.append(("host params", hosted))
+    else:
+        out("parameters, gradients and history stay on the device: the verdict fits without moving them "
+            "to the host (--host-params plans that too)")
     if res.device_memory:
         given = capacity
         cached = [planner.make_plan(graph, m, given, reserve) for m in ("offload", "all")]

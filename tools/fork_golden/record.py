@@ -1,0 +1,207 @@
+"""Records golden data from a Caffe fork's own layer code, built CPU-only with layer_driver.cpp.
+
+    python tools/fork_golden/record.py FORK DRIVER OUT_DIR
+
+FORK names a set of cases below (ssd, ...); DRIVER is the layer_driver built against that fork's
+sources. Each case becomes OUT_DIR/<case>.npz holding the LayerParameter text, the bottoms, the
+propagate_down flags, the parameter blobs, the top diffs given, and what the fork computed: the tops,
+the bottom diffs and the parameter diffs. Inputs are random with a fixed seed per case.
+"""
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+import numpy as np
+
+
+def _write_blob(f, a):
+    a = np.ascontiguousarray(a, np.float32)
+    f.write(struct.pack(f"<{1 + a.ndim}i", a.ndim, *a.shape))
+    f.write(a.tobytes())
+
+
+def _read_blobs(buf, pos, n):
+    out = []
+    for _ in range(n):
+        ndim, = struct.unpack_from("<i", buf, pos)
+        shape = struct.unpack_from(f"<{ndim}i", buf, pos + 4)
+        pos += 4 + 4 * ndim
+        size = int(np.prod(shape, dtype=np.int64))
+        out.append(np.frombuffer(buf, np.float32, size, pos).reshape(shape).copy())
+        pos += 4 * size
+    return out, pos
+
+
+def run_case(driver, text, bottoms, propagate_down=None, params=(), top_diffs=()):
+    """Runs the fork's layer once; returns (tops, bottom_diffs, params, param_diffs)."""
+    propagate_down = [True] * len(bottoms) if propagate_down is None else propagate_down
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, n) for n in ("layer.prototxt", "in.bin", "out.bin")]
+        with open(paths[0], "w") as f:
+            f.write(text)
+        with open(paths[1], "wb") as f:
+            f.write(struct.pack("<i", len(bottoms)))
+            for b in bottoms:
+                _write_blob(f, b)
+            f.write(struct.pack(f"<{len(bottoms)}i", *map(int, propagate_down)))
+            for group in (params, top_diffs):
+                f.write(struct.pack("<i", len(group)))
+                for b in group:
+                    _write_blob(f, b)
+        subprocess.run([driver, *paths], check=True, stderr=subprocess.DEVNULL)
+        buf = open(paths[2], "rb").read()
+    n, = struct.unpack_from("<i", buf, 0)
+    tops, pos = _read_blobs(buf, 4, n)
+    n, = struct.unpack_from("<i", buf, pos)
+    bottom_diffs, pos = _read_blobs(buf, pos + 4, n)
+    n, = struct.unpack_from("<i", buf, pos)
+    both, pos = _read_blobs(buf, pos + 4, 2 * n)
+    return tops, bottom_diffs, both[0::2], both[1::2]
+
+
+def layer_text(name, type_, n_bottoms, n_tops, body):
+    bottoms = " ".join(f'bottom: "b{i}"' for i in range(n_bottoms))
+    tops = " ".join(f'top: "t{i}"' for i in range(n_tops))
+    return f'name: "{name}" type: "{type_}" {bottoms} {tops}\n{body}\n'
+
+
+def save(out_dir, name, text, bottoms, propagate_down, params, top_diffs, result):
+    tops, bottom_diffs, params_after, param_diffs = result
+    arrays = {"prototxt": np.array(text), "propagate_down": np.array(propagate_down, bool)}
+    for key, group in (("bottom", bottoms), ("param", params_after), ("top_diff", top_diffs), ("top", tops),
+                       ("bottom_diff", bottom_diffs), ("param_diff", param_diffs)):
+        for i, a in enumerate(group):
+            arrays[f"{key}{i}"] = np.asarray(a, np.float32)
+    np.savez_compressed(os.path.join(out_dir, f"{name}.npz"), **arrays)
+
+
+# -- SSD (weiliu89/caffe, branch ssd) ---------------------------------------------------------------
+def grid_priors(rng, fmap, img, sizes):
+    """Prior boxes as a PriorBox top (1, 2, P * 4), clipped to [0, 1], variance 0.1 0.1 0.2 0.2."""
+    boxes = []
+    for y in range(fmap):
+        for x in range(fmap):
+            cx, cy = (x + 0.5) / fmap, (y + 0.5) / fmap
+            for s in sizes:
+                w, h = s * rng.uniform(0.8, 1.25), s * rng.uniform(0.8, 1.25)
+                boxes.append([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
+    boxes = np.clip(np.float32(boxes), 0, 1)
+    var = np.tile(np.float32([0.1, 0.1, 0.2, 0.2]), (len(boxes), 1))
+    return np.stack([boxes.reshape(-1), var.reshape(-1)])[None]
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def ssd_cases(rng_for):
+    V = "variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2"
+    # PriorBox: the output depends on the shapes only
+    for name, body, fmap, img in [
+        ("prior_box_ratios_flip", f"min_size: 10 max_size: 20 aspect_ratio: 2 aspect_ratio: 3 flip: true {V}",
+         (1, 4, 3, 3), (1, 3, 30, 30)),
+        ("prior_box_clip_step_offset", f"min_size: 7 min_size: 15 max_size: 12 max_size: 24 aspect_ratio: 2 "
+         f"flip: false clip: true step: 9 offset: 0.2 variance: 0.1", (2, 4, 4, 3), (2, 3, 27, 33)),
+        ("prior_box_img_hw_steps", f"min_size: 6.5 aspect_ratio: 1.5 aspect_ratio: 1 clip: false img_h: 20 "
+         f"img_w: 40 step_h: 5 step_w: 8 {V}", (1, 2, 4, 5), (1, 3, 16, 16)),
+    ]:
+        yield name, layer_text(name, "PriorBox", 2, 1, f"prior_box_param {{ {body} }}"), \
+            [np.zeros(fmap), np.zeros(img)], [False, False], (), ()
+    # Normalize: forward and backward, scale blob random
+    for name, body, shape, scale_shape in [
+        ("normalize_across_spatial_shared", "across_spatial: true channel_shared: true", (2, 3, 4, 5), (1,)),
+        ("normalize_per_location_channels", "across_spatial: false channel_shared: false eps: 1e-6",
+         (2, 4, 3, 3), (4,)),
+        ("normalize_per_location_shared", "across_spatial: false channel_shared: true", (1, 5, 2, 3), (1,)),
+    ]:
+        rng = rng_for(name)
+        x = rng.standard_normal(shape)
+        yield name, layer_text(name, "Normalize", 1, 1, f"norm_param {{ {body} }}"), [x], [True], \
+            [rng.uniform(0.5, 2, scale_shape)], [rng.standard_normal(shape)]
+    for name, order, shape in [("permute_nhwc", (0, 2, 3, 1), (2, 3, 4, 5)),
+                               ("permute_0312", (0, 3, 1, 2), (2, 3, 4, 5)),
+                               ("permute_partial", (1, 0), (2, 3, 2, 2))]:
+        rng = rng_for(name)
+        x = rng.standard_normal(shape)
+        body = "permute_param { " + " ".join(f"order: {a}" for a in order) + " }"
+        yield name, layer_text(name, "Permute", 1, 1, body), [x], [True], (), \
+            [rng.standard_normal(np.transpose(x, order + tuple(range(len(order), 4))).shape)]
+    # DetectionOutput: loc (N, P*4*L), conf (N, P*C) already soft-maxed, priors (1, 2, P*4)
+    for name, body, n, classes, share, ties in [
+        ("detection_output_center_size", "num_classes: 4 share_location: true background_label_id: 0 "
+         "nms_param { nms_threshold: 0.45 top_k: 40 } code_type: CENTER_SIZE keep_top_k: 30 "
+         "confidence_threshold: 0.05", 2, 4, True, False),
+        ("detection_output_keep_top_k_threshold", "num_classes: 3 share_location: true background_label_id: 0 "
+         "nms_param { nms_threshold: 0.3 top_k: 10 } code_type: CENTER_SIZE keep_top_k: 5 "
+         "confidence_threshold: 0.3", 2, 3, True, False),
+        ("detection_output_corner_variance_in_target", "num_classes: 3 share_location: true "
+         "background_label_id: 0 nms_param { nms_threshold: 0.5 } code_type: CORNER "
+         "variance_encoded_in_target: true confidence_threshold: 0.1", 1, 3, True, False),
+        ("detection_output_unshared_no_background", "num_classes: 3 share_location: false "
+         "background_label_id: -1 nms_param { nms_threshold: 0.45 top_k: 20 eta: 0.9 } code_type: CENTER_SIZE "
+         "keep_top_k: 12 confidence_threshold: 0.2", 2, 3, False, False),
+        ("detection_output_score_ties", "num_classes: 2 share_location: true background_label_id: 0 "
+         "nms_param { nms_threshold: 0.45 top_k: 16 } code_type: CENTER_SIZE keep_top_k: 8 "
+         "confidence_threshold: 0.1", 2, 2, True, True),
+        ("detection_output_nothing_found", "num_classes: 3 share_location: true background_label_id: 0 "
+         "nms_param { nms_threshold: 0.45 } code_type: CENTER_SIZE confidence_threshold: 0.99", 2, 3, True, False),
+    ]:
+        rng = rng_for(name)
+        priors = grid_priors(rng, 3, 1, (0.3, 0.55))
+        p = priors.shape[2] // 4
+        loc = rng.standard_normal((n, p * 4 * (1 if share else classes))) * 0.5
+        if ties:
+            conf = np.round(rng.uniform(0, 1, (n, p, classes)) * 4) / 4
+        else:
+            conf = softmax(rng.standard_normal((n, p, classes)) * 2)
+        yield name, layer_text(name, "DetectionOutput", 3, 1, f"detection_output_param {{ {body} }}"), \
+            [loc, conf.reshape(n, -1), priors], [False] * 3, (), ()
+    # MultiBoxLoss: loss and the gradients of loc and conf; ground truth rows
+    # [item, label, instance, xmin, ymin, xmax, ymax, difficult]
+    for name, body, loss_body, classes, gts in [
+        ("multibox_loss_default", "num_classes: 3 overlap_threshold: 0.5 neg_pos_ratio: 3 neg_overlap: 0.5",
+         "", 3, [[0, 1, 0, .1, .1, .45, .5, 0], [0, 2, 1, .5, .4, .95, .9, 0], [1, 1, 0, .2, .3, .7, .8, 0]]),
+        ("multibox_loss_difficult_bipartite_batch_norm",
+         "num_classes: 4 overlap_threshold: 0.5 neg_pos_ratio: 2 use_difficult_gt: false match_type: BIPARTITE",
+         "loss_param { normalization: BATCH_SIZE }", 4,
+         [[0, 3, 0, .05, .05, .4, .45, 1], [0, 2, 1, .3, .3, .8, .7, 0], [1, 1, 0, .6, .1, .95, .6, 0],
+          [1, 3, 1, .1, .5, .5, .95, 0]]),
+        ("multibox_loss_corner_no_mining_loc_weight",
+         "num_classes: 3 overlap_threshold: 0.4 code_type: CORNER mining_type: NONE loc_weight: 2.5",
+         "loss_param { normalization: FULL }", 3, [[0, 1, 0, .2, .2, .6, .7, 0], [1, 2, 0, .4, .1, .9, .5, 0]]),
+    ]:
+        rng = rng_for(name)
+        priors = grid_priors(rng, 3, 1, (0.3, 0.55))
+        p = priors.shape[2] // 4
+        n = 2
+        loc = rng.standard_normal((n, p * 4)) * 0.3
+        conf = rng.standard_normal((n, p * classes))
+        label = np.float32(gts)[None, None]
+        yield name, layer_text(name, "MultiBoxLoss", 4, 1, f"multibox_loss_param {{ {body} }} {loss_body}"), \
+            [loc, conf, priors, label], [True, True, False, False], (), ()
+
+
+FORKS = {"ssd": ssd_cases}
+
+
+def main(fork, driver, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+
+    def rng_for(name):
+        return np.random.default_rng(zlib.crc32(name.encode()))
+
+    for name, text, bottoms, prop, params, top_diffs in FORKS[fork](rng_for):
+        bottoms = [np.float32(b) for b in bottoms]
+        params = [np.float32(b) for b in params]
+        top_diffs = [np.float32(b) for b in top_diffs]
+        result = run_case(driver, text, bottoms, prop, params, top_diffs)
+        save(out_dir, name, text, bottoms, prop, params, top_diffs, result)
+        print(name, [t.shape for t in result[0]])
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -11,15 +11,17 @@
 //   each blob as ndim, dims..., values (a diff that was not computed is written as zeros).
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
+
+#include <google/protobuf/text_format.h>
 
 #include "caffe/blob.hpp"
 #include "caffe/common.hpp"
 #include "caffe/layer.hpp"
 #include "caffe/layer_factory.hpp"
 #include "caffe/proto/caffe.pb.h"
-#include "caffe/util/io.hpp"
 
 #ifdef REGISTER_SOFTMAX
 // BVLC's layer_factory.cpp registers Softmax through its engine switch; the CPU engine is this class.
@@ -59,7 +61,11 @@ int main(int argc, char** argv) {
   caffe::Caffe::set_mode(caffe::Caffe::CPU);
   caffe::Caffe::set_random_seed(1701);
   caffe::LayerParameter param;
-  CHECK(caffe::ReadProtoFromTextFile(argv[1], &param));
+  {  // parsed here: the forks' util/io.cpp pulls in OpenCV
+    std::ifstream text_file(argv[1]);
+    std::string text((std::istreambuf_iterator<char>(text_file)), std::istreambuf_iterator<char>());
+    CHECK(google::protobuf::TextFormat::ParseFromString(text, &param)) << argv[1];
+  }
   FILE* in = fopen(argv[2], "rb");
   CHECK(in) << argv[2];
   int n_bottoms = read_int(in);

@@ -183,9 +183,35 @@ def ssd_cases(rng_for):
         label = np.float32(gts)[None, None]
         yield name, layer_text(name, "MultiBoxLoss", 4, 1, f"multibox_loss_param {{ {body} }} {loss_body}"), \
             [loc, conf, priors, label], [True, True, False, False], (), ()
+    # SmoothL1Loss as MultiBoxLoss uses it: two bottoms, sum over the batch size
+    name = "smooth_l1_loss_two_bottoms"
+    rng = rng_for(name)
+    pred = rng.standard_normal((3, 8)) * 1.5
+    yield name, layer_text(name, "SmoothL1Loss", 2, 1, "loss_weight: 0.7"), \
+        [pred, pred + rng.standard_normal((3, 8))], [True, True], (), ()
 
 
-FORKS = {"ssd": ssd_cases}
+# -- Faster R-CNN (rbgirshick/caffe-fast-rcnn, branch faster-rcnn) --------------------------------
+def faster_rcnn_cases(rng_for):
+    # The fork's CPU code has ROIPooling's forward only (its backward and SmoothL1Loss are GPU-only).
+    for name, body, data_shape, rois, negative in [
+        ("roi_pooling_scale_1_16", "pooled_h: 3 pooled_w: 3 spatial_scale: 0.0625", (2, 3, 8, 10),
+         [[0, 0, 0, 159, 127], [1, 16, 20, 100, 90], [0, 40, 8, 72, 60], [1, 150, 100, 200, 140]], False),
+        ("roi_pooling_outside_tiny_halves", "pooled_h: 2 pooled_w: 4 spatial_scale: 0.5", (1, 2, 7, 9),
+         [[0, -6, -4, 5, 5], [0, 3, 3, 3, 3], [0, 9, 1, 5, 11], [0, 5, 7, 25, 17], [0, 1, 1, 2.9, 13.1]],
+         False),
+        ("roi_pooling_negative_values_empty_bins", "pooled_h: 4 pooled_w: 3 spatial_scale: 1", (1, 3, 5, 6),
+         [[0, 1, 1, 2, 2], [0, 0, 0, 5, 4], [0, 4, 3, 30, 30]], True),
+    ]:
+        rng = rng_for(name)
+        x = rng.standard_normal(data_shape)
+        if negative:
+            x = -np.abs(x) - 1
+        yield name, layer_text(name, "ROIPooling", 2, 1, f"roi_pooling_param {{ {body} }}"), \
+            [x, np.float32(rois)], [False, False], (), ()
+
+
+FORKS = {"ssd": ssd_cases, "faster_rcnn": faster_rcnn_cases}
 
 
 def main(fork, driver, out_dir):

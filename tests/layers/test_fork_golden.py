@@ -9,7 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from google.protobuf import text_format
+
 from sncaffe.gradcheck import Harness, make_layer
+from sncaffe.layers.base import TEST, TRAIN
+from sncaffe.proto import sncaffe_pb2 as pb
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fork_golden"
 CASES = sorted(DATA.glob("*/*.npz"))
@@ -33,7 +37,9 @@ def test_golden_data_is_there():
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_layer_matches_the_fork(path):
     case = dict(np.load(path))
-    layer = make_layer(str(case["prototxt"]))
+    text = str(case["prototxt"])
+    phase = TEST if text_format.Parse(text, pb.LayerParameter()).phase == pb.TEST else TRAIN
+    layer = make_layer(text, phase=phase)
     bottoms, params = _group(case, "bottom"), _group(case, "param")
     h = Harness(layer, bottoms, dtype=np.float32, params=params or None)
     tops = h.forward()
@@ -50,8 +56,13 @@ def test_layer_matches_the_fork(path):
     if layer.is_loss:
         weight = layer.param.loss_weight[0] if layer.param.loss_weight else 1.0
         top_diffs = [np.full(t.shape, weight, np.float32) for t in tops]
-    if not top_diffs:
-        return
+    if top_diffs:
+        _check_backward(case, path, layer, h, top_diffs)
+    for i, want in enumerate(_group(case, "param_after")):    # running statistics
+        np.testing.assert_allclose(layer.blobs[i].data, want, rtol=1e-5, atol=1e-6, err_msg=f"param {i}")
+
+
+def _check_backward(case, path, layer, h, top_diffs):
     prop = [bool(p) for p in case["propagate_down"]]
     own = EXACT_NOT_FORK.get(f"{path.parent.name}/{path.stem}", ())
     bottom_diffs, param_diffs = h.backward(top_diffs, prop)

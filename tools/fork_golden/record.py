@@ -51,7 +51,9 @@ def run_case(driver, text, bottoms, propagate_down=None, params=(), top_diffs=()
                 f.write(struct.pack("<i", len(group)))
                 for b in group:
                     _write_blob(f, b)
-        subprocess.run([driver, *paths], check=True, stderr=subprocess.DEVNULL)
+        run = subprocess.run([driver, *paths], capture_output=True, text=True)
+        if run.returncode:
+            sys.exit(f"{driver} failed on\n{text}\n{run.stderr[-2000:]}")
         buf = open(paths[2], "rb").read()
     n, = struct.unpack_from("<i", buf, 0)
     tops, pos = _read_blobs(buf, 4, n)
@@ -69,10 +71,16 @@ def layer_text(name, type_, n_bottoms, n_tops, body):
 
 
 def save(out_dir, name, text, bottoms, propagate_down, params, top_diffs, result):
+    """param<i>: the blobs the layer ran with (given, or its fillers' when none were given);
+    param_after<i>: the blobs after forward and backward, where the layer changed them."""
     tops, bottom_diffs, params_after, param_diffs = result
     arrays = {"prototxt": np.array(text), "propagate_down": np.array(propagate_down, bool)}
-    for key, group in (("bottom", bottoms), ("param", params_after), ("top_diff", top_diffs), ("top", tops),
-                       ("bottom_diff", bottom_diffs), ("param_diff", param_diffs)):
+    changed = [a for p, a in zip(params, params_after) if not np.array_equal(p, a)] if params else []
+    if changed:
+        assert len(changed) == len(params_after) or params, "a layer changed blobs it was not given"
+    for key, group in (("bottom", bottoms), ("param", params or params_after), ("top_diff", top_diffs),
+                       ("top", tops), ("bottom_diff", bottom_diffs), ("param_diff", param_diffs),
+                       ("param_after", params_after if changed else ())):
         for i, a in enumerate(group):
             arrays[f"{key}{i}"] = np.asarray(a, np.float32)
     np.savez_compressed(os.path.join(out_dir, f"{name}.npz"), **arrays)
@@ -211,7 +219,77 @@ def faster_rcnn_cases(rng_for):
             [x, np.float32(rois)], [False, False], (), ()
 
 
-FORKS = {"ssd": ssd_cases, "faster_rcnn": faster_rcnn_cases}
+# -- SegNet (alexgkendall/caffe-segnet) ---------------------------------------------------------------
+def max_pool_mask(x, k, s):
+    """A max pooling (ceil-rounded, windows clipped at the border) and the flat index in the input
+    plane of each maximum: the mask top SegNet's Pooling gives its Upsample."""
+    n, c, h, w = x.shape
+    ph, pw = -(-(h - k) // s) + 1, -(-(w - k) // s) + 1
+    out, mask = np.zeros((n, c, ph, pw)), np.zeros((n, c, ph, pw))
+    for i in range(ph):
+        for j in range(pw):
+            win = x[:, :, i * s:min(i * s + k, h), j * s:min(j * s + k, w)]
+            flat = win.reshape(n, c, -1)
+            a = flat.argmax(-1)
+            ww = win.shape[3]
+            out[:, :, i, j] = flat.max(-1)
+            mask[:, :, i, j] = (i * s + a // ww) * w + j * s + a % ww
+    return out, mask
+
+
+def segnet_cases(rng_for):
+    for name, body, image, backward in [
+        ("upsample_scale_2", "scale: 2", (2, 3, 6, 8), True),
+        ("upsample_pad_out_h", "scale: 2 pad_out_h: true", (1, 2, 5, 8), True),
+        ("upsample_h_w", "upsample_h: 7 upsample_w: 9", (1, 2, 7, 9), False),
+    ]:
+        rng = rng_for(name)
+        pooled, mask = max_pool_mask(rng.standard_normal(image), 2, 2)
+        top_shape = image   # the pooled input maps back onto the image it came from
+        yield name, layer_text(name, "Upsample", 2, 1, f"upsample_param {{ {body} }}"), \
+            [pooled, mask], [True, False], (), [rng.standard_normal(top_shape)] if backward else ()
+    # BN: blobs scale and shift (1, C, 1, 1)
+    for name, body, shape, tops, backward in [
+        ("bn_learn", "bn_mode: LEARN", (3, 4, 3, 2), 1, True),
+        ("bn_learn_mean_variance_tops", "bn_mode: LEARN", (2, 3, 2, 2), 3, False),
+        ("bn_inference", "bn_mode: INFERENCE", (2, 3, 2, 3), 1, True),
+    ]:
+        rng = rng_for(name)
+        x = rng.standard_normal(shape) * 2 + 0.5
+        c = (1, shape[1], 1, 1)
+        yield name, layer_text(name, "BN", 1, tops, f"bn_param {{ {body} }}"), [x], [True], \
+            [rng.uniform(0.5, 1.5, c), rng.standard_normal(c)], [rng.standard_normal(shape)] if backward else ()
+
+
+# -- PSPNet (hszhao/PSPNet) -----------------------------------------------------------------------------
+def pspnet_cases(rng_for):
+    # BN: blobs slope, bias, running mean, running variance (1, C, 1, 1)
+    for name, head, body, shape in [
+        ("bn_train_running_stats", "", "momentum: 0.8 eps: 1e-4", (3, 4, 2, 3)),
+        ("bn_test_phase", "phase: TEST", "eps: 1e-5", (2, 3, 3, 2)),
+        ("bn_frozen", "", "frozen: true", (2, 3, 2, 2)),
+    ]:
+        rng = rng_for(name)
+        x = rng.standard_normal(shape) * 1.5 - 0.3
+        c = (1, shape[1], 1, 1)
+        params = [rng.uniform(0.5, 1.5, c), rng.standard_normal(c), rng.standard_normal(c) * 0.3,
+                  rng.uniform(0.5, 2, c)]
+        yield name, layer_text(name, "BN", 1, 1, f"{head} bn_param {{ {body} }}"), [x], [True], params, \
+            [rng.standard_normal(shape)]
+    for name, body, shape, out, second in [
+        ("interp_zoom", "zoom_factor: 2", (2, 3, 4, 5), (7, 9), None),
+        ("interp_shrink", "shrink_factor: 2", (1, 2, 7, 9), (4, 5), None),
+        ("interp_size_pad", "height: 6 width: 11 pad_beg: -1 pad_end: -1", (1, 2, 6, 7), (6, 11), None),
+        ("interp_shrink_zoom", "shrink_factor: 3 zoom_factor: 4", (1, 2, 10, 7), (13, 9), None),
+        ("interp_like_bottom", "", (2, 2, 3, 4), (8, 5), (2, 1, 8, 5)),
+    ]:
+        rng = rng_for(name)
+        bottoms = [rng.standard_normal(shape)] + ([np.zeros(second)] if second else [])
+        yield name, layer_text(name, "Interp", len(bottoms), 1, f"interp_param {{ {body} }}"), bottoms, \
+            [True] + [False] * (len(bottoms) - 1), (), [rng.standard_normal(shape[:2] + out)]
+
+
+FORKS = {"ssd": ssd_cases, "faster_rcnn": faster_rcnn_cases, "segnet": segnet_cases, "pspnet": pspnet_cases}
 
 
 def main(fork, driver, out_dir):

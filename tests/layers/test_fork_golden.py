@@ -17,9 +17,11 @@ from sncaffe.proto import sncaffe_pb2 as pb
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fork_golden"
 CASES = sorted(DATA.glob("*/*.npz"))
-# sncaffe's Normalize takes the exact gradient; SSD's scales the projected gradient by the
-# channel's scale, which differs when the channels do not share one (checked on its own below).
-EXACT_NOT_FORK = {"ssd/normalize_per_location_channels": (0,)}
+# Gradients where sncaffe takes the exact derivative of the forward and the fork does not (each is
+# checked on its own below): SSD's Normalize scales the projected gradient by the channel's scale;
+# PSPNet's BN in the TEST phase differentiates through batch statistics it did not use.
+EXACT_NOT_FORK = {"ssd/normalize_per_location_channels": {"bottom0"},
+                  "pspnet/bn_test_phase": {"bottom0", "param0", "param1"}}
 
 
 def _group(case, key):
@@ -64,13 +66,14 @@ def test_layer_matches_the_fork(path):
 
 def _check_backward(case, path, layer, h, top_diffs):
     prop = [bool(p) for p in case["propagate_down"]]
-    own = EXACT_NOT_FORK.get(f"{path.parent.name}/{path.stem}", ())
+    own = EXACT_NOT_FORK.get(f"{path.parent.name}/{path.stem}", set())
     bottom_diffs, param_diffs = h.backward(top_diffs, prop)
     for i, (got, want) in enumerate(zip(bottom_diffs, _group(case, "bottom_diff"))):
-        if prop[i] and i not in own:
+        if prop[i] and f"bottom{i}" not in own:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"bottom {i} diff")
     for i, (got, want) in enumerate(zip(param_diffs, _group(case, "param_diff"))):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"param {i} diff")
+        if f"param{i}" not in own:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"param {i} diff")
 
 
 def test_normalize_fork_gradient_differs_only_by_where_the_scale_applies():
@@ -87,3 +90,19 @@ def test_normalize_fork_gradient_differs_only_by_where_the_scale_applies():
     g = dy * s
     np.testing.assert_allclose(exact, (g - xhat * (xhat * g).sum(axis=1, keepdims=True)) / norm, rtol=1e-10)
     assert not np.allclose(exact, case["bottom_diff0"], rtol=1e-3, atol=1e-4)
+
+
+def test_pspnet_bn_fork_test_phase_gradient_is_the_training_formula_on_stored_statistics():
+    case = dict(np.load(DATA / "pspnet" / "bn_test_phase.npz"))
+    x, dy = case["bottom0"].astype(np.float64), case["top_diff0"].astype(np.float64)
+    slope, bias, mean, var = (case[f"param{i}"].astype(np.float64) for i in range(4))
+    inv = 1 / np.sqrt(var + 1e-5)
+    x_norm = (x - mean) * inv
+    g = dy * slope * inv
+    fork = g - g.mean(axis=(0, 2, 3), keepdims=True) - x_norm * (g * x_norm).mean(axis=(0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(case["bottom_diff0"], fork, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(case["param_diff0"], (dy * x_norm).sum(axis=(0, 2, 3), keepdims=True), rtol=1e-4)
+    layer = make_layer(str(case["prototxt"]), phase=TEST)
+    h = Harness(layer, [x], params=[slope, bias, mean, var])
+    h.forward()
+    np.testing.assert_allclose(h.backward([dy], [True])[0][0], g, rtol=1e-10)   # exact: linear in x

@@ -281,7 +281,6 @@ def pspnet_cases(rng_for):
         ("interp_shrink", "shrink_factor: 2", (1, 2, 7, 9), (4, 5), None),
         ("interp_size_pad", "height: 6 width: 11 pad_beg: -1 pad_end: -1", (1, 2, 6, 7), (6, 11), None),
         ("interp_shrink_zoom", "shrink_factor: 3 zoom_factor: 4", (1, 2, 10, 7), (13, 9), None),
-        ("interp_like_bottom", "", (2, 2, 3, 4), (8, 5), (2, 1, 8, 5)),
     ]:
         rng = rng_for(name)
         bottoms = [rng.standard_normal(shape)] + ([np.zeros(second)] if second else [])

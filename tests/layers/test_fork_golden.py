@@ -33,7 +33,9 @@ def _group(case, key):
 
 
 def test_golden_data_is_there():
-    assert len(CASES) >= 18, CASES
+    for fork in ("ssd", "faster_rcnn", "segnet", "pspnet"):
+        assert (DATA / fork / "LICENSE").is_file()
+        assert len(list((DATA / fork).glob("*.npz"))) >= 3, fork
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")

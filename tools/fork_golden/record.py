@@ -276,16 +276,15 @@ def pspnet_cases(rng_for):
                   rng.uniform(0.5, 2, c)]
         yield name, layer_text(name, "BN", 1, 1, f"{head} bn_param {{ {body} }}"), [x], [True], params, \
             [rng.standard_normal(shape)]
-    for name, body, shape, out, second in [
-        ("interp_zoom", "zoom_factor: 2", (2, 3, 4, 5), (7, 9), None),
-        ("interp_shrink", "shrink_factor: 2", (1, 2, 7, 9), (4, 5), None),
-        ("interp_size_pad", "height: 6 width: 11 pad_beg: -1 pad_end: -1", (1, 2, 6, 7), (6, 11), None),
-        ("interp_shrink_zoom", "shrink_factor: 3 zoom_factor: 4", (1, 2, 10, 7), (13, 9), None),
+    for name, body, shape, out in [
+        ("interp_zoom", "zoom_factor: 2", (2, 3, 4, 5), (7, 9)),
+        ("interp_shrink", "shrink_factor: 2", (1, 2, 7, 9), (4, 5)),
+        ("interp_size_pad", "height: 6 width: 11 pad_beg: -1 pad_end: -1", (1, 2, 6, 7), (6, 11)),
+        ("interp_shrink_zoom", "shrink_factor: 3 zoom_factor: 4", (1, 2, 10, 7), (13, 9)),
     ]:
         rng = rng_for(name)
-        bottoms = [rng.standard_normal(shape)] + ([np.zeros(second)] if second else [])
-        yield name, layer_text(name, "Interp", len(bottoms), 1, f"interp_param {{ {body} }}"), bottoms, \
-            [True] + [False] * (len(bottoms) - 1), (), [rng.standard_normal(shape[:2] + out)]
+        yield name, layer_text(name, "Interp", 1, 1, f"interp_param {{ {body} }}"), \
+            [rng.standard_normal(shape)], [True], (), [rng.standard_normal(shape[:2] + out)]
 
 
 FORKS = {"ssd": ssd_cases, "faster_rcnn": faster_rcnn_cases, "segnet": segnet_cases, "pspnet": pspnet_cases}

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from google.protobuf import text_format
 
 from sncaffe.gradcheck import Harness, make_layer
@@ -17,9 +16,10 @@ from sncaffe.proto import sncaffe_pb2 as pb
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fork_golden"
 CASES = sorted(DATA.glob("*/*.npz"))
-# Gradients where sncaffe takes the exact derivative of the forward and the fork does not (each is
-# checked on its own below): SSD's Normalize scales the projected gradient by the channel's scale;
-# PSPNet's BN in the TEST phase differentiates through batch statistics it did not use.
+# Gradients where sncaffe and the fork part (each checked on its own below): SSD's Normalize
+# scales the projected gradient by the channel's scale, not the exact gradient; PSPNet's BN in the
+# TEST phase differentiates through batch statistics it did not use, where sncaffe's is exact for
+# the input, and sncaffe gives slope and bias no gradient there (it keeps no normalised input).
 EXACT_NOT_FORK = {"ssd/normalize_per_location_channels": {"bottom0"},
                   "pspnet/bn_test_phase": {"bottom0", "param0", "param1"}}
 
@@ -33,7 +33,7 @@ def _group(case, key):
 
 
 def test_golden_data_is_there():
-    for fork in ("ssd", "faster_rcnn", "segnet", "pspnet"):
+    for fork in ("ssd", "faster_rcnn", "segnet", "pspnet", "senet"):
         assert (DATA / fork / "LICENSE").is_file()
         assert len(list((DATA / fork).glob("*.npz"))) >= 3, fork
 

@@ -287,7 +287,21 @@ def pspnet_cases(rng_for):
             [rng.standard_normal(shape)], [True], (), [rng.standard_normal(shape[:2] + out)]
 
 
-FORKS = {"ssd": ssd_cases, "faster_rcnn": faster_rcnn_cases, "segnet": segnet_cases, "pspnet": pspnet_cases}
+# -- SENet (hujie-frank/SENet's Axpy, in BVLC Caffe) ------------------------------------------------------
+def senet_cases(rng_for):
+    for name, a_shape, shape, prop in [
+        ("axpy_4d_scale", (2, 3, 1, 1), (2, 3, 4, 5), [True, True, True]),
+        ("axpy_2d_scale", (2, 4), (2, 4, 3, 3), [True, True, True]),
+        ("axpy_scale_and_y_only", (1, 3, 1, 1), (1, 3, 2, 2), [True, False, True]),
+    ]:
+        rng = rng_for(name)
+        yield name, layer_text(name, "Axpy", 3, 1, ""), \
+            [rng.standard_normal(a_shape), rng.standard_normal(shape), rng.standard_normal(shape)], prop, (), \
+            [rng.standard_normal(shape)]
+
+
+FORKS = {"ssd": ssd_cases, "faster_rcnn": faster_rcnn_cases, "segnet": segnet_cases, "pspnet": pspnet_cases,
+         "senet": senet_cases}
 
 
 def main(fork, driver, out_dir):

@@ -87,8 +87,8 @@ def save(out_dir, name, text, bottoms, propagate_down, params, top_diffs, result
 
 
 # -- SSD (weiliu89/caffe, branch ssd) ---------------------------------------------------------------
-def grid_priors(rng, fmap, img, sizes):
-    """Prior boxes as a PriorBox top (1, 2, P * 4), clipped to [0, 1], variance 0.1 0.1 0.2 0.2."""
+def grid_priors(rng, fmap, img, sizes, clip=True):
+    """Prior boxes as a PriorBox top (1, 2, P * 4), clipped to [0, 1] or not, variance 0.1 0.1 0.2 0.2."""
     boxes = []
     for y in range(fmap):
         for x in range(fmap):
@@ -96,7 +96,7 @@ def grid_priors(rng, fmap, img, sizes):
             for s in sizes:
                 w, h = s * rng.uniform(0.8, 1.25), s * rng.uniform(0.8, 1.25)
                 boxes.append([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
-    boxes = np.clip(np.float32(boxes), 0, 1)
+    boxes = np.clip(np.float32(boxes), 0, 1) if clip else np.float32(boxes)
     var = np.tile(np.float32([0.1, 0.1, 0.2, 0.2]), (len(boxes), 1))
     return np.stack([boxes.reshape(-1), var.reshape(-1)])[None]
 
@@ -170,20 +170,35 @@ def ssd_cases(rng_for):
             [loc, conf.reshape(n, -1), priors], [False] * 3, (), ()
     # MultiBoxLoss: loss and the gradients of loc and conf; ground truth rows
     # [item, label, instance, xmin, ymin, xmax, ymax, difficult]
-    for name, body, loss_body, classes, gts in [
+    for name, body, loss_body, classes, gts, clip in [
         ("multibox_loss_default", "num_classes: 3 overlap_threshold: 0.5 neg_pos_ratio: 3 neg_overlap: 0.5",
-         "", 3, [[0, 1, 0, .1, .1, .45, .5, 0], [0, 2, 1, .5, .4, .95, .9, 0], [1, 1, 0, .2, .3, .7, .8, 0]]),
+         "", 3, [[0, 1, 0, .1, .1, .45, .5, 0], [0, 2, 1, .5, .4, .95, .9, 0], [1, 1, 0, .2, .3, .7, .8, 0]],
+         True),
         ("multibox_loss_difficult_bipartite_batch_norm",
          "num_classes: 4 overlap_threshold: 0.5 neg_pos_ratio: 2 use_difficult_gt: false match_type: BIPARTITE",
          "loss_param { normalization: BATCH_SIZE }", 4,
          [[0, 3, 0, .05, .05, .4, .45, 1], [0, 2, 1, .3, .3, .8, .7, 0], [1, 1, 0, .6, .1, .95, .6, 0],
-          [1, 3, 1, .1, .5, .5, .95, 0]]),
+          [1, 3, 1, .1, .5, .5, .95, 0]], True),
         ("multibox_loss_corner_no_mining_loc_weight",
          "num_classes: 3 overlap_threshold: 0.4 code_type: CORNER mining_type: NONE loc_weight: 2.5",
-         "loss_param { normalization: FULL }", 3, [[0, 1, 0, .2, .2, .6, .7, 0], [1, 2, 0, .4, .1, .9, .5, 0]]),
+         "loss_param { normalization: FULL }", 3, [[0, 1, 0, .2, .2, .6, .7, 0], [1, 2, 0, .4, .1, .9, .5, 0]],
+         True),
+        ("multibox_loss_ssd_train_center_size",     # the settings of SSD's published training nets
+         "loc_loss_type: SMOOTH_L1 conf_loss_type: SOFTMAX loc_weight: 1.0 num_classes: 4 share_location: true "
+         "match_type: PER_PREDICTION overlap_threshold: 0.5 use_prior_for_matching: true background_label_id: 0 "
+         "use_difficult_gt: true neg_pos_ratio: 3.0 neg_overlap: 0.5 code_type: CENTER_SIZE "
+         "ignore_cross_boundary_bbox: false mining_type: MAX_NEGATIVE",
+         "loss_param { normalization: VALID }", 4,
+         [[0, 1, 0, .1, .1, .45, .5, 0], [0, 3, 1, .5, .4, .95, .9, 0], [0, 2, 2, .3, .0, .6, .35, 0],
+          [1, 2, 0, .2, .3, .7, .8, 0]], True),
+        ("multibox_loss_l2_background_2_cross_boundary",
+         "loc_loss_type: L2 num_classes: 4 background_label_id: 2 code_type: CENTER_SIZE neg_pos_ratio: 1.5 "
+         "ignore_cross_boundary_bbox: true overlap_threshold: 0.45",
+         "loss_param { normalization: NONE }", 4,
+         [[0, 1, 0, .0, .05, .5, .6, 0], [0, 3, 1, .5, .4, 1.0, .95, 0], [1, 0, 0, .25, .2, .75, .85, 0]], False),
     ]:
         rng = rng_for(name)
-        priors = grid_priors(rng, 3, 1, (0.3, 0.55))
+        priors = grid_priors(rng, 3, 1, (0.3, 0.55), clip)
         p = priors.shape[2] // 4
         n = 2
         loc = rng.standard_normal((n, p * 4)) * 0.3

@@ -155,6 +155,9 @@ def ssd_cases(rng_for):
         ("detection_output_score_ties", "num_classes: 2 share_location: true background_label_id: 0 "
          "nms_param { nms_threshold: 0.45 top_k: 16 } code_type: CENTER_SIZE keep_top_k: 8 "
          "confidence_threshold: 0.1", 2, 2, True, True),
+        ("detection_output_corner_size_unshared", "num_classes: 3 share_location: false background_label_id: 0 "
+         "nms_param { nms_threshold: 0.5 top_k: 8 } code_type: CORNER_SIZE keep_top_k: 10 "
+         "confidence_threshold: 0.15", 2, 3, False, False),
         ("detection_output_nothing_found", "num_classes: 3 share_location: true background_label_id: 0 "
          "nms_param { nms_threshold: 0.45 } code_type: CENTER_SIZE confidence_threshold: 0.99", 2, 3, True, False),
     ]:

@@ -85,7 +85,10 @@ class BN(Layer):
     and variance), INFERENCE computes y = scale x + shift.
     PSPNet's (otherwise): blobs [slope, bias, mean, variance] (the last two never learned); TRAIN
     uses the batch's statistics and moves the stored ones by ``momentum`` (stored = momentum
-    stored + (1 - momentum) batch), TEST or ``frozen`` uses the stored ones."""
+    stored + (1 - momentum) batch), TEST or ``frozen`` uses the stored ones.
+
+    Backward is the exact gradient. In the TEST phase PSPNet's (unless frozen) applies the batch
+    statistics' formula to the stored statistics, which its forward treats as constants."""
     type = "BN"
     exact_bottoms = 1
     min_tops, max_tops = 1, 3

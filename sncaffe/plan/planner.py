@@ -158,31 +158,43 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
         return Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params,
                        (host_capacity, ram, host_extra, spill, host_room), before, param_disk=param_disk,
                        disk_extra=disk_extra, granularity=granularity).build()
-    plan = _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_centric, forward_only, **kw)
+    def build(g):
+        return plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw)
+    first = None
+    if mode == "recompute" and granularity is None and capacity is not None and not forward_only \
+            and not host_params and _per_layer_bound(graph, extra_bytes) > capacity:
+        # per layer cannot fit (the bound is of its peak at any capacity): whole segments straight away
+        first = plan = build(GRANULARITIES[0])
+    else:
+        plan = _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_centric, forward_only,
+                          **kw)
     if mode != "recompute" or granularity is not None or capacity is None or forward_only or plan.fits \
             or plan.lower_bound > capacity:         # what always lives, and one step, already do not fit
+        if first is not None:
+            plan.note = f"recomputation in segments of up to {GRANULARITIES[0]}x the largest unit"
         return plan
     base = plan.persistent_bytes + plan.extra_bytes
 
     def floor(g):                       # one location: a bound that spares building hopeless plans
         return base + passes.coarse_floor(graph, g) if len(plan.peaks) == 1 else 0
-    return coarse(plan, lambda g: plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw), floor, capacity)
+    return coarse(plan, build, floor, capacity, first)
 
 
 # Segment sizes tried, in multiples of the largest unit's bytes: finest (least recomputed) first.
 GRANULARITIES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def coarse(per_layer, build, floor, capacity):
+def coarse(per_layer, build, floor, capacity, first=None):
     """The first coarse plan that fits, finest first: each replays every operator of its
     segments once, so a finer one recomputes no more (its checkpoints' operators are not
     replayed) and holds fewer values at each replay. None fits: the lowest peak among them.
-    A granularity whose ``floor`` (a lower bound of its peak) is over ``capacity`` is not built."""
+    A granularity whose ``floor`` (a lower bound of its peak) is over ``capacity`` is not built;
+    ``first``: the plan of the finest, built already (``per_layer`` is then that plan)."""
     best, worse = per_layer, 0
     for g in GRANULARITIES:
         if floor(g) > capacity:
             continue
-        plan = build(g)
+        plan = first if g == GRANULARITIES[0] and first is not None else build(g)
         plan.note = f"recomputation in segments of up to {g}x the largest unit"
         if plan.fits:
             return plan
@@ -269,10 +281,18 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
                 most = max(most, live)
             bound = always + most
             if mode == "recompute":     # or whole segments replayed, where per layer does not fit
+                graph.__dict__[("_quick_bound", "recompute per layer")] = bound
                 bound = min(bound, always + min(passes.coarse_floor(graph, g) for g in GRANULARITIES)
                             if len(locations(graph, ops)) == 1 else 0)
         graph.__dict__[key] = bound
     return graph.__dict__[key] + extra
+
+
+def _per_layer_bound(graph, extra_bytes) -> int:
+    """quick_bound of ``recompute`` per layer: a lower bound of its peak at any capacity."""
+    quick_bound(graph, "recompute")
+    extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
+    return graph.__dict__[("_quick_bound", "recompute per layer")] + extra
 
 
 def _cost(plan):

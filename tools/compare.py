@@ -1,6 +1,7 @@
 """sncaffe side by side with PyTorch (and real Caffe where a `caffe` binary is on PATH), in one run.
 
     python tools/compare.py [--suite tools/compare.yaml] [--quick] [--threads N] [--out out/compare]
+    python tools/compare.py depth --limit 3GiB      # the deepest ResNet in a memory cgroup: tools/compare_depth.py
 
 The suite file names the nets, batch sizes, memory budgets and frameworks; ``--quick``
 applies its ``quick:`` section on top. Four suites, each measured the same way for
@@ -54,6 +55,12 @@ from __future__ import annotations
 import os
 
 import sys  # noqa: E402
+
+if __name__ == "__main__" and sys.argv[1:2] == ["depth"]:
+    # the deepest ResNet in a memory limit: a light parent, each point a fresh process (compare_depth.py)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import compare_depth
+    sys.exit(compare_depth.main(sys.argv[2:]))
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 

@@ -869,39 +869,10 @@ def best_pytorch(row: dict):
 
 # -- the deepest ResNet -------------------------------------------------------------------------
 def deepest(peak, budget, k_max, log=None) -> int:
-    """The largest k <= k_max with peak(k) <= budget, 0 if none (peak nondecreasing in k).
-
-    Each guess comes from the line through two measured points (a ResNet's peak grows by
-    about the same per block), alternating with bisection; the answer is always confirmed
-    by a direct measurement of k (fits) and k + 1 (does not, unless k = k_max)."""
-    lo, hi = 0, k_max + 1          # lo fits (0: none yet), hi does not (k_max + 1: beyond the cap)
-    seen = {}
-
-    def measure(k):
-        seen[k] = peak(k)
-        if log:
-            log(k, seen[k])
-        return seen[k]
-    k, step = 1, 0
-    while True:
-        if measure(k) <= budget:
-            lo = k
-        else:
-            hi = k
-        if hi - lo <= 1:
-            return lo
-        step += 1
-        (ka, pa), (kb, pb_) = sorted(seen.items())[-2:] if len(seen) > 1 else ((0, 0), (0, 0))
-        slope = (pb_ - pa) / (kb - ka) if kb > ka else 0
-        if len(seen) == 1:
-            k = 2
-        elif slope > 0 and (step % 3 or hi > k_max):
-            k = lo + math.floor((budget - seen.get(lo, pa)) / slope) if lo else kb
-        elif hi <= k_max:
-            k = (lo + hi) // 2
-        else:
-            k = hi - 1 if slope <= 0 else 2 * lo     # flat: straight to the cap
-        k = min(max(k, lo + 1), hi - 1)
+    """The largest k <= k_max with peak(k) <= budget, 0 if none (peak nondecreasing in k): the
+    search of tools/compare_depth.py, to the single block."""
+    import compare_depth
+    return compare_depth.deepest(peak, budget, k_max, log)[0]
 
 
 # -- suites ----------------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def deepest(peak, budget, k_max, log=None, start=(1, 2), resolution=1) -> tuple:
             elif hi <= k_max:
                 k = (lo + hi) // 2
             else:
-                k = max(2 * lo, lo + 1)
+                k = k_max if slope <= 0 and len(finite) > 1 else max(2 * lo, lo + 1)    # flat: the cap
         k = min(max(k, lo + 1), hi - 1)
         seen[k] = peak(k)
         if log:
@@ -124,6 +124,7 @@ def run_limited(cmd, limit, env, report=None, timeout=3600) -> dict:
     from in_memory_cgroup import make_group
     group, peak_file = make_group(limit)
     t0 = time.perf_counter()
+    child = None
     try:
         child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
@@ -136,6 +137,9 @@ def run_limited(cmd, limit, env, report=None, timeout=3600) -> dict:
         usage = child.returncode
         peak = (group / peak_file).read_text().strip()
     finally:
+        if child is not None and child.poll() is None:          # stopped from outside: the run goes too, and its cgroup
+            child.kill()
+            child.wait()
         with contextlib.suppress(OSError):
             group.rmdir()
     # the child's CPU time: what the cgroup's processes were charged
@@ -216,41 +220,63 @@ def search(name, run, limit, k_max, say, start, resolution) -> dict:
 
 
 def torch_side(args, say, out, save) -> dict:
-    """Every PyTorch configuration under each malloc setting; checkpoint_sequential's segments first
-    chosen at ``--probe-k`` (the count that keeps least there, from a few around sqrt)."""
-    out.update(configs={})
+    """The PyTorch configurations of ``--configs`` (VARIANT:MALLOC), in that order, into ``out``
+    (kept from an earlier run where not measured again). checkpoint_sequential's segments: the
+    count that kept least at ``--probe-k`` among a few around sqrt(modules) (``--segments-rule``
+    gives the rule instead of probing)."""
     mallocs = {"default": None, "tuned": TUNED_MALLOC}
-    n = 1 + 3 + 4 + args.probe_k + 3 + 1                  # stem, blocks, head
-    cands = sorted({max(2, round(math.sqrt(c * n))) for c in (1, 3, 8)})
-    probes = {s: torch_run(args.probe_k, "checkpoint_sequential", 4 * args.limit, args.threads, TUNED_MALLOC,
-                           segments=s, args=args) for s in cands}
-    for s, r in probes.items():
-        say(f"  checkpoint_sequential at k={args.probe_k}, {s} segments: peak RSS {r.get('rss', math.inf) / GiB:.3f} GiB")
-    best = min(probes, key=lambda s: probes[s].get("rss", math.inf))
-    ratio = best * best / n                                  # segments = sqrt(ratio * modules) at every k
-    out["segments_probe"] = {"k": args.probe_k, "modules": n, "runs": {str(s): r for s, r in probes.items()},
-                             "best": best, "rule": f"round(sqrt({ratio:.2f} x modules))"}
-    seg_at = (lambda k: max(2, round(math.sqrt(ratio * (1 + 3 + 4 + k + 3 + 1)))))
-    for variant in args.torch_variants:
-        for mname, malloc in mallocs.items():
-            key = f"{variant} ({mname} malloc)"
-            start = args.start.get(variant, (20, 40))
-            out["configs"][key] = search(
-                f"pytorch {key}", lambda k, v=variant, m=malloc: torch_run(
-                    k, v, args.limit, args.threads, m, seg_at(k) if v == "checkpoint_sequential" else None, args),
-                args.limit, args.k_max, say, start, args.resolution)
-            out["configs"][key].update(variant=variant, malloc=malloc_words(malloc or {}))
-            save()
-    if args.device_view:
-        out["device_view"] = {}
-        for variant in args.torch_variants:
-            found = out["configs"].get(f"{variant} (tuned malloc)", {"runs": []})
-            out["device_view"][variant] = search(
-                f"pytorch {variant} (device-side tensors)", lambda k, v=variant: _device_only(torch_run(
-                    k, v, 3 * args.limit, args.threads, TUNED_MALLOC,
-                    seg_at(k) if v == "checkpoint_sequential" else None, args)),
-                args.limit, args.k_max, say, predicted_start(found["runs"], args.limit), 1)
-            save()
+    out.setdefault("configs", {})
+    wanted = [c.split(":") for c in args.configs]
+    if any(v == "checkpoint_sequential" for v, _ in wanted) and "segments_probe" not in out:
+        n = modules(args.probe_k)
+        if args.segments_rule:
+            out["segments_probe"] = {"k": None, "ratio": args.segments_rule,
+                                     "rule": f"round(sqrt({args.segments_rule:g} x modules)), not probed"}
+        else:
+            cands = sorted({max(2, round(math.sqrt(c * n))) for c in (1, 3, 8)})
+            probes = {s: torch_run(args.probe_k, "checkpoint_sequential", 4 * args.limit, args.threads,
+                                   TUNED_MALLOC, segments=s, args=args) for s in cands}
+            for s, r in probes.items():
+                say(f"  checkpoint_sequential at k={args.probe_k}, {s} segments: peak RSS "
+                    f"{r.get('rss', math.inf) / GiB:.3f} GiB")
+            best = min(probes, key=lambda s: probes[s].get("rss", math.inf))
+            out["segments_probe"] = {"k": args.probe_k, "modules": n, "runs": {str(s): r for s, r in probes.items()},
+                                     "best": best, "ratio": best * best / n,
+                                     "rule": f"round(sqrt({best * best / n:.2f} x modules))"}
+        save()
+    ratio = out.get("segments_probe", {}).get("ratio", 1)
+
+    def segments_at(k):
+        return max(2, round(math.sqrt(ratio * modules(k))))
+    for variant, mname in wanted:
+        key = f"{variant} ({mname} malloc)"
+        found = out["configs"][key] = search(
+            f"pytorch {key}", lambda k, v=variant, m=mallocs[mname]: torch_run(
+                k, v, args.limit, args.threads, m, segments_at(k) if v == "checkpoint_sequential" else None, args),
+            args.limit, args.k_max, say, args.start.get(variant, (20, 40)), args.resolution)
+        found.update(variant=variant, malloc=malloc_words(mallocs[mname] or {}))
+        save()
+    return out
+
+
+def modules(k) -> int:
+    """What checkpoint_sequential cuts in [3, 4, k, 3]: the stem, every block and the head."""
+    return 1 + 3 + 4 + k + 3 + 1
+
+
+def torch_device_view(configs, limit, k_max=822) -> dict:
+    """Per variant, where its device-side bytes (measured in every run) reach ``limit``: the line
+    through the two deepest runs under the tuned malloc (the bytes in use do not depend on it;
+    they grow by the same per block)."""
+    out = {}
+    for found in configs.values():
+        runs = [r for r in found["runs"] if r.get("fits") and r.get("device")]
+        if found["variant"] in out or len({r["k"] for r in runs}) < 2:
+            continue
+        k = min(predicted_start(runs, limit)[0], k_max)
+        (ka, da), (kb, db) = sorted((r["k"], r["device"]) for r in runs)[-2:]
+        out[found["variant"]] = {"deepest_k": k, "device": db + (k - kb) * (db - da) / (kb - ka),
+                                 "from": [[ka, da], [kb, db]]}
     return out
 
 
@@ -265,13 +291,9 @@ def predicted_start(runs, limit) -> tuple:
     return (k, k + 1)
 
 
-def _device_only(r):
-    """A run judged by its device-side tensors, not its RSS: fits if they are within the limit."""
-    return {**r, "rss": r.get("device", math.inf)} if r["fits"] else r
-
-
 def sncaffe_side(args, say, out, save) -> dict:
-    for disk in (False, True):
+    """sncaffe train with no usable disk, then with the disk tier (``--sncaffe``), into ``out``."""
+    for disk in [d == "disk" for d in args.sncaffe]:
         key = "with the disk tier" if disk else "no disk"
         out[key] = search(f"sncaffe {key}", lambda k, d=disk: sncaffe_run(k, args.limit, args.threads, d, args),
                           args.limit, args.k_max, say, args.start.get("sncaffe disk" if disk else "sncaffe", (20, 40)),
@@ -348,11 +370,22 @@ def device_rows(data) -> list:
     rows = []
     for name, found in data.get("sncaffe_device", {}).items():
         rows.append([f"sncaffe {name} (planned pool)", _resnet(found["deepest_k"]), _gib(found["device"])])
-    for variant, found in data.get("pytorch", {}).get("device_view", {}).items():
-        r = _deepest_run(found)
-        rows.append([f"{TORCH_LABELS.get(variant, variant)} (tensors in use at the peak)",
-                     _resnet(found["deepest_k"]), _gib(r.get("device"))])
+    for variant, found in torch_device_view(data.get("pytorch", {}).get("configs", {}), data["limit"],
+                                                  data.get("k_max", 822)).items():
+        (ka, _), (kb, _) = found["from"]
+        rows.append([f"{TORCH_LABELS.get(variant, variant)} (tensors in use at the peak; the line through "
+                     f"k = {ka} and {kb})", _resnet(found["deepest_k"]), _gib(found["device"])])
     return rows
+
+
+def segments_words(torch) -> str:
+    probe = torch.get("segments_probe")
+    if not probe:
+        return "-"
+    if probe.get("k") is None:
+        return probe["rule"]
+    tried = ", ".join(f"{s} ({_gib(r.get('rss'))})" for s, r in probe["runs"].items())
+    return f"{probe['rule']}, the count that kept least of {tried} at k = {probe['k']}"
 
 
 def result_file(data) -> dict:
@@ -366,9 +399,7 @@ def result_file(data) -> dict:
              "PyTorch as its users write it: torchvision's Bottleneck (tools/torch_idiomatic.py), the default "
              "zero_grad() (gradients set to None), no state made in advance, two steps (the second with the "
              "momentum buffers). checkpoint: torch.utils.checkpoint.checkpoint(use_reentrant=False) around every "
-             "block; checkpoint_sequential at the segment count that kept least at "
-             f"k = {data.get('pytorch', {}).get('segments_probe', {}).get('k', '-')} "
-             f"({data.get('pytorch', {}).get('segments_probe', {}).get('rule', '-')}).",
+             f"block; checkpoint_sequential's segments: {segments_words(data.get('pytorch', {}))}.",
              f"tuned malloc: {malloc_words(TUNED_MALLOC)} (large tensors from mmap, given back when freed); "
              "under glibc's default, checkpointed PyTorch fragments its heap.",
              "sncaffe: `sncaffe train NET --max-iter 1`, no memory flag, a snapshot written at the end; no disk: "
@@ -418,13 +449,23 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-k", type=int, default=90, help="where checkpoint_sequential's segments are chosen")
     ap.add_argument("--start", action="append", default=[], metavar="CONFIG=K,K",
                     help="first depths to try, e.g. eager=20,30 sncaffe=40,50 'sncaffe disk'=100,150")
-    ap.add_argument("--torch-variants", default="eager,checkpoint,checkpoint_sequential")
-    ap.add_argument("--no-device-view", dest="device_view", action="store_false")
+    ap.add_argument("--configs", default=",".join(f"{v}:{m}" for v in ("eager", "checkpoint", "checkpoint_sequential")
+                                                  for m in ("default", "tuned")),
+                    help="PyTorch's configurations, VARIANT:MALLOC (default: all six; others are kept from --out)")
+    ap.add_argument("--segments-rule", type=float, help="checkpoint_sequential's segments: round(sqrt(R x "
+                                                        "modules)) with this R, instead of probing")
+    ap.add_argument("--sncaffe", default="nodisk,disk", help="sncaffe's runs: nodisk, disk or both (default)")
+    ap.add_argument("--no-device-view", dest="device_view", action="store_false",
+                    help="leave out the planned device pools of the device view")
     ap.add_argument("--spill-dir", help="the disk tier's directory (default: a temporary one on the local disk)")
     ap.add_argument("--out", default="benchmarks/results/07_depth.json")
     args = ap.parse_args(argv)
+    argv_limit = args.limit
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # finally clauses remove the cgroups
     args.limit = parse_bytes(args.limit)
-    args.torch_variants = args.torch_variants.split(",")
+    args.configs = args.configs.split(",")
+    args.sncaffe = [x for x in args.sncaffe.split(",") if x]
     args.start = {s.split("=")[0]: tuple(int(k) for k in s.split("=")[1].split(",")) for s in args.start}
     sys.path.insert(0, str(TOOLS))
     say = (lambda s: print(s, flush=True))
@@ -433,20 +474,20 @@ def main(argv=None) -> int:
     import tables
     data = {**old, "limit": args.limit, "batch": args.batch, "image_size": args.image_size,
             "threads": args.threads, "machine": tables.machine(),
-            "command": "python tools/compare.py depth " + " ".join(a if " " not in a else repr(a) for a in argv)}
+            "k_max": args.k_max, "command": f"python tools/compare.py depth --limit {argv_limit} --threads {args.threads}",
+            "invocations": old.get("invocations", []) + [
+                "python tools/compare.py depth " + " ".join(a if " " not in a else repr(a) for a in argv)]}
     data.pop("sncaffe_pending", None)
 
     def save():             # after every search: a long run stopped midway keeps what it measured
         out.write_text(json.dumps(result_file(data), indent=1) + "\n")
     if args.side in ("both", "pytorch"):
         t0 = time.perf_counter()
-        data["pytorch"] = {}
-        torch_side(args, say, data["pytorch"], save)
+        torch_side(args, say, data.setdefault("pytorch", {}), save)
         data["pytorch"]["seconds"] = round(time.perf_counter() - t0)
     if args.side in ("both", "sncaffe"):
         t0 = time.perf_counter()
-        data["sncaffe"] = {}
-        sncaffe_side(args, say, data["sncaffe"], save)
+        sncaffe_side(args, say, data.setdefault("sncaffe", {}), save)
         if args.device_view:
             data["sncaffe_device"] = sncaffe_device_view(args, say)
         data["sncaffe_seconds"] = round(time.perf_counter() - t0)

@@ -235,14 +235,14 @@ def deepest(budget, by, batch, image_size, variant, k_max, say=print) -> tuple:
     """The largest k <= k_max whose real step's ``by`` figure fits ``budget`` (bisection over
     real runs), and every run made on the way."""
     sys.path.insert(0, str(TOOLS))
-    from compare import deepest as search
+    from compare_depth import deepest as search
     runs = {}
 
     def peak(k):
         runs[k] = measure_in_child((3, 4, k, 3), batch, image_size, variant)
         say(f"  {variant} k={k} (ResNet-{3 * (k + 10) + 2}): {by} {runs[k][by] / (1 << 30):.3f} GiB")
         return runs[k][by]
-    return search(peak, budget, k_max), runs
+    return search(peak, budget, k_max)[0], runs
 
 
 def main(argv=None) -> int:

@@ -4,11 +4,14 @@ The nets build, plan and (at tiny sizes) match their PyTorch twin's forward; com
 tiny suite end to end; its depth search and PyTorch accounting are checked on small cases; the
 Caffe baseline skips cleanly without a `caffe` binary and runs end to end against a stand-in.
 """
+import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import caffe_baseline  # noqa: E402
 import compare  # noqa: E402
+import compare_depth  # noqa: E402
 import gen_inception_v4  # noqa: E402
 
 from sncaffe import Net  # noqa: E402
@@ -430,3 +434,81 @@ def test_caffe_baseline_end_to_end_with_a_stand_in(tmp_path, monkeypatch):
     assert r["outputs"] == "agree", r
     assert set(r["caffe_outputs"]) == {"loss", "acc"} and r["caffe_ms"] > 0 and r["images_per_s"] > 0
     assert (tmp_path / "work" / "weights.caffemodel").is_file() and (tmp_path / "work" / "inputs.h5").is_file()
+
+
+# -- compare.py depth (tools/compare_depth.py) -----------------------------------------------------
+
+
+def _can_make_cgroups():
+    from in_memory_cgroup import make_group
+    try:
+        group, _ = make_group(1 << 30)
+    except OSError:
+        return False
+    group.rmdir()
+    return True
+
+
+needs_cgroup = pytest.mark.skipif(os.geteuid() != 0 or not _can_make_cgroups(),
+                                  reason="making a memory cgroup needs root on cgroupfs")
+
+
+@pytest.mark.parametrize("resolution", [1, 3])
+def test_depth_search_closes_in_through_runs_that_are_killed(resolution):
+    def rss(k):                      # a peak that bends upward, and past k = 77 a run the kernel kills
+        return 100 + 5 * k + k * k // 40 if k <= 77 else math.inf
+    calls = []
+    lo, hi = compare_depth.deepest(lambda k: calls.append(k) or rss(k), 10 ** 9, 300, start=(10, 20),
+                                   resolution=resolution)
+    assert rss(lo) <= 10 ** 9 < rss(hi) and 0 < hi - lo <= resolution and lo <= 77 < hi
+    assert len(calls) == len(set(calls)) <= 12
+
+
+def test_depth_search_by_peak_stops_where_the_budget_is_crossed():
+    lo, hi = compare_depth.deepest(lambda k: 1000 + 37 * k, 5000, 822, start=(20, 40))
+    assert (lo, hi) == ((5000 - 1000) // 37, (5000 - 1000) // 37 + 1)
+
+
+@needs_cgroup
+def test_a_run_over_its_cgroup_is_killed_and_one_within_reports_its_own_peak():
+    code = ("import json; b = b'x' * ({} << 20); "
+            "print(json.dumps({{'rss': next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') "
+            "if l.startswith('VmHWM')), 'size': len(b)}}))")
+    within = compare_depth.run_limited([sys.executable, "-c", code.format(64)], 512 << 20, dict(os.environ))
+    assert within["fits"] and 64 << 20 < within["rss"] < 512 << 20 and within["wall_s"] >= 0
+    over = compare_depth.run_limited([sys.executable, "-c", code.format(400)], 256 << 20, dict(os.environ))
+    assert not over["fits"] and over["killed"] and "rss" not in over
+
+
+@needs_cgroup
+def test_sncaffe_train_runs_in_a_cgroup_with_no_room_on_disk():
+    from sncaffe.runtime.spill import spill_room
+    with compare_depth.no_disk() as tmp:
+        assert spill_room(tmp) < 1 << 20
+    args = argparse.Namespace(batch=2, image_size=32, spill_dir=None)
+    r = compare_depth.sncaffe_run(1, 2 << 30, 1, False, args)
+    assert r["fits"] and 0 < r["rss"] < 2 << 30 and r["depth"] == compare_depth.depth(1) == 35
+    assert r["malloc"] == "glibc default" and r["cpu_s"] > 0
+
+
+def test_the_result_file_quotes_pytorchs_best_and_renders(tmp_path):
+    import render_benchmarks
+
+    def found(k, variant=None, malloc="glibc default", rss=2.9 * 2 ** 30, **extra):
+        return {"deepest_k": k, "first_failing_k": k + 1, "variant": variant, "malloc": malloc,
+                "runs": [{"k": k, "fits": True, "rss": rss, "wall_s": 10.0, "device": 2 ** 30 + k * 2 ** 24, **extra},
+                         {"k": k - 10, "fits": True, "rss": rss / 2, "wall_s": 5.0, "device": 2 ** 30 + (k - 10) * 2 ** 24}]}
+    data = {"limit": 3 << 30, "batch": 16, "image_size": 224, "threads": 1, "machine": "here", "command": "c",
+            "pytorch": {"configs": {"eager (default malloc)": found(25, "eager"),
+                                    "checkpoint (tuned malloc)": found(92, "checkpoint"),
+                                    "checkpoint_sequential (tuned malloc)": found(80, "checkpoint_sequential",
+                                                                                  segments=17)}},
+            "sncaffe": {"no disk": found(100)}}
+    out = compare_depth.result_file(data)
+    notes = " ".join(out["notes"])
+    assert f"{compare_depth.depth(100) / compare_depth.depth(92):.2f}x" in notes and "ResNet-308" in notes
+    assert "(17 segments)" in str(out["tables"][0]["rows"])
+    assert [t["caption"].split(":")[0] for t in out["tables"]] == ["Whole process", "Device view"]
+    path = tmp_path / "depth.json"
+    path.write_text(json.dumps(out))
+    assert "Whole process" in render_benchmarks.render_table(render_benchmarks.load(path))

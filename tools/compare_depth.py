@@ -82,8 +82,9 @@ def deepest(peak, budget, k_max, log=None, start=(1, 2), resolution=1) -> tuple:
             (ka, pa), (kb, pb) = finite[-2:] if len(finite) > 1 else ((0, 0), (0, 0))
             slope = (pb - pa) / (kb - ka) if kb > ka else 0
             step += 1
-            if slope > 0 and step % 3:
-                k = kb + math.floor((budget - pb) / slope)
+            guess = kb + math.floor((budget - pb) / slope) if slope > 0 else None
+            if guess is not None and step % 3 and (guess < hi - 1 or hi > k_max):
+                k = guess
             elif hi <= k_max:
                 k = (lo + hi) // 2
             else:

@@ -151,7 +151,7 @@ def test_deepest_search_matches_brute_force(shape):
           "flat": lambda k: 120, "none fit": lambda k: 10 ** 6, "all fit": lambda k: k}[shape]
     budget, k_max = 500, 300
     calls = []
-    found = compare.deepest(lambda k: calls.append(k) or fn(k), budget, k_max)
+    found, _ = compare_depth.deepest(lambda k: calls.append(k) or fn(k), budget, k_max)
     assert found == max([k for k in range(1, k_max + 1) if fn(k) <= budget], default=0)
     assert len(calls) == len(set(calls)) and len(calls) <= {"linear": 4, "flat": 3}.get(shape, 12)
 
@@ -202,7 +202,7 @@ throughput:
   runs:
     - {net: LeNet, batch: 4}
   pytorch: [twin, idiomatic]
-  repeats: 2
+  repeats: 1
   depth: {batch: 2, image_size: 32, k: [1], warmup: 0, iterations: 1,
           sncaffe_modes: [none], pytorch: [idiomatic]}
 scaling:
@@ -211,17 +211,8 @@ scaling:
   iterations: 1
   runs:
     - {net: LeNet, batch: 4}
-deepest:
-  budget: 300MiB
-  batch: 2
-  image_size: 32
-  k_max: 12
-  sncaffe_modes: [liveness, all+host]
-  pytorch: [eager]
-  plot_k: [1]
-  verify: {sncaffe: liveness}      # PyTorch's verification is the memory suite's LeNet
 quick:
-  deepest: {k_max: 6}
+  throughput: {repeats: 2}
 """
 
 
@@ -230,7 +221,7 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
     monkeypatch.delenv("CAFFE_BIN", raising=False)
     (tmp_path / "suite.yaml").write_text(TINY_SUITE)
     suite = compare.load_suite(tmp_path / "suite.yaml", quick=True)
-    assert suite["deepest"]["k_max"] == 6 and suite["deepest"]["budget"] == "300MiB"
+    assert suite["throughput"]["repeats"] == 2                 # the quick: section on top
     out = tmp_path / "out"
     results = compare.run(suite, out, say=lambda s: None)
 
@@ -240,29 +231,14 @@ def test_compare_runs_a_tiny_suite_end_to_end(tmp_path, monkeypatch):
     lenet = results["memory"][0]
     assert lenet["sncaffe_measured"]["liveness"] == lenet["sncaffe"]["liveness"]   # the plan is the pool peak
     assert lenet["sncaffe_measured"]["none"] == lenet["sncaffe"]["none"]
-    d = results["deepest"]
-    for key in ("device", "machine"):
-        for name, k in d[key]["found"].items():
-            curve = dict(d[key]["curves"][name])
-            if k:
-                assert curve[k] <= d["budget"]
-            if k < d["k_max"] and k + 1 in curve:
-                assert curve[k + 1] > d["budget"]
-    assert d["device"]["found"]["sncaffe all+host"] == 6          # the cap: parameters on the host
-    # the machine budget counts the whole process: no deeper than the device budget allows
-    assert d["machine"]["found"]["sncaffe liveness"] <= d["device"]["found"]["sncaffe liveness"]
-    if d["device"]["found"]["sncaffe liveness"]:
-        v = d["verified"]["sncaffe liveness"]
-        assert v["measured"] == v["planned"]
     assert results["caffe"]["skipped"]
 
     text = (out / "tables.md").read_text()
     for heading in ("Peak memory of a training step", "Training throughput", "Images/s against depth",
-                    "within a device budget", "within a machine budget", "Real Caffe: no `caffe`"):
+                    "Real Caffe: no `caffe`"):
         assert heading in text
-    assert json.loads((out / "results.json").read_text())["deepest"]["k_max"] == 6
-    for png in ("memory_vs_depth.png", "throughput_vs_depth.png"):
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "deepest" not in json.loads((out / "results.json").read_text())
+    assert (out / "throughput_vs_depth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if compare.torch is not None:
         row = results["throughput"]["runs"][0]
         assert "Ratios and targets" in text and "fastest PyTorch" in text

@@ -4,9 +4,10 @@
     python tools/compare.py depth --limit 3GiB --side sncaffe --out benchmarks/results/07_depth.json
 
 Every point is a real training run in a fresh process inside a memory cgroup of ``--limit``, as a
-container runs it (tools/in_memory_cgroup.py; needs root): it fits when it exits 0, and does not
-when the kernel kills it. Beside that verdict each run reports its peak resident set (VmHWM, read
-by the process itself: ru_maxrss would include the parent's), its wall and CPU time.
+container runs it (tools/in_memory_cgroup.py; needs root). It fits when it exits 0 (the kernel
+kills what the cgroup cannot hold) and its peak resident set is within the limit too (VmHWM, read
+by the process itself: ru_maxrss would include the parent's; the cgroup leaves out library pages
+that were already in the page cache). Each run also reports its wall time.
 
 PyTorch   tools/torch_memory.py: torchvision's Bottleneck ResNet, SGD with momentum, the
           default ``zero_grad()``, two steps (the second holds the momentum), batch 16,
@@ -124,6 +125,8 @@ def run_limited(cmd, limit, env, report=None, timeout=3600) -> dict:
     sys.path.insert(0, str(TOOLS))
     from in_memory_cgroup import make_group
     group, peak_file = make_group(limit)
+    import resource
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     child = None
     try:
@@ -143,8 +146,9 @@ def run_limited(cmd, limit, env, report=None, timeout=3600) -> dict:
             child.wait()
         with contextlib.suppress(OSError):
             group.rmdir()
-    # the child's CPU time: what the cgroup's processes were charged
-    result = {"rc": usage, "fits": usage == 0, "killed": usage == -9, "wall_s": round(wall, 1),
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)           # one child at a time: its CPU time
+    cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+    result = {"rc": usage, "fits": usage == 0, "killed": usage == -9, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
               "cgroup_peak": int(peak) if peak.isdigit() else None}
     data = None
     if report and os.path.exists(report):
@@ -199,9 +203,7 @@ def sncaffe_child(report, argv) -> int:
         rc = e.code if isinstance(e.code, int) else 1
     with open("/proc/self/status") as f:
         hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    import resource
-    cpu = resource.getrusage(resource.RUSAGE_SELF)
-    Path(report).write_text(json.dumps({"rss": hwm, "cpu_s": round(cpu.ru_utime + cpu.ru_stime, 1)}))
+    Path(report).write_text(json.dumps({"rss": hwm}))
     return rc or 0
 
 
@@ -212,9 +214,10 @@ def search(name, run, limit, k_max, say, start, resolution) -> dict:
     def peak(k):
         t0 = time.perf_counter()
         runs[k] = r = run(k)
+        r["within"] = r["fits"] and r.get("rss", math.inf) <= limit
         say(f"  {name} k={k} (ResNet-{depth(k)}): "
-            + (f"fits, peak RSS {r.get('rss', 0) / GiB:.3f} GiB" if r["fits"] else f"does not fit (exit {r['rc']})")
-            + f", {time.perf_counter() - t0:.0f} s")
+            + (f"ran, peak RSS {r.get('rss', 0) / GiB:.3f} GiB{'' if r['within'] else ', over the limit'}"
+               if r["fits"] else f"killed or failed (exit {r['rc']})") + f", {time.perf_counter() - t0:.0f} s")
         return r.get("rss", math.inf) if r["fits"] else math.inf
     lo, hi = deepest(peak, limit, k_max, start=start, resolution=resolution)
     return {"deepest_k": lo, "first_failing_k": hi if hi <= k_max else None, "runs": [runs[k] for k in sorted(runs)]}
@@ -341,6 +344,10 @@ def _resnet(k):
     return f"ResNet-{depth(k)} (k = {k})" if k else "none"
 
 
+def _times(r):
+    return f"{r['wall_s']:.0f} ({r['cpu_s']:.0f})" if "cpu_s" in r else f"{r.get('wall_s', '-')}"
+
+
 def _deepest_run(found):
     return next((r for r in found["runs"] if r["k"] == found["deepest_k"]), {})
 
@@ -356,13 +363,13 @@ def whole_process_rows(data) -> tuple:
             label += f" ({r['segments']} segments)"
         rows.append([label, found["malloc"], _resnet(found["deepest_k"]), _gib(r.get("rss")),
                      _resnet(found["first_failing_k"]) if found["first_failing_k"] else "-",
-                     f"{r.get('wall_s', '-')}"])
+                     _times(r)])
         best_torch = max(best_torch, found["deepest_k"])
     for key, found in data.get("sncaffe", {}).items():
         r = _deepest_run(found)
         rows.append([f"sncaffe train, {key}", r.get("malloc", "glibc default"), _resnet(found["deepest_k"]),
                      _gib(r.get("rss")), _resnet(found["first_failing_k"]) if found["first_failing_k"] else "-",
-                     f"{r.get('wall_s', '-')}"])
+                     _times(r)])
         snc[key] = found["deepest_k"]
     return rows, best_torch, snc
 
@@ -394,8 +401,9 @@ def result_file(data) -> dict:
     limit = data["limit"]
     rows, best_torch, snc = whole_process_rows(data)
     notes = [f"Every row a real training run in a fresh process inside a {limit / GiB:g} GiB memory cgroup "
-             "(tools/in_memory_cgroup.py, as a container sets it): it fits when it exits, it does not when the "
-             "kernel kills it. Peak RSS: the process's own VmHWM. Batch "
+             "(tools/in_memory_cgroup.py, as a container sets it). It fits when it exits 0 and its peak RSS (the "
+             "process's own VmHWM) is within the limit: the cgroup does not count library pages already in the "
+             "page cache, the RSS does. Batch "
              f"{data['batch']}, {data['image_size']}x{data['image_size']}, float32, SGD with momentum.",
              "PyTorch as its users write it: torchvision's Bottleneck (tools/torch_idiomatic.py), the default "
              "zero_grad() (gradients set to None), no state made in advance, two steps (the second with the "
@@ -405,7 +413,8 @@ def result_file(data) -> dict:
              "under glibc's default, checkpointed PyTorch fragments its heap.",
              "sncaffe: `sncaffe train NET --max-iter 1`, no memory flag, a snapshot written at the end; no disk: "
              "the temporary directory on a 1 MiB tmpfs, so the disk tier has no room.",
-             f"Threads: {data['threads']} for both frameworks; wall s: the deepest run's whole process, "
+             f"Threads: {data['threads']} for both frameworks, on a machine shared with other work; wall s (CPU s): "
+             "the deepest run's whole process, "
              "start-up and two steps (PyTorch) or planning, one iteration and a snapshot (sncaffe)."]
     for key, k in snc.items():
         if best_torch and k:
@@ -415,7 +424,7 @@ def result_file(data) -> dict:
         notes.append(data["sncaffe_pending"])
     tables = [{"caption": f"Whole process: peak resident memory within {limit / GiB:g} GiB (the headline)",
                "columns": ["configuration", "malloc", "deepest [3,4,k,3] that trains",
-                           "its peak RSS", "first that does not", "wall s"], "rows": rows}]
+                           "its peak RSS", "first that does not", "wall s (CPU s)"], "rows": rows}]
     dev = device_rows(data)
     if dev:
         tables.append({"caption": f"Device view: what a GPU of {limit / GiB:g} GiB would have to hold "

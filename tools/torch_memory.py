@@ -1,7 +1,7 @@
 """PyTorch's memory for training, as its users write it, measured in a real run in a process of its own.
 
     python tools/torch_memory.py --blocks 3,4,6,3 --batch 16 --image-size 224 --variant eager
-    python tools/torch_memory.py ... --deepest 3GiB --by rss       # deepest [3, 4, k, 3] within 3 GiB
+    python tools/compare.py depth --limit 3GiB     # the deepest [3, 4, k, 3] in a 3 GiB cgroup, run by run
 
 The net is tools/torch_idiomatic's ResNet (torchvision's Bottleneck layout, affine BatchNorm2d,
 in-place ReLU), trained by SGD with momentum as a PyTorch loop trains it: ``opt.zero_grad()`` at
@@ -42,7 +42,6 @@ from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
 VARIANTS = ("eager", "checkpoint", "checkpoint_sequential", "save_on_cpu")
-UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 class MallocPeak:
@@ -135,7 +134,6 @@ def malloc_setting(env=None) -> str:
 
 def forward_of(model, variant, segments=None):
     """``x -> logits`` for ``variant``, written as a PyTorch user writes that saver."""
-    import torch
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
     sys.path.insert(0, str(TOOLS))
     import torch_idiomatic
@@ -224,27 +222,6 @@ def measure_in_child(blocks, batch, image_size, variant, segments=None, timeout=
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def parse_bytes(text: str) -> int:
-    for unit, n in sorted(UNITS.items(), key=lambda kv: -len(kv[0])):
-        if text.endswith(unit):
-            return int(float(text[:-len(unit)]) * n)
-    return int(text)
-
-
-def deepest(budget, by, batch, image_size, variant, k_max, say=print) -> tuple:
-    """The largest k <= k_max whose real step's ``by`` figure fits ``budget`` (bisection over
-    real runs), and every run made on the way."""
-    sys.path.insert(0, str(TOOLS))
-    from compare_depth import deepest as search
-    runs = {}
-
-    def peak(k):
-        runs[k] = measure_in_child((3, 4, k, 3), batch, image_size, variant)
-        say(f"  {variant} k={k} (ResNet-{3 * (k + 10) + 2}): {by} {runs[k][by] / (1 << 30):.3f} GiB")
-        return runs[k][by]
-    return search(peak, budget, k_max)[0], runs
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", default="3,4,6,3", help="bottleneck blocks per stage (default: ResNet-50)")
@@ -253,17 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", choices=VARIANTS, default="eager")
     ap.add_argument("--segments", type=int, help="checkpoint_sequential's segments (default: sqrt of the modules)")
     ap.add_argument("--steps", type=int, default=2, help="training steps (default: 2, the last with momentum)")
-    ap.add_argument("--deepest", help="a budget (e.g. 3GiB): search the deepest [3, 4, k, 3] that fits")
-    ap.add_argument("--by", choices=("rss", "device"), default="rss", help="which figure must fit the budget")
-    ap.add_argument("--k-max", type=int, default=822)
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = ap.parse_args(argv)
-    if args.deepest:
-        k, runs = deepest(parse_bytes(args.deepest), args.by, args.batch, args.image_size, args.variant,
-                          args.k_max)
-        print(json.dumps({"deepest_k": k, "depth": 3 * (k + 10) + 2 if k else None, "budget": args.deepest,
-                          "by": args.by, "runs": {str(k2): r for k2, r in sorted(runs.items())}}))
-        return 0
     r = measure(tuple(int(b) for b in args.blocks.split(",")), args.batch, args.image_size, args.variant,
                 args.segments, steps=args.steps)
     if args.json:

@@ -220,7 +220,7 @@ def search(name, run, limit, k_max, say, start, resolution) -> dict:
                if r["fits"] else f"killed or failed (exit {r['rc']})") + f", {time.perf_counter() - t0:.0f} s")
         return r.get("rss", math.inf) if r["fits"] else math.inf
     lo, hi = deepest(peak, limit, k_max, start=start, resolution=resolution)
-    return {"deepest_k": lo, "first_failing_k": hi if hi <= k_max else None, "runs": [runs[k] for k in sorted(runs)]}
+    return {"deepest_k": lo, "k_max": k_max, "first_failing_k": hi if hi <= k_max else None, "runs": [runs[k] for k in sorted(runs)]}
 
 
 def torch_side(args, say, out, save) -> dict:
@@ -270,10 +270,10 @@ def modules(k) -> int:
 
 def torch_device_view(configs, limit, k_max=822) -> dict:
     """Per variant, where its device-side bytes (measured in every run) reach ``limit``: the line
-    through the two deepest runs under the tuned malloc (the bytes in use do not depend on it;
-    they grow by the same per block)."""
+    through its two deepest runs, under the tuned malloc where it has them (the bytes in use
+    hardly depend on malloc's settings; they grow by the same per block)."""
     out = {}
-    for found in configs.values():
+    for found in sorted(configs.values(), key=lambda f: f["malloc"] != malloc_words(TUNED_MALLOC)):
         runs = [r for r in found["runs"] if r.get("fits") and r.get("device")]
         if found["variant"] in out or len({r["k"] for r in runs}) < 2:
             continue
@@ -345,7 +345,17 @@ def _resnet(k):
 
 
 def _times(r):
-    return f"{r['wall_s']:.0f} ({r['cpu_s']:.0f})" if "cpu_s" in r else f"{r.get('wall_s', '-')}"
+    return f"{r['wall_s']:.0f} ({r['cpu_s']:.0f})" if "cpu_s" in r else f"{r.get('wall_s', 0):.0f}"
+
+
+def _malloc(words):
+    return "tuned" if words == malloc_words(TUNED_MALLOC) else words.replace("glibc default", "default")
+
+
+def _first_failing(found):
+    if found["first_failing_k"]:
+        return _resnet(found["first_failing_k"])
+    return f"not tried past k = {found['k_max']}" if found.get("k_max") == found["deepest_k"] else "-"
 
 
 def _deepest_run(found):
@@ -361,14 +371,14 @@ def whole_process_rows(data) -> tuple:
         label = TORCH_LABELS.get(found["variant"], found["variant"])
         if found["variant"] == "checkpoint_sequential" and r.get("segments"):
             label += f" ({r['segments']} segments)"
-        rows.append([label, found["malloc"], _resnet(found["deepest_k"]), _gib(r.get("rss")),
-                     _resnet(found["first_failing_k"]) if found["first_failing_k"] else "-",
+        rows.append([label, _malloc(found["malloc"]), _resnet(found["deepest_k"]), _gib(r.get("rss")),
+                     _first_failing(found),
                      _times(r)])
         best_torch = max(best_torch, found["deepest_k"])
     for key, found in data.get("sncaffe", {}).items():
         r = _deepest_run(found)
-        rows.append([f"sncaffe train, {key}", r.get("malloc", "glibc default"), _resnet(found["deepest_k"]),
-                     _gib(r.get("rss")), _resnet(found["first_failing_k"]) if found["first_failing_k"] else "-",
+        rows.append([f"sncaffe train, {key}", _malloc(r.get("malloc", "glibc default")), _resnet(found["deepest_k"]),
+                     _gib(r.get("rss")), _first_failing(found),
                      _times(r)])
         snc[key] = found["deepest_k"]
     return rows, best_torch, snc
@@ -409,8 +419,9 @@ def result_file(data) -> dict:
              "zero_grad() (gradients set to None), no state made in advance, two steps (the second with the "
              "momentum buffers). checkpoint: torch.utils.checkpoint.checkpoint(use_reentrant=False) around every "
              f"block; checkpoint_sequential's segments: {segments_words(data.get('pytorch', {}))}.",
-             f"tuned malloc: {malloc_words(TUNED_MALLOC)} (large tensors from mmap, given back when freed); "
-             "under glibc's default, checkpointed PyTorch fragments its heap.",
+             f"glibc malloc: default, or tuned: {malloc_words(TUNED_MALLOC)} in the environment (large tensors "
+             "from mmap, given back when freed); under the default, PyTorch's freed tensors stay in a fragmented "
+             "heap. The headline takes PyTorch's best of both; sncaffe runs under the default.",
              "sncaffe: `sncaffe train NET --max-iter 1`, no memory flag, a snapshot written at the end; no disk: "
              "the temporary directory on a 1 MiB tmpfs, so the disk tier has no room.",
              f"Threads: {data['threads']} for both frameworks, on a machine shared with other work; wall s (CPU s): "
@@ -423,7 +434,7 @@ def result_file(data) -> dict:
     if data.get("sncaffe_pending"):
         notes.append(data["sncaffe_pending"])
     tables = [{"caption": f"Whole process: peak resident memory within {limit / GiB:g} GiB (the headline)",
-               "columns": ["configuration", "malloc", "deepest [3,4,k,3] that trains",
+               "columns": ["configuration", "glibc malloc", "deepest [3,4,k,3] that trains",
                            "its peak RSS", "first that does not", "wall s (CPU s)"], "rows": rows}]
     dev = device_rows(data)
     if dev:

@@ -38,6 +38,8 @@ from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
+sys.path.insert(0, str(ROOT))
+from sncaffe.sizes import parse_bytes  # noqa: E402
 GiB = 1 << 30
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # Large tensors from mmap, returned to the kernel when freed: glibc's default threshold grows
@@ -49,14 +51,6 @@ MALLOC_VARS = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESH
 def depth(k: int) -> int:
     """gen_resnet's depth of [3, 4, k, 3]."""
     return 3 * (k + 10) + 2
-
-
-def parse_bytes(text: str) -> int:
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    for unit, n in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if text.endswith(unit):
-            return int(float(text[:-len(unit)]) * n)
-    return int(text)
 
 
 def malloc_words(env: dict) -> str:
@@ -138,26 +132,26 @@ def run_limited(cmd, limit, env, report=None, timeout=3600) -> dict:
             child.kill()
             out, err = child.communicate()
         wall = time.perf_counter() - t0
-        usage = child.returncode
+        rc = child.returncode
         peak = (group / peak_file).read_text().strip()
     finally:
-        if child is not None and child.poll() is None:          # stopped from outside: the run goes too, and its cgroup
+        if child is not None and child.poll() is None:      # stopped from outside: the run goes too
             child.kill()
             child.wait()
         with contextlib.suppress(OSError):
             group.rmdir()
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)           # one child at a time: its CPU time
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
-    result = {"rc": usage, "fits": usage == 0, "killed": usage == -9, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+    result = {"rc": rc, "fits": rc == 0, "killed": rc == -9, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
               "cgroup_peak": int(peak) if peak.isdigit() else None}
     data = None
     if report and os.path.exists(report):
         data = json.loads(Path(report).read_text())
-    elif usage == 0:
+    elif rc == 0:
         data = next((json.loads(line) for line in reversed(out.strip().splitlines()) if line.startswith("{")), None)
     if data:
         result.update({k: v for k, v in data.items() if k not in result})
-    if usage:
+    if rc:
         result["error"] = (err or out).strip()[-300:]
     return result
 

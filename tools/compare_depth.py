@@ -1,26 +1,30 @@
 """The deepest ResNet [3, 4, k, 3] that trains in a memory limit, sncaffe and PyTorch measured alike.
 
-    python tools/compare.py depth --limit 3GiB                       # both frameworks, then the JSON
-    python tools/compare.py depth --limit 3GiB --side sncaffe --out benchmarks/results/07_depth.json
+    python tools/compare.py depth --limit 3GiB          # everything, into benchmarks/results/07_depth.json
+    python tools/compare.py depth --limit 3GiB --side sncaffe        # sncaffe again, PyTorch's rows kept
+    python tools/compare.py depth --side pytorch --configs checkpoint:tuned --start checkpoint=92,100
 
 Every point is a real training run in a fresh process inside a memory cgroup of ``--limit``, as a
-container runs it (tools/in_memory_cgroup.py; needs root). It fits when it exits 0 (the kernel
-kills what the cgroup cannot hold) and its peak resident set is within the limit too (VmHWM, read
-by the process itself: ru_maxrss would include the parent's; the cgroup leaves out library pages
-that were already in the page cache). Each run also reports its wall time.
+container runs it (tools/in_memory_cgroup.py; needs root), one at a time. It fits when it exits 0
+(the kernel kills what the cgroup cannot hold) and its peak resident set is within the limit too
+(VmHWM, read by the process itself: ru_maxrss would include the parent's; the cgroup leaves out
+library pages that were already in the page cache). Each run also records its wall and CPU time.
+The search: a line through the deepest runs guesses where the limit is crossed, with bisection,
+until the first depth that does not fit is at most ``--resolution`` above the deepest that does.
 
 PyTorch   tools/torch_memory.py: torchvision's Bottleneck ResNet, SGD with momentum, the
           default ``zero_grad()``, two steps (the second holds the momentum), batch 16,
           224x224, float32; eager, ``checkpoint`` around every block, and
-          ``checkpoint_sequential`` at the segment count that keeps least (searched), each under
-          glibc malloc's default and under ``--tuned-malloc``.
+          ``checkpoint_sequential`` at the segment count that kept least at ``--probe-k``
+          (``--configs`` VARIANT:MALLOC), each under glibc malloc's default and under
+          TUNED_MALLOC (the environment variables below).
 sncaffe   ``sncaffe train NET --max-iter 1`` with no memory flag, the net from tools/gen_resnet.py;
           once with no usable disk (the temporary directory a 1 MiB tmpfs) and once with the
-          disk tier on the local disk.
+          disk tier in the temporary directory on the local disk (``--sncaffe``).
 
 The device view (a second table) counts what a GPU would have to hold: sncaffe's planned device
 pool per memory mode (a plan, which the runtime meets to the byte) against the tensors PyTorch's
-allocator holds in use at its peak (malloc's in-use bytes in a real run, fragmentation left out).
+allocator holds in use at its peak (malloc's in-use bytes in the same runs, fragmentation left out).
 Both frameworks run on ``--threads`` threads (OMP/OPENBLAS/MKL_NUM_THREADS).
 """
 from __future__ import annotations
@@ -225,15 +229,19 @@ def torch_side(args, say, out, save) -> dict:
     mallocs = {"default": None, "tuned": TUNED_MALLOC}
     out.setdefault("configs", {})
     wanted = [c.split(":") for c in args.configs]
-    if any(v == "checkpoint_sequential" for v, _ in wanted) and "segments_probe" not in out:
+    probe = args.probe_segments or any(v == "checkpoint_sequential" for v, _ in wanted) and "segments_probe" not in out
+    if probe:
         n = modules(args.probe_k)
         if args.segments_rule:
             out["segments_probe"] = {"k": None, "ratio": args.segments_rule,
                                      "rule": f"round(sqrt({args.segments_rule:g} x modules)), not probed"}
         else:
             cands = sorted({max(2, round(math.sqrt(c * n))) for c in (1, 3, 8)})
-            probes = {s: torch_run(args.probe_k, "checkpoint_sequential", 4 * args.limit, args.threads,
-                                   TUNED_MALLOC, segments=s, args=args) for s in cands}
+            done = {r.get("segments"): r for f in out["configs"].values() for r in f["runs"]
+                    if f["variant"] == "checkpoint_sequential" and r["k"] == args.probe_k
+                    and r.get("malloc") == malloc_words(TUNED_MALLOC)}          # measured already
+            probes = {s: done.get(s) or torch_run(args.probe_k, "checkpoint_sequential", 4 * args.limit,
+                                                  args.threads, TUNED_MALLOC, segments=s, args=args) for s in cands}
             for s, r in probes.items():
                 say(f"  checkpoint_sequential at k={args.probe_k}, {s} segments: peak RSS "
                     f"{r.get('rss', math.inf) / GiB:.3f} GiB")
@@ -467,6 +475,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=",".join(f"{v}:{m}" for v in ("eager", "checkpoint", "checkpoint_sequential")
                                                   for m in ("default", "tuned")),
                     help="PyTorch's configurations, VARIANT:MALLOC (default: all six; others are kept from --out)")
+    ap.add_argument("--probe-segments", action="store_true", help="choose checkpoint_sequential's segments "
+                    "again at --probe-k (runs made there already count)")
     ap.add_argument("--segments-rule", type=float, help="checkpoint_sequential's segments: round(sqrt(R x "
                                                         "modules)) with this R, instead of probing")
     ap.add_argument("--sncaffe", default="nodisk,disk", help="sncaffe's runs: nodisk, disk or both (default)")
@@ -479,7 +489,7 @@ def main(argv=None) -> int:
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # finally clauses remove the cgroups
     args.limit = parse_bytes(args.limit)
-    args.configs = args.configs.split(",")
+    args.configs = [c for c in args.configs.split(",") if c]
     args.sncaffe = [x for x in args.sncaffe.split(",") if x]
     args.start = {s.split("=")[0]: tuple(int(k) for k in s.split("=")[1].split(",")) for s in args.start}
     sys.path.insert(0, str(TOOLS))

@@ -368,7 +368,10 @@ def whole_process_rows(data) -> tuple:
     """(rows, PyTorch's deepest k, sncaffe's per disk setting)."""
     rows, best_torch, snc = [], 0, {}
     torch = data.get("pytorch", {})
-    for key, found in torch.get("configs", {}).items():
+    order = list(TORCH_LABELS)
+    configs = sorted(torch.get("configs", {}).values(), key=lambda f: (
+        order.index(f["variant"]) if f["variant"] in order else len(order), f["malloc"] != "glibc default"))
+    for found in configs:
         r = _deepest_run(found)
         label = TORCH_LABELS.get(found["variant"], found["variant"])
         if found["variant"] == "checkpoint_sequential" and r.get("segments"):
@@ -389,7 +392,9 @@ def whole_process_rows(data) -> tuple:
 def device_rows(data) -> list:
     rows = []
     for name, found in data.get("sncaffe_device", {}).items():
-        rows.append([f"sncaffe {name} (planned pool)", _resnet(found["deepest_k"]), _gib(found["device"])])
+        capped = found["first_failing_k"] is None and found["deepest_k"]
+        rows.append([f"sncaffe {name} (planned pool)", _resnet(found["deepest_k"]) + (", the cap" if capped else ""),
+                     _gib(found["device"])])
     for variant, found in torch_device_view(data.get("pytorch", {}).get("configs", {}), data["limit"],
                                                   data.get("k_max", 822)).items():
         (ka, _), (kb, _) = found["from"]
@@ -444,6 +449,15 @@ def result_file(data) -> dict:
                                   "(no process, no fragmentation)",
                        "columns": ["configuration", f"deepest [3,4,k,3] within {limit / GiB:g} GiB",
                                    "device bytes at that depth"], "rows": dev})
+        own = [f for f in data.get("sncaffe_device", {}).values() if not f["host_params"]]
+        theirs = torch_device_view(data.get("pytorch", {}).get("configs", {}), limit, data.get("k_max", 822))
+        if own and theirs:
+            a = max(own, key=lambda f: f["deepest_k"])
+            b = max(theirs.items(), key=lambda kv: kv[1]["deepest_k"])
+            notes.append(f"Device view, parameters on the device: sncaffe {a['mode']} ResNet-{depth(a['deepest_k'])} "
+                         f"against PyTorch {b[0]} ResNet-{depth(b[1]['deepest_k'])}, "
+                         f"{depth(a['deepest_k']) / depth(b[1]['deepest_k']):.2f}x (offload keeps activations in host "
+                         "memory, which none of these PyTorch rows does).")
         notes.append("Device view: sncaffe's device pool as planned (the runtime meets the plan to the byte), per "
                      "mode, parameters with their gradients and history on the device or on the host; PyTorch's "
                      "tensors in use at their peak (malloc's in-use bytes during the second step, less the "

@@ -403,6 +403,13 @@ def device_rows(data) -> list:
     return rows
 
 
+def _all_configs(data):
+    for key, found in data.get("pytorch", {}).get("configs", {}).items():
+        yield f"PyTorch {key}", found
+    for key, found in data.get("sncaffe", {}).items():
+        yield f"sncaffe {key}", found
+
+
 def segments_words(torch) -> str:
     probe = torch.get("segments_probe")
     if not probe:
@@ -438,6 +445,11 @@ def result_file(data) -> dict:
         if best_torch and k:
             notes.append(f"sncaffe {key}: {depth(k) / depth(best_torch):.2f}x the depth of PyTorch's best "
                          f"(ResNet-{depth(k)} against ResNet-{depth(best_torch)}).")
+    over = [f"{name} ResNet-{depth(r['k'])} ({_gib(r['rss'])})" for name, found in _all_configs(data)
+            for r in found["runs"] if r["fits"] and r.get("rss", 0) > limit]
+    if over:
+        notes.append("Ran inside the cgroup but over the limit by peak RSS (counted as not fitting): "
+                     + ", ".join(over) + ".")
     if data.get("sncaffe_pending"):
         notes.append(data["sncaffe_pending"])
     tables = [{"caption": f"Whole process: peak resident memory within {limit / GiB:g} GiB (the headline)",

@@ -445,7 +445,7 @@ def result_file(data) -> dict:
         if best_torch and k:
             notes.append(f"sncaffe {key}: {depth(k) / depth(best_torch):.2f}x the depth of PyTorch's best "
                          f"(ResNet-{depth(k)} against ResNet-{depth(best_torch)}).")
-    over = [f"{name} ResNet-{depth(r['k'])} ({_gib(r['rss'])})" for name, found in _all_configs(data)
+    over = [f"{name} ResNet-{depth(r['k'])} ({r['rss'] / GiB:.3f} GiB)" for name, found in _all_configs(data)
             for r in found["runs"] if r["fits"] and r.get("rss", 0) > limit]
     if over:
         notes.append("Ran inside the cgroup but over the limit by peak RSS (counted as not fitting): "

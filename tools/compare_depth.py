@@ -276,25 +276,14 @@ def torch_device_view(configs, limit, k_max=822) -> dict:
     hardly depend on malloc's settings; they grow by the same per block)."""
     out = {}
     for found in sorted(configs.values(), key=lambda f: f["malloc"] != malloc_words(TUNED_MALLOC)):
-        runs = [r for r in found["runs"] if r.get("fits") and r.get("device")]
-        if found["variant"] in out or len({r["k"] for r in runs}) < 2:
+        pts = sorted({r["k"]: r["device"] for r in found["runs"] if r.get("fits") and r.get("device")}.items())
+        if found["variant"] in out or len(pts) < 2:
             continue
-        k = min(predicted_start(runs, limit)[0], k_max)
-        (ka, da), (kb, db) = sorted((r["k"], r["device"]) for r in runs)[-2:]
-        out[found["variant"]] = {"deepest_k": k, "device": db + (k - kb) * (db - da) / (kb - ka),
-                                 "from": [[ka, da], [kb, db]]}
+        (ka, da), (kb, db) = pts[-2:]
+        per_block = (db - da) / (kb - ka)
+        k = min(kb + math.floor((limit - db) / per_block), k_max) if per_block > 0 else kb
+        out[found["variant"]] = {"deepest_k": k, "device": db + (k - kb) * per_block, "from": [[ka, da], [kb, db]]}
     return out
-
-
-def predicted_start(runs, limit) -> tuple:
-    """Where the device-side bytes of the runs made already reach ``limit`` (a line through the
-    two deepest), and the depth after it: two runs settle it where the line is exact."""
-    pts = sorted((r["k"], r["device"]) for r in runs if r.get("fits") and r.get("device"))
-    if len(pts) < 2:
-        return (20, 40)
-    (ka, da), (kb, db) = pts[-2:]
-    k = kb + math.floor((limit - db) * (kb - ka) / (db - da)) if db > da else kb
-    return (k, k + 1)
 
 
 def sncaffe_side(args, say, out, save) -> dict:

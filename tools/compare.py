@@ -1,9 +1,10 @@
 """sncaffe side by side with PyTorch (and real Caffe where a `caffe` binary is on PATH), in one run.
 
     python tools/compare.py [--suite tools/compare.yaml] [--quick] [--threads N] [--out out/compare]
+    python tools/compare.py depth --limit 3GiB      # the deepest ResNet in a memory cgroup: tools/compare_depth.py
 
 The suite file names the nets, batch sizes, memory budgets and frameworks; ``--quick``
-applies its ``quick:`` section on top. Four suites, each measured the same way for
+applies its ``quick:`` section on top. Three suites, each measured the same way for
 every framework, N threads each (default 1: OPENBLAS/OMP/MKL_NUM_THREADS,
 torch.set_num_threads and sncaffe's thread policy all set to N before a BLAS loads):
 
@@ -18,10 +19,6 @@ scaling     the suite's ``threads`` (2) against one: sncaffe and PyTorch each in
             that many threads, stepping on one thread and on all of them by turns, the
             frameworks interleaved (both scale in the same minutes on the same machine), with
             the machine's own speed-up beside them (a GEMM and a copy stepped by turns with them)
-deepest     the deepest ResNet [3, 4, k, 3] (gen_resnet's rule, depth 3(k+10)+2) whose
-            training step fits a memory budget, twice: a device budget and a machine budget
-            (below); PyTorch eager and its own savers (checkpoint_sequential, save_on_cpu,
-            both), sncaffe in each memory mode
 
 The two PyTorch forms: "twin" is tools/torch_net.TorchNet, a layer-by-layer replay of the
 Caffe graph (separate BatchNorm and Scale, every blob kept by name); "idiomatic" is
@@ -29,31 +26,31 @@ tools/torch_idiomatic.py, the net as PyTorch users write it (affine BatchNorm2d,
 where the net has such a form (LeNet, the CIFAR ResNet, the bottleneck ResNets). Both get the
 Net's weights and batch, so the first losses agree.
 
-What is counted
+What is counted (memory suite)
   sncaffe   the device pool's peak: parameters, parameter diffs, SGD history and the
             solver's two work buffers, and every activation, diff, layer scratch and
             workspace the plan places (sncaffe.plan.planner.make_plan, no compute). The
             runtime allocates exactly what the plan places, so the pool peak of a real
             step equals the plan; `verify` runs check it. "all+host" is mode all with
-            parameters, diffs and history in host memory (--host-params). For a machine
-            budget: the device pool + the host pool + the process's own resident bytes
-            before any net (measured in a child).
-  PyTorch   memory suite: bytes of live tensors counted on the meta device (parameters,
-            buffers, gradients, momentum, the peak of what autograd saves, the largest
-            transient), with the allocator's peak of a real step beside it (`verify`).
-            deepest suite: every depth is a real step in a child process
-            (tools/torch_memory.py): the device budget by malloc's peak during the step,
-            the machine budget by the process's peak RSS; save_on_cpu's host copies are
-            reported as the host side.
+            parameters, diffs and history in host memory (--host-params).
+  PyTorch   bytes of live tensors counted on the meta device (parameters, buffers,
+            gradients, momentum, the peak of what autograd saves, the largest transient),
+            with the allocator's peak of a real step beside it (`verify`).
+The whole process, both frameworks in real runs inside a memory cgroup: `compare.py depth`.
 Dropout in the twin uses torch's own masks (they need not match sncaffe's). Results go to
---out: tables.md, results.json, memory_vs_depth.png, machine_memory_vs_depth.png,
-throughput_vs_depth.png.
+--out: tables.md, results.json, throughput_vs_depth.png.
 """
 from __future__ import annotations
 
 import os
 
 import sys  # noqa: E402
+
+if __name__ == "__main__" and sys.argv[1:2] == ["depth"]:
+    # the deepest ResNet in a memory limit: a light parent, each point a fresh process (compare_depth.py)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import compare_depth
+    sys.exit(compare_depth.main(sys.argv[2:]))
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -81,7 +78,6 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
-from functools import lru_cache  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
@@ -98,7 +94,7 @@ from sncaffe.backend import threads as policy  # noqa: E402
 from sncaffe.backend.cpu import CPUDevice  # noqa: E402
 from sncaffe.graph import build_graph  # noqa: E402
 from sncaffe.plan.planner import make_plan  # noqa: E402
-from sncaffe.sizes import fmt_bytes, parse_bytes  # noqa: E402
+from sncaffe.sizes import fmt_bytes  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
 from sncaffe.prototxt import parse_text, prepare_net, read_text, replace_data_layers, set_batch  # noqa: E402
 from sncaffe.solvers.solver import Solver, history_bytes  # noqa: E402
@@ -860,43 +856,6 @@ def best_pytorch(row: dict):
     return max(cands, key=lambda kv: kv[1]["images_per_s"]) if cands else (None, None)
 
 
-# -- the deepest ResNet -------------------------------------------------------------------------
-def deepest(peak, budget, k_max, log=None) -> int:
-    """The largest k <= k_max with peak(k) <= budget, 0 if none (peak nondecreasing in k).
-
-    Each guess comes from the line through two measured points (a ResNet's peak grows by
-    about the same per block), alternating with bisection; the answer is always confirmed
-    by a direct measurement of k (fits) and k + 1 (does not, unless k = k_max)."""
-    lo, hi = 0, k_max + 1          # lo fits (0: none yet), hi does not (k_max + 1: beyond the cap)
-    seen = {}
-
-    def measure(k):
-        seen[k] = peak(k)
-        if log:
-            log(k, seen[k])
-        return seen[k]
-    k, step = 1, 0
-    while True:
-        if measure(k) <= budget:
-            lo = k
-        else:
-            hi = k
-        if hi - lo <= 1:
-            return lo
-        step += 1
-        (ka, pa), (kb, pb_) = sorted(seen.items())[-2:] if len(seen) > 1 else ((0, 0), (0, 0))
-        slope = (pb_ - pa) / (kb - ka) if kb > ka else 0
-        if len(seen) == 1:
-            k = 2
-        elif slope > 0 and (step % 3 or hi > k_max):
-            k = lo + math.floor((budget - seen.get(lo, pa)) / slope) if lo else kb
-        elif hi <= k_max:
-            k = (lo + hi) // 2
-        else:
-            k = hi - 1 if slope <= 0 else 2 * lo     # flat: straight to the cap
-        k = min(max(k, lo + 1), hi - 1)
-
-
 # -- suites ----------------------------------------------------------------------------------------
 def memory_suite(suite, say) -> list:
     """Peak memory of one step: sncaffe planned per mode; PyTorch counted on the meta device for each
@@ -1001,127 +960,6 @@ def scaling_suite(suite, say) -> dict:
     return {"threads": n, "target": cfg.get("target", 1.7), "runs": rows}
 
 
-def sncaffe_overhead() -> int:
-    """Resident bytes of a process that has loaded sncaffe and its BLAS and planned a small net
-    (a ResNet-50 at batch 1, 32x32): the floor under every depth's figure."""
-    import sncaffe_memory
-    return sncaffe_memory.measure_in_child((3, 4, 1, 3), 1, 32, plan_only=True)["rss"]
-
-
-DISK = "+disk"                  # a machine-budget mode with the disk tier: what RAM cannot hold is spilled
-
-
-def disk_plan(graph, mode, ram):
-    """The plan of ``mode + DISK`` in ``ram`` bytes; ``auto+disk``: `sncaffe train`'s own choice
-    (the cheapest mode that fits, then ``all`` with parameters, gradients and history on the host,
-    then on disk)."""
-    from sncaffe.plan.planner import shared_ram_plan, auto_plan
-    base = mode[:-len(DISK)]
-    if base == "auto":
-        return auto_plan(graph, None, history_bytes(graph, 1), ram=ram, spill=1 << 50)
-    return shared_ram_plan(graph, base, None, history_bytes(graph, 1), ram=ram, spill=1 << 50)
-
-
-def machine_within(graph, mode, budget, overhead) -> int:
-    """The least planned bytes of the whole process (device pool + host pool + ``overhead``) of a
-    step that trains within ``budget`` bytes of RAM, over device capacities that leave the host
-    tier the rest; above ``budget`` where none fits. On the CPU device both pools are one RAM.
-    ``mode + DISK``: the planner's own split of that RAM (``auto``'s, as `sncaffe train` plans
-    on this machine): the device what its plan needs, the host what is left, the rest of the
-    offloaded copies in a spill file (read and written with pread/pwrite: page cache, not the
-    process's resident memory)."""
-    if mode.endswith(DISK):
-        plan = disk_plan(graph, mode, budget - overhead)
-        return plan.peak + plan.host_peak + overhead if plan.device_fits and plan.host_fits else budget + 1
-    best = None
-    for capacity in (None, budget - overhead, (budget - overhead) // 2, (budget - overhead) // 4):
-        if capacity is not None and capacity <= 0:
-            continue
-        plan = sncaffe_plan(graph, mode, capacity)
-        if capacity is not None and not plan.fits:
-            continue
-        total = plan.peak + plan.host_peak + overhead
-        best = total if best is None else min(best, total)
-    return best if best is not None else budget + 1
-
-
-def deepest_suite(suite, say) -> dict:
-    """The deepest ResNet within the budget, twice: a *device* budget (sncaffe's device pool; PyTorch's
-    allocator) and a *machine* budget (the whole process: sncaffe's pools + what its process holds besides them,
-    measured: tools/sncaffe_memory.py; PyTorch's peak RSS). Every PyTorch figure comes from a real step (tools/torch_memory.py, a child process
-    each); sncaffe's from its plan, which its runtime meets to the byte (verify runs one real step)."""
-    import torch_memory
-    cfg = suite["deepest"]
-    budget, batch, size, k_max = parse_bytes(cfg["budget"]), cfg["batch"], cfg["image_size"], cfg["k_max"]
-    want_torch = torch is not None and "pytorch" in suite["frameworks"]
-    import sncaffe_memory
-    overhead = sncaffe_overhead()
-    overhead_k = sncaffe_memory.Overhead(batch, size)     # besides the pools, at depth k in a mode
-    say(f"  sncaffe's process holds {fmt_bytes(overhead)} with a small net; the machine budget counts, at "
-        "each depth, what a real step holds besides its pools (tools/sncaffe_memory.py)")
-
-    @lru_cache(maxsize=4)           # the variants measure the same first depths
-    def graph_k(k):
-        return graph_of(resnet((3, 4, k, 3), batch, size))
-
-    @lru_cache(maxsize=None)        # one real PyTorch step gives both budgets' figures
-    def torch_run(variant, k):
-        return torch_memory.measure_in_child((3, 4, k, 3), batch, size, variant)
-    out = {"budget": budget, "batch": batch, "image_size": size, "k_max": k_max, "overhead": overhead}
-    for key, label, torch_key, sncaffe_fn in (
-            ("device", "device budget", "device", lambda m: lambda k: peak_within(graph_k(k), m, budget)),
-            ("machine", "machine budget", "rss", lambda m: lambda k: machine_within(graph_k(k), m, budget, overhead_k(k, m)))):
-        say(f"  {label} {fmt_bytes(budget)}:")
-        modes = cfg["sncaffe_modes"] + ([m + DISK for m in cfg.get("disk_modes", [])] if key == "machine" else [])
-        variants = {f"sncaffe {m}": sncaffe_fn(m) for m in modes}
-        if want_torch:
-            for v in cfg.get("pytorch", list(torch_memory.VARIANTS)):
-                variants[f"pytorch {v}"] = (lambda v: lambda k: torch_run(v, k)[torch_key])(v)
-        curves, found = {}, {}
-        for name, fn in variants.items():
-            t0 = time.perf_counter()
-            curve = curves.setdefault(name, {})
-            found[name] = deepest(fn, budget, k_max, log=lambda k, p, c=curve: c.__setitem__(k, p))
-            for k in cfg.get("plot_k", []):
-                if k not in curve and k <= k_max:
-                    curve[k] = fn(k)
-            k = found[name]
-            say(f"    {name}: deepest k = {k} (ResNet-{depth(k) if k else '-'}"
-                f"{', the cap' if k == k_max else ''}), peak {fmt_bytes(curve.get(k, 0))}, "
-                f"{len(curve)} depths measured in {time.perf_counter() - t0:.1f} s")
-        host = {}
-        for name, k in found.items():      # what each answer keeps besides: the host side
-            if not k:
-                continue
-            if name.startswith("pytorch"):
-                host[name] = torch_run(name[len("pytorch "):], k)["host"]
-            else:
-                mode = name[len("sncaffe "):]
-                if mode.endswith(DISK):     # the host pool, and the spill file's peak
-                    plan = disk_plan(graph_k(k), mode, budget - overhead_k(k, mode))
-                    host[name] = plan.host_peak
-                    out.setdefault("spill", {})[name] = plan.disk_peak
-                    continue
-                host[name] = sncaffe_plan(graph_k(k), mode, budget if key == "device" else None).host_peak
-        out[key] = {"found": found, "curves": {n: sorted((k, v) for k, v in c.items() if v != math.inf)
-                                              for n, c in curves.items()}, "host": host}
-    out["rest"] = dict(overhead_k._rest)       # per mode: a real shallow step's bytes besides its pools
-    verified = {}
-    v = cfg.get("verify") or {}
-    if v.get("sncaffe"):
-        name = f"sncaffe {v['sncaffe']}"
-        k = out["device"]["found"].get(name, 0)
-        if k:
-            t0 = time.perf_counter()
-            true = sncaffe_true_peak(resnet((3, 4, k, 3), batch, size), v["sncaffe"], budget)
-            planned = plan_peak(graph_k(k), v["sncaffe"], budget)      # what the runtime follows there
-            verified[name] = {"k": k, "planned": planned, "measured": true}
-            say(f"  verified {name} at ResNet-{depth(k)} on a device of {fmt_bytes(budget)}: pool peak "
-                f"{fmt_bytes(true)} (planned {fmt_bytes(planned)}) in {time.perf_counter() - t0:.1f} s")
-    out["verified"] = verified
-    return out
-
-
 def caffe_suite(suite, say) -> dict:
     """Real Caffe's `caffe time` (and outputs given the same .caffemodel), where it is installed."""
     import caffe_baseline
@@ -1149,40 +987,9 @@ def table(header, rows) -> str:
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
-def deepest_ratios(d, key, pairs) -> list:
-    """(what, value, target, met) of the deepest-ResNet targets of one budget (``key``)."""
-    out, found = [], d[key]["found"]
-    ours = {k: v for k, v in found.items() if k.startswith("sncaffe")}
-    theirs = {k: v for k, v in found.items() if k.startswith("pytorch")}
-    savers = {k: v for k, v in theirs.items() if k != "pytorch eager"}
-    groups = [("", ours)] if key == "machine" else [
-        ("parameters on the device", {k: v for k, v in ours.items() if HOST not in k}),
-        ("parameters on the host", {k: v for k, v in ours.items() if HOST in k})]
-    for label, group in groups:
-        if not group:
-            continue
-        best = max(group, key=group.get)
-        capped = ", the cap k_max" if group[best] == d["k_max"] else ""
-        for base_label, base_group, target in pairs(theirs, savers):
-            if not base_group:
-                continue
-            base = max(base_group, key=base_group.get)
-            kb = base_group[base]
-            value = depth(group[best]) / depth(kb) if kb else math.inf
-            none = "" if kb else f" ({base} fits no depth)"
-            what = f"{key} budget: {best}" + (f" ({label}{capped})" if label or capped else "")
-            out.append((f"{what} / {base_label} {base}{none}", value, f">= {target}", value >= target))
-    return out
-
-
 def ratios(results) -> list:
     """(what, value, target, met) for each target of the comparison."""
     out = []
-    d = results.get("deepest")
-    if d and "device" in d:
-        out += deepest_ratios(d, "device", lambda theirs, savers: [
-            ("", {k: v for k, v in theirs.items() if k == "pytorch eager"}, 4.0), ("best saver", savers, 1.5)])
-        out += deepest_ratios(d, "machine", lambda theirs, savers: [("best saver", savers, 2.0)])
     t = results.get("throughput")
     # the targets: 1.1x PyTorch at one thread; at more, no slower than PyTorch at as many
     threads = ((results.get("machine") or {}).get("threads") or {}).get("sncaffe", 1) or 1
@@ -1312,26 +1119,6 @@ def report(results) -> str:
         keys = [k for k in t["depth"][0] if isinstance(t["depth"][0][k], dict) and "images_per_s" in t["depth"][0][k]]
         rows = [[f"ResNet-{r['depth']}", r["k"], *[f"{r[k]['images_per_s']:.2f}" for k in keys]] for r in t["depth"]]
         parts.append("### Images/s against depth\n\n" + table(["net", "k", *keys], rows))
-    d = results.get("deepest")
-    for key, what in (("device", "sncaffe: the device pool's planned peak; PyTorch: malloc's peak in a real step, "
-                       "less the libraries' own heap"),
-                      ("machine", "the whole process: sncaffe's device + host pools + what a real step of its process "
-                       "holds besides them (libraries, graph, plan, temporaries: tools/sncaffe_memory.py, "
-                       f"{gib((d or {}).get('overhead'))} GiB with a small net); PyTorch: the peak RSS of a real step")):
-        if not d or key not in d:
-            continue
-        rows = []
-        curves = {n: dict(c) for n, c in d[key]["curves"].items()}
-        for name, k in d[key]["found"].items():
-            ver = d["verified"].get(name) if key == "device" else None
-            rows.append([name, k, f"ResNet-{depth(k)}" if k else "none", gib(curves[name].get(k)),
-                         gib(curves[name].get(k + 1)) if k < d["k_max"] else "(cap)",
-                         gib(d[key]["host"].get(name)),
-                         "-" if not ver else f"{gib(ver['measured'])} (planned {gib(ver['planned'])})"])
-        parts.append(f"### Deepest ResNet [3, 4, k, 3] within a {key} budget of {fmt_bytes(d['budget'])}, batch "
-                     f"{d['batch']}, {d['image_size']}x{d['image_size']} (k <= {d['k_max']})\n\n" + table(
-                         ["framework / mode", "k", "net", "peak at k (GiB)", "peak at k+1 (GiB)",
-                          "host side at k (GiB)", "real sncaffe step at k"], rows) + f"\n\nCounted: {what}.")
     c = results.get("caffe")
     if c and c.get("runs"):
         parts.append("### Real Caffe (`caffe time` / `sncaffe time`: forward + backward)\n\n" + table(
@@ -1356,25 +1143,6 @@ def plots(results, out: Path) -> list:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     written = []
-    d = results.get("deepest")
-    for key in ("device", "machine"):
-        if not d or key not in d:
-            continue
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for name, curve in d[key]["curves"].items():
-            ks = [k for k, _ in curve]
-            ax.plot([depth(k) for k in ks], [p / GiB for _, p in curve], marker="o", ms=3, label=name,
-                    ls="--" if name.startswith("pytorch") else "-")
-        ax.axhline(d["budget"] / GiB, color="k", lw=0.8, label=f"budget {fmt_bytes(d['budget'])}")
-        ax.set(xscale="log", yscale="log", xlabel="ResNet depth (blocks [3, 4, k, 3])",
-               ylabel=f"peak memory of a training step, {key} (GiB)",
-               title=f"{key.capitalize()} memory against depth, batch {d['batch']}, {d['image_size']}x{d['image_size']}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        name = "memory_vs_depth.png" if key == "device" else "machine_memory_vs_depth.png"
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
-        written.append(out / name)
     t = results.get("throughput")
     if t and t["depth"]:
         fig, ax = plt.subplots(figsize=(8, 5))
@@ -1394,8 +1162,7 @@ def plots(results, out: Path) -> list:
 
 
 # The suites in the order they run, by their name in the suite file.
-SUITES = {"memory": memory_suite, "throughput": throughput_suite, "scaling": scaling_suite,
-          "deepest": deepest_suite}
+SUITES = {"memory": memory_suite, "throughput": throughput_suite, "scaling": scaling_suite}
 
 
 def run(suite, out: Path, say=print) -> dict:
@@ -1437,7 +1204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads of each framework (read before the BLAS "
                                                            "loads; default 1)")
     ap.add_argument("--only", default="", help="comma-separated suites to run of memory, throughput, scaling, "
-                                                "deepest (default: all that the suite file has)")
+                                                "(default: all that the suite file has)")
     ap.add_argument("--worker", nargs=3, metavar=("NET_PB", "FRAMEWORK", "KIND"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:             # one framework's steps for a parent's interleaved timing (``Worker``)

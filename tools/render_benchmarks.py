@@ -70,7 +70,7 @@ def render_table(table):
         out += [table["question"], ""]
     out += [f"`{table['command']}` (machine: {table['machine']}; threads: {table['threads']})", ""]
     for k, part in enumerate(table.get("tables", [table])):
-        out += ([""] if k else []) + grid(part)
+        out += ([""] if k else []) + ([part["caption"], ""] if part.get("caption") else []) + grid(part)
     notes = table.get("notes", [])
     if notes:
         out.append("")

@@ -1,28 +1,31 @@
-"""PyTorch's memory for one training step, measured in a real run in a process of its own.
+"""PyTorch's memory for training, as its users write it, measured in a real run in a process of its own.
 
     python tools/torch_memory.py --blocks 3,4,6,3 --batch 16 --image-size 224 --variant eager
-    python tools/torch_memory.py ... --deepest 3GiB --by rss       # deepest [3, 4, k, 3] within 3 GiB
+    python tools/compare.py depth --limit 3GiB     # the deepest [3, 4, k, 3] in a 3 GiB cgroup, run by run
 
-The net is tools/torch_idiomatic's ResNet (torchvision's layout, affine BatchNorm2d, in-place
-ReLU), trained by SGD with momentum; parameters' gradients and momentum buffers exist before
-the step (as sncaffe's diffs and history do). Variants, PyTorch's own memory savers:
+The net is tools/torch_idiomatic's ResNet (torchvision's Bottleneck layout, affine BatchNorm2d,
+in-place ReLU), trained by SGD with momentum as a PyTorch loop trains it: ``opt.zero_grad()`` at
+its default (gradients set to None, so they exist only from backward to the update), momentum
+buffers made by the first update. ``--steps`` (default 2) training steps run, so the second
+holds the optimizer's state. Variants, PyTorch's own memory savers:
 
 eager                    the plain step
-checkpoint               torch.utils.checkpoint.checkpoint_sequential over the blocks
-                         (--segments; by default the count that needs least memory, searched)
+checkpoint               torch.utils.checkpoint.checkpoint around every block (use_reentrant=False)
+checkpoint_sequential    torch.utils.checkpoint.checkpoint_sequential over stem, blocks and head
+                         (--segments; by default about sqrt of the modules)
 save_on_cpu              torch.autograd.graph.save_on_cpu: every tensor autograd saves goes to
                          host memory and comes back for backward
-checkpoint+save_on_cpu   both
 
-Each figure comes from a step that really ran (nothing estimated on the meta device):
+Each figure comes from steps that really ran (nothing estimated on the meta device):
 
-rss      the process's peak resident set (VmHWM) over the first step: what the machine
-         gave the whole process, libraries included (sncaffe is measured the same way)
-device   the bytes malloc holds (glibc's mallinfo2: in arenas plus mmapped chunks), read after
-         every aten op of a second step, at their highest, less what malloc held before the net
-         was built (the libraries' own heap): torch's CPU allocator takes every tensor from
-         malloc, so this is what a GPU would have to hold.
-         The profiler's memory timeline cannot be used: it fails under saved-tensor hooks.
+rss      the process's peak resident set (VmHWM) over every step: what the machine gave the
+         whole process, libraries and malloc's fragmentation included (sncaffe is measured the
+         same way). glibc's malloc settings (MALLOC_*_ in the environment) change it; the
+         result names those in force.
+device   the bytes malloc holds in use (glibc's mallinfo2: in arenas plus mmapped chunks), read
+         after every aten op of the last step, at their highest, less what malloc held before
+         the net was built (the libraries' own heap): torch's CPU allocator takes every tensor
+         from malloc, so these are the tensors a GPU would have to hold, without fragmentation.
 host     the peak bytes of save_on_cpu's host copies, which live in anonymous mmaps outside
          malloc (so outside "device"), as pinned host buffers live outside a GPU's memory.
 """
@@ -38,8 +41,7 @@ import time
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
-VARIANTS = ("eager", "checkpoint", "save_on_cpu", "checkpoint+save_on_cpu")
-UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+VARIANTS = ("eager", "checkpoint", "checkpoint_sequential", "save_on_cpu")
 
 
 class MallocPeak:
@@ -116,21 +118,53 @@ def rss_now(field="VmRSS") -> int:
 
 
 def best_segments(n: int) -> int:
-    """checkpoint_sequential's segment count that keeps least: about sqrt(n) boundaries live."""
+    """checkpoint_sequential's segment count by Chen et al.'s rule: about sqrt(n) boundaries live."""
     return max(1, round(math.sqrt(n)))
 
 
-def measure(blocks, batch, image_size, variant, segments=None, seed=0) -> dict:
-    """One real training step of ``variant`` in this process: rss, device and host peaks (bytes)."""
+MALLOC_VARS = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+
+def malloc_setting(env=None) -> str:
+    """glibc malloc's tunables in ``env`` (default: this process's), in words."""
+    env = os.environ if env is None else env
+    given = [f"{v}={env[v]}" for v in MALLOC_VARS if v in env]
+    return " ".join(given) or "glibc default"
+
+
+def forward_of(model, variant, segments=None):
+    """``x -> logits`` for ``variant``, written as a PyTorch user writes that saver."""
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    sys.path.insert(0, str(TOOLS))
+    import torch_idiomatic
+    seq = torch_idiomatic.sequential(model)
+    if variant.startswith("checkpoint_sequential"):
+        n = segments or best_segments(len(seq))
+        return lambda x: checkpoint_sequential(seq, n, x, use_reentrant=False)
+    if variant.startswith("checkpoint"):
+        stem, *blocks, head = seq
+
+        def forward(x):
+            x = stem(x)
+            for block in blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            return head(x)
+        return forward
+    return model
+
+
+def measure(blocks, batch, image_size, variant, segments=None, seed=0, steps=2) -> dict:
+    """``steps`` real training steps of ``variant`` in this process: rss, device and host peaks (bytes)."""
     import contextlib
 
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint_sequential
     sys.path.insert(0, str(TOOLS))
     import torch_idiomatic
 
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} ({', '.join(VARIANTS)})")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     import gc
     gc.collect()                      # what an earlier caller dropped must not be freed inside the step
@@ -138,81 +172,54 @@ def measure(blocks, batch, image_size, variant, segments=None, seed=0) -> dict:
     base = watch.in_use()             # the libraries' own heap, before the net exists
     torch.manual_seed(seed)
     model = torch_idiomatic.resnet(tuple(blocks))
-    params = [p for p in model.parameters()]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    for p in params:
-        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     x = torch.randn(batch, 3, image_size, image_size)
     y = torch.randint(0, 1000, (batch,))
-    seq = torch_idiomatic.sequential(model)
-    segments = segments or best_segments(len(seq))
+    n_modules = len(torch_idiomatic.sequential(model))
+    segments = segments or best_segments(n_modules)
+    forward = forward_of(model, variant, segments)
     host = HostSaved(np, torch)
 
-    def step(update=True):
-        opt.zero_grad(set_to_none=False)
-        saver = (torch.autograd.graph.saved_tensors_hooks(host.pack, host.unpack) if "save_on_cpu" in variant
+    def step():
+        opt.zero_grad()                                   # PyTorch's default: set_to_none=True
+        saver = (torch.autograd.graph.saved_tensors_hooks(host.pack, host.unpack) if variant == "save_on_cpu"
                  else contextlib.nullcontext())
         with saver:
-            if variant.startswith("checkpoint"):
-                logits = checkpoint_sequential(seq, segments, x, use_reentrant=False)
-            else:
-                logits = model(x)
-            loss = F.cross_entropy(logits, y)
+            loss = F.cross_entropy(forward(x), y)
             loss.backward()
-        if update:
-            opt.step()
+        opt.step()
         return float(loss.detach())
 
     before = rss_now()
     t0 = time.perf_counter()
-    loss = step()
+    losses = [step() for _ in range(steps - 1)]
+    with watch:                                           # the last step, with the optimizer's state
+        losses.append(step())
     seconds = time.perf_counter() - t0
-    rss = rss_now("VmHWM")
-    with watch:
-        step()
-    device = watch.peak - base
     return {"variant": variant, "blocks": list(blocks), "batch": batch, "image_size": image_size,
-            "segments": segments if variant.startswith("checkpoint") else None, "loss": loss,
-            "rss": rss, "rss_before_step": before, "device": device, "host": host.peak,
-            "seconds": seconds, "threads": torch.get_num_threads()}
+            "segments": segments if variant == "checkpoint_sequential" else None, "modules": n_modules,
+            "loss": losses[-1], "losses": losses, "steps": steps, "rss": rss_now("VmHWM"),
+            "rss_before_step": before, "device": watch.peak - base, "host": host.peak, "seconds": seconds,
+            "threads": torch.get_num_threads(), "malloc": malloc_setting()}
+
+
+def child_command(blocks, batch, image_size, variant, segments=None, steps=2) -> list:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--blocks", ",".join(map(str, blocks)),
+           "--batch", str(batch), "--image-size", str(image_size), "--variant", variant,
+           "--steps", str(steps), "--json"]
+    return cmd + (["--segments", str(segments)] if segments else [])
 
 
 def measure_in_child(blocks, batch, image_size, variant, segments=None, timeout=7200) -> dict:
-    """``measure`` in a fresh process (one thread), so the peak RSS is this step's alone."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--blocks", ",".join(map(str, blocks)),
-           "--batch", str(batch), "--image-size", str(image_size), "--variant", variant, "--json"]
-    if segments:
-        cmd += ["--segments", str(segments)]
+    """``measure`` in a fresh process (one thread), so the peak RSS is these steps' alone."""
     env = {**os.environ, **{v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    r = subprocess.run(child_command(blocks, batch, image_size, variant, segments), capture_output=True,
+                       text=True, timeout=timeout, env=env)
     if r.returncode:
         # a step that does not fit the machine dies (MemoryError or the OOM killer): it does not fit
         return {"variant": variant, "blocks": list(blocks), "failed": (r.stderr or r.stdout)[-400:],
                 "rss": math.inf, "device": math.inf, "host": math.inf}
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def parse_bytes(text: str) -> int:
-    for unit, n in sorted(UNITS.items(), key=lambda kv: -len(kv[0])):
-        if text.endswith(unit):
-            return int(float(text[:-len(unit)]) * n)
-    return int(text)
-
-
-def deepest(budget, by, batch, image_size, variant, k_max, say=print) -> tuple:
-    """The largest k <= k_max whose real step's ``by`` figure fits ``budget`` (bisection over
-    real runs), and every run made on the way."""
-    sys.path.insert(0, str(TOOLS))
-    from compare import deepest as search
-    runs = {}
-
-    def peak(k):
-        runs[k] = measure_in_child((3, 4, k, 3), batch, image_size, variant)
-        say(f"  {variant} k={k} (ResNet-{3 * (k + 10) + 2}): {by} {runs[k][by] / (1 << 30):.3f} GiB")
-        return runs[k][by]
-    return search(peak, budget, k_max), runs
 
 
 def main(argv=None) -> int:
@@ -221,20 +228,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--variant", choices=VARIANTS, default="eager")
-    ap.add_argument("--segments", type=int, help="checkpoint_sequential's segments (default: sqrt of the blocks)")
-    ap.add_argument("--deepest", help="a budget (e.g. 3GiB): search the deepest [3, 4, k, 3] that fits")
-    ap.add_argument("--by", choices=("rss", "device"), default="rss", help="which figure must fit the budget")
-    ap.add_argument("--k-max", type=int, default=822)
+    ap.add_argument("--segments", type=int, help="checkpoint_sequential's segments (default: sqrt of the modules)")
+    ap.add_argument("--steps", type=int, default=2, help="training steps (default: 2, the last with momentum)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = ap.parse_args(argv)
-    if args.deepest:
-        k, runs = deepest(parse_bytes(args.deepest), args.by, args.batch, args.image_size, args.variant,
-                          args.k_max)
-        print(json.dumps({"deepest_k": k, "depth": 3 * (k + 10) + 2 if k else None, "budget": args.deepest,
-                          "by": args.by, "runs": {str(k2): r for k2, r in sorted(runs.items())}}))
-        return 0
     r = measure(tuple(int(b) for b in args.blocks.split(",")), args.batch, args.image_size, args.variant,
-                args.segments)
+                args.segments, steps=args.steps)
     if args.json:
         print(json.dumps(r))
     else:

@@ -1,6 +1,8 @@
 """Plans near the edge of the device, run: for each net and memory mode, capacities from the
 peak of the plan without a cache upward in small steps; every plan that says it fits must run at
 that capacity with the pool's measured peak equal to the plan's, on the device and the host.
+``segments`` is ``recompute`` from the peak of its finest whole-segment plan upward: the
+capacities below the per-layer plan, where recompute replays whole segments.
 
     python tools/edge_sweep.py                      # every net of prototxt/ (shrunk), every mode
     python tools/edge_sweep.py --nets lenet_train_test --steps 8 --json out.json
@@ -19,15 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "plan")]
 
 from sncaffe.backend import CPUDevice  # noqa: E402
-from sncaffe.plan.planner import MODES, MemoryExhausted, make_plan  # noqa: E402
+from sncaffe.plan.planner import GRANULARITIES, MODES, MemoryExhausted, make_plan  # noqa: E402
 from test_modes import OWN, graph_of, net_param, train  # noqa: E402
+
+
+SWEPT = (*MODES, "segments")
 
 
 def sweep(path, mode, steps=6, step_fraction=0.01):
     """[(capacity, fits, met, error)] for ``steps`` capacities from the uncached peak upward."""
     param = net_param(path)
     graph = graph_of(param)
-    low = make_plan(graph, mode).peak
+    if mode == "segments":
+        mode, low = "recompute", make_plan(graph, "recompute", granularity=GRANULARITIES[0]).peak
+    else:
+        low = make_plan(graph, mode).peak
     step = max(256, int(low * step_fraction))
     points = []
     for k in range(steps):
@@ -55,7 +63,7 @@ def _run(param, mode, capacity):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", nargs="*", help="prototxt stems (default: every net of prototxt/ but ResNet-2500)")
-    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--modes", nargs="*", default=list(SWEPT))
     ap.add_argument("--steps", type=int, default=6, help="capacities per (net, mode)")
     ap.add_argument("--json", help="write every point here")
     args = ap.parse_args(argv)

@@ -162,16 +162,15 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
         return plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw)
     first = None
     if mode == "recompute" and granularity is None and capacity is not None and not forward_only \
-            and not host_params and _per_layer_bound(graph, extra_bytes) > capacity:
+            and not host_params and quick_bound(graph, mode, extra_bytes, per_layer=True) > capacity:
         # per layer cannot fit (the bound is of its peak at any capacity): whole segments straight away
         first = plan = build(GRANULARITIES[0])
+        plan.note = f"recomputation in segments of up to {GRANULARITIES[0]}x the largest unit"
     else:
         plan = _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_centric, forward_only,
                           **kw)
     if mode != "recompute" or granularity is not None or capacity is None or forward_only or plan.fits \
             or plan.lower_bound > capacity:         # what always lives, and one step, already do not fit
-        if first is not None:
-            plan.note = f"recomputation in segments of up to {GRANULARITIES[0]}x the largest unit"
         return plan
     base = plan.persistent_bytes + plan.extra_bytes
 
@@ -238,13 +237,14 @@ def _per_layer(graph, mode, capacity, extra_bytes, cost_aware, built, memory_cen
     return plan
 
 
-def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
+def quick_bound(graph, mode, extra_bytes=0, host_params=False, per_layer=False) -> int:
     """A lower bound of ``mode``'s peak at any capacity, without building its plan: for
     ``none`` every tensor at once, for ``liveness`` the most bytes whose lives overlap (its
     workspaces left out: a plan under a capacity may chunk them), for ``recompute`` the same
     with each value recomputation drops counted only in forward and at the backward steps
     that use it, and each checkpoint copy from its copy to its segment's first replay, or
-    less where whole segments replayed may hold less (``passes.coarse_floor``); 0 for the others."""
+    less where whole segments replayed may hold less (``passes.coarse_floor``; ``per_layer``:
+    the bound of per-layer recomputation alone); 0 for the others."""
     if mode not in ("none", "liveness", "recompute") or host_params:
         return 0
     extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
@@ -280,19 +280,12 @@ def quick_bound(graph, mode, extra_bytes=0, host_params=False) -> int:
                 live += d
                 most = max(most, live)
             bound = always + most
-            if mode == "recompute":     # or whole segments replayed, where per layer does not fit
-                graph.__dict__[("_quick_bound", "recompute per layer")] = bound
-                bound = min(bound, always + min(passes.coarse_floor(graph, g) for g in GRANULARITIES)
-                            if len(locations(graph, ops)) == 1 else 0)
-        graph.__dict__[key] = bound
-    return graph.__dict__[key] + extra
-
-
-def _per_layer_bound(graph, extra_bytes) -> int:
-    """quick_bound of ``recompute`` per layer: a lower bound of its peak at any capacity."""
-    quick_bound(graph, "recompute")
-    extra = extra_bytes if isinstance(extra_bytes, int) else sum(align(b) for b in extra_bytes if b)
-    return graph.__dict__[("_quick_bound", "recompute per layer")] + extra
+        coarse_bound = bound
+        if mode == "recompute":         # or whole segments replayed, where per layer does not fit
+            coarse_bound = min(bound, always + min(passes.coarse_floor(graph, g) for g in GRANULARITIES)
+                               if len(locations(graph, ops)) == 1 else 0)
+        graph.__dict__[key] = (coarse_bound, bound)
+    return graph.__dict__[key][per_layer] + extra
 
 
 def _cost(plan):

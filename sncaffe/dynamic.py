@@ -21,7 +21,7 @@ from functools import partial
 
 import numpy as np
 
-from .graph import build_graph
+from .graph import build_graph, update_in_backward
 from .layers.structure import transfer
 from .plan.liveness import op_tensors
 from .sizes import fmt_bytes
@@ -177,6 +177,8 @@ def grow(net, grown, select):
     bound, node.layer.shapes = node.layer.shapes, shapes      # a Python layer's bound
     try:
         graph = build_graph(old.param, net.phase, net._dtype, net.device, net._setup_shapes, reuse)
+        if getattr(old, "updated_in_backward", None):
+            update_in_backward(graph)           # planned as the old one (the solver maps it again)
         for n in graph.layers:
             mine, theirs = [tuple(d.shape) for d, _ in n.params], [p[0].shape for p in params.get(n.name, [])]
             if mine != theirs:

@@ -488,3 +488,56 @@ def _operators(nodes) -> list:
         ops.append(Operator(node.name + ":backward", "backward", node, reads,
                             writes + list(node.backward_workspace.values())))
     return ops
+
+
+def update_in_backward(graph) -> dict:
+    """Mark the parameters a solver may update inside backward, each as soon as its gradient is
+    complete: {name of the backward operator after which to update: [index in graph.learnable]}.
+
+    Caffe updates every parameter after the whole backward; each update reads only its own
+    parameter, gradient and history, so applying it right after the last backward operator that
+    touches the parameter or its gradient gives the same bits (a fused BatchNorm's backward reads
+    its Scale's factors after the Scale's own backward), and the gradient then lives from that
+    layer's first write (zeroed: layers add into parameter gradients) to the update instead of all
+    iteration (``graph.updated_in_backward``: the gradients' roots, which liveness then schedules).
+    A layer's forward is replayed only before its own backward, so none reads a parameter after
+    its update where every layer reading it runs backward. A parameter is left to the update
+    after backward where a layer holding it does not write its gradient (lr_mult 0 there,
+    BatchNorm's statistics) or does not run backward, and so is every parameter of a net over
+    several locations."""
+    graph.updated_in_backward = {}
+    for key in [k for k in graph.__dict__ if isinstance(k, tuple)]:
+        del graph.__dict__[key]         # the planner's analyses (persistent roots change)
+    if len({n.layer.param.location for n in graph.layers}) > 1:
+        return {}
+    able = {}               # id(root) -> False where a holder does not learn it in backward
+    for node in graph.layers:
+        for (d, g), need in zip(node.params, node.param_need_backward):
+            ok = bool(need and node.need_backward)
+            for r in (d.root, g.root):
+                able[id(r)] = able.get(id(r), True) and ok
+    for op in graph.forward_ops:        # a layer reading a parameter (another's) without a backward
+        if not op.node.need_backward:
+            for t in op.reads:
+                if t.kind == "param":
+                    able[id(t.root)] = False
+    ops = graph.backward_ops
+    last, written = {}, set()           # id(root) -> index of the last backward operator touching it
+    for j, op in enumerate(ops):
+        for t in op.reads + op.writes:
+            if t.kind in ("param", "param_diff"):
+                last[id(t.root)] = j
+        written.update(id(t.root) for t in op.writes if t.kind == "param_diff")
+    at = {}
+    for k, q in enumerate(graph.learnable):
+        d, g = id(q.data.root), id(q.diff.root)
+        if g not in written or not (able.get(d, False) and able.get(g, False)):
+            continue
+        graph.updated_in_backward[g] = q.diff.root
+        op = ops[max(last[g], last.get(d, 0))]
+        if all(t.root is not q.diff.root for t in op.writes):    # the update there reads and writes it
+            op.writes.append(q.diff)
+            for cached in [c for c in op.__dict__ if c.startswith("_")]:
+                del op.__dict__[cached]
+        at.setdefault(op.name, []).append(k)
+    return at

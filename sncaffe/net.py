@@ -364,7 +364,8 @@ class Net:
     def clear_param_diffs(self):
         for blobs in self.params.values():
             for b in blobs:
-                b.diff[...] = 0
+                if b.diff is not None:      # (a gradient updated in backward: allocated zeroed)
+                    b.diff[...] = 0
 
     # -- running --------------------------------------------------------------
     def _run_op(self, op, recompute=False, workspace=None, chunk=None):
@@ -396,6 +397,8 @@ class Net:
                 for i, (blob, need) in enumerate(zip(layer.blobs, node.param_need_backward)):
                     if not need and i not in node.frozen_diffs:
                         blob.diff[...] = 0      # frozen parameters keep a zero gradient, as in Caffe
+                if self.update_hook is not None and not recompute:
+                    self.update_hook(op)        # parameters whose gradients are now complete
         finally:
             layer.workspace = {}
             if chunk:
@@ -413,6 +416,7 @@ class Net:
 
     _timings = None
     step_hook = None        # called after every operator with (op, recompute): progress within a pass
+    update_hook = None      # called after every backward operator with (op): a solver's update in backward
 
     def forward(self, timings=None) -> float:
         if self.executor.busy:

@@ -270,7 +270,9 @@ def _train(p, res, comm, path, from_net, weights, snapshot, sigint, sighup, repl
                  _g(p.momentum), _g(p.weight_decay), p.lr_policy, p.max_iter, p.snapshot_prefix)
     try:
         # replicas take an unreplicated net's weights themselves (Replicas, below), renamed
-        solver = Solver(p, device=device, weights=None if replicas else weights, memory=res.memory)
+        # each gradient applied as backward completes it, except where ranks or replicas sum them first
+        solver = Solver(p, device=device, weights=None if replicas else weights, memory=res.memory,
+                        update_in_backward=comm is None and not replicas)
     except SolverParamError as e:
         raise SolverParamError(f"{path}: {e}") from None
     nets = [solver.net] + solver.test_nets

@@ -62,6 +62,7 @@ class Builder:
         self.F, self.B = graph.forward_ops, [] if forward_only else graph.backward_ops
         self.ops = self.F + self.B
         self.nf = len(self.F)
+        self.accumulated = getattr(graph, "updated_in_backward", {})
 
     # -- the walk ---------------------------------------------------------------
     def build(self):
@@ -177,8 +178,9 @@ class Builder:
         elif key in self.offloaded and key in self.hosted:
             self.bring(r)
         else:
-            u = self.uses[key][1]
-            self.alloc(r, fill=None if (write and self.pos in u.writes) else 0.0)
+            u = self.uses[key][1]      # (a gradient updated in backward: its layers add into it)
+            written = write and self.pos in u.writes and key not in self.accumulated
+            self.alloc(r, fill=None if written else 0.0)
         if key not in self.live:
             raise self.error(f"plan bug: {r.name} not resident at {self.ops[self.pos].name}")
 

@@ -27,8 +27,10 @@ class Uses:
 
 def persistent_roots(graph) -> list:
     """Roots that live across iterations: parameters and gradients, net inputs and outputs, and
-    the blobs named in ``graph.keep`` (read after a pass: pycaffe's ``net.blobs[name].data``)."""
-    out, seen = [], set()
+    the blobs named in ``graph.keep`` (read after a pass: pycaffe's ``net.blobs[name].data``).
+    A gradient the solver applies inside backward (``graph.updated_in_backward``) is scheduled
+    instead, from its first write to the update."""
+    out, seen = [], set(getattr(graph, "updated_in_backward", ()))
     keep = getattr(graph, "keep", ())
 
     def add(t):

@@ -58,8 +58,11 @@ def _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity) -> Ana
     roots, uses = liveness(graph, ops, mode)
     persistent_ids = {id(r) for r in roots}
     param_ids, param_ops = {}, {}
-    if hosted:
+    if hosted:          # gradients updated in backward go to the host with their parameters
         param_ids, param_ops, roots = host_params(graph, ops, roots)
+        if getattr(graph, "updated_in_backward", None):
+            persistent_ids |= set(param_ids)
+            uses = {k: v for k, v in uses.items() if k not in param_ids}
     rc = recompute(ops[:nf], ops, uses, persistent_ids, mode in ("offload", "all"), granularity,
                    unit_table(graph) if granularity else None) \
         if mode in ("recompute", "all") else Recompute([], {}, {})

@@ -43,10 +43,11 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import make_device
+from ..graph import update_in_backward as mark_updates_in_backward
 from ..plan.joint import plan_nets
 from ..plan.report import plan_line, verdict
 from ..runtime.budget import process_memory
-from ..sizes import align
+from ..sizes import align, fmt_bytes
 from .. import blobproto
 from ..layers.base import Blob, DataReadError, array_module
 from ..net import Net, memory_mode
@@ -136,9 +137,14 @@ def _others_need(net, nets) -> int:
 
 
 class Solver:
-    def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32, memory=None):
+    def __init__(self, param, device=None, feed=None, weights=None, dtype=np.float32, memory=None,
+                 update_in_backward=False):
         """``memory``: the memory mode of every net (None: each net's from the solver's, else the
-        net's memory_param, else auto)."""
+        net's memory_param, else auto). ``update_in_backward``: where the solver allows it (see
+        ``_updates_in_backward``), each parameter is updated as soon as backward has completed its
+        gradient, which then lives a layer at a time instead of all iteration (the same bits;
+        the gradients are not kept after a step, so it is for runs that do not read them, as
+        ``sncaffe train``)."""
         if isinstance(param, pb.SolverParameter):
             self.param = pb.SolverParameter()
             self.param.CopyFrom(param)
@@ -157,7 +163,19 @@ class Solver:
         self.seed = p.random_seed if p.random_seed >= 0 else int(np.random.SeedSequence().entropy % 2**63)
         self.net = self._train_net()
         self.test_nets = self._test_nets()
+        # {backward operator's name: [parameter indices]}: updated right after that operator
+        self.update_at = self._updates_in_backward() if update_in_backward else {}
         self._place_nets()
+        if self.update_at and self.net.host_params:      # auto put them on the host: updated there, after
+            self.update_at = {}
+        self._rates = None              # this iteration's (rate, per-parameter rates), set before backward
+        self._updated = set()           # parameters this iteration's backward has updated
+        if self.update_at:
+            self.net.update_hook = self._update_in_backward
+            n, kept = sum(map(len, self.update_at.values())), self.net.graph.updated_in_backward
+            log.info("Parameters updated in backward as their gradients complete: %d of %d; %s of gradients "
+                     "live a layer at a time", n, len(self.net.graph.learnable),
+                     fmt_bytes(sum(r.nbytes for r in kept.values())))
         extra = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights or ())
         for w in list(p.weights) + extra:
             for path in str(w).split(","):
@@ -188,6 +206,16 @@ class Solver:
         log.info("Solver scaffolding done.")
 
     # -- construction (Solver::Init, InitTrainNet, InitTestNets) --------------
+    def _updates_in_backward(self) -> dict:
+        """Where an update needs no gradient but its own (no clip_gradients, whose norm is over
+        all of them; iter_size 1, which sums passes) and nothing reads the gradients after
+        backward (debug_info, snapshot_diff), and the parameters stay on the device: the
+        update points (graph.update_in_backward)."""
+        p = self.param
+        if p.clip_gradients >= 0 or p.iter_size != 1 or p.debug_info or p.snapshot_diff or self.net.host_params:
+            return {}
+        return mark_updates_in_backward(self.net.graph)
+
     def _check_settings(self):
         p = self.param
         # base_lr, momentum, ...: NaN or infinity trained NaN, and the error blamed the first layer
@@ -324,6 +352,8 @@ class Solver:
         """A net was planned again in the middle of a pass: the train net's parameters are new
         blobs, which the test nets use."""
         self._learnable = self._learnable_params()
+        if self.update_at:
+            self.update_at = mark_updates_in_backward(self.net.graph)   # (the new graph was marked)
         for net in self.test_nets:
             self._share_trained_layers(net)
 
@@ -352,9 +382,33 @@ class Solver:
         return history
 
     # -- the update (SGDSolver::ApplyUpdate) ----------------------------------
-    def apply_update(self) -> float:
+    def _iteration_rates(self):
+        """(the learning rate of this iteration, [(local decay, local rate)] per parameter)."""
         p, dt = self.param, self.dtype.type
         rate, self.current_step = learning_rate(p, self.iter, self.current_step)
+        return rate, [(dt(p.weight_decay) * q.decay_mult, dt(rate) * q.lr_mult) for q in self._learnable]
+
+    def _update_one(self, k, rates):
+        """Parameter k's update: regularize, its rule, and Net::Update (data -= diff)."""
+        p, n = self.param, len(self._learnable)
+        blob, (decay, local_rate) = self._learnable[k].blob, rates[k]
+        if self.rule.step(blob.data, blob.diff, self.history[k::n], local_rate, decay, p.regularization_type):
+            return
+        work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
+        regularize(blob.diff, blob.data, decay, p.regularization_type, work[0])
+        self.rule.compute(blob.diff, self.history[k::n], work, local_rate, self.iter)
+        blob.data -= blob.diff
+
+    def _update_in_backward(self, op):
+        """The net's update hook: the parameters whose gradients ``op`` completed."""
+        for k in self.update_at.get(op.name, ()):
+            self._update_one(k, self._rates[1])
+            self._updated.add(k)
+
+    def apply_update(self) -> float:
+        p, dt = self.param, self.dtype.type
+        rate, rates = self._rates if self._rates is not None else self._iteration_rates()
+        self._rates = None
         self.lr = rate
         if p.display and self.iter % p.display == 0:
             log.info("Iteration %d, lr = %s", self.iter, _g(rate))
@@ -369,11 +423,15 @@ class Solver:
                 for d in diffs:
                     d *= scale
         n = len(self._learnable)
-        rates = []
-        for q in self._learnable:
-            if p.iter_size > 1:
+        if p.iter_size > 1:
+            for q in self._learnable:
                 q.blob.diff *= dt(1) / dt(p.iter_size)
-            rates.append((dt(p.weight_decay) * q.decay_mult, dt(rate) * q.lr_mult))
+        done, self._updated = self._updated, set()      # in backward (update_at)
+        if done:
+            for k in range(n):
+                if k not in done:
+                    self._update_one(k, rates)
+            return rate
 
         def step(k):
             blob, (decay, local_rate) = self._learnable[k].blob, rates[k]
@@ -442,6 +500,8 @@ class Solver:
                 if self._stop and self.sync_requests is None:   # else all ranks stop after this iteration
                     break
             display = p.display and self.iter % p.display == 0
+            if self.update_at:
+                self._rates, self._updated = self._iteration_rates(), set()
             loss = 0.0
             for _ in range(p.iter_size):
                 loss += self._forward(self.net, self.iter, backward=True)

@@ -23,7 +23,7 @@ from google.protobuf import text_format
 from . import backend
 from .backend import runtimes, threads
 from .data.synthetic import SyntheticInputs
-from .graph import build_graph
+from .graph import build_graph, update_in_backward
 from .net import Net, memory_mode
 from .parallel import BUCKET_BYTES, TIMEOUT, DataParallel, IterationTrace, mpi
 from .parallel.placement import place_solver_nets, placed, sharing
@@ -497,6 +497,8 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
         raise ValueError(f"unknown solver type {solver_type!r} ({', '.join(RULES)})")
     train = phase == "TRAIN"
     reserve = history_bytes(graph, rule.n_history) if train else 0
+    if train:           # as train plans it: each gradient updated as soon as backward completes it
+        update_in_backward(graph)
     capacity, kw = res.budgets(param)
     mode = res.mode(param)
     name = graph.param.name or "net"
@@ -516,6 +518,10 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     out(f"sncaffe plan: {source} ({name}), phase {phase}, batch {batch}, {len(graph.layers)} layers, "
         f"{learnable / 1e6:.1f} M learnable parameters" + (f", {solver_type} history {fmt_bytes(reserve)}"
                                                           if train else ""))
+    if getattr(graph, "updated_in_backward", None):
+        out(f"parameters updated in backward as their gradients complete (as train does without "
+            f"clip_gradients or iter_size): {len(graph.updated_in_backward)} gradients "
+            f"({fmt_bytes(sum(r.nbytes for r in graph.updated_in_backward.values()))}) live a layer at a time")
     if target is not None:
         how = "measured by cuDNN on " + target.name if target.cudnn else "estimated (no GPU here; see cudnn_conv.py)"
         out(f"planned for {device}: convolution workspaces {how}")

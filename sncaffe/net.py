@@ -80,6 +80,18 @@ def _give_back_dropped():
             getattr(device, method)(off)
 
 
+def grown_outside_pools(device) -> int:
+    """What the process has grown by outside the pools since ``device`` took its RAM budget: the
+    graph and the plans of a net of thousands of layers take a large share of a small container,
+    more than the budget's margin."""
+    then = getattr(device, "rss_at_budget", None)
+    if then is None:
+        return 0
+    host = getattr(device, "host_pool", None)
+    touched = device.pool.peak + (host.peak if host is not None else 0)      # pool pages resident
+    return max(0, process_memory()["rss"] - then - touched)
+
+
 class Net:
     """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
     ``offload``, ``recompute``, ``all`` or ``auto``); None takes the net's own
@@ -177,7 +189,7 @@ class Net:
         host = getattr(dev, "host_pool", None)
         kw = {"host_capacity": None if host is None else host.capacity - host.in_use, "ram": None}
         if getattr(dev, "ram", None) is not None:
-            kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0)
+            kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0) - grown_outside_pools(dev)
         if getattr(dev, "spills", False):       # a disk tier: the free space where the spill file goes
             kw["spill"] = spill_room(getattr(dev, "spill_dir", None))
         return capacity, kw

@@ -34,10 +34,10 @@ from .proto import sncaffe_pb2 as pb
 from .prototxt import decode, parse_text, prepare_net, read_text
 from .runtime.budget import process_memory
 from .runtime.spill import spill_peak
-from .sizes import fmt_bytes
+from .sizes import align, fmt_bytes
 from .solvers import Solver, SolverParamError
 from .solvers.detection_eval import AP_VERSIONS, DetectionScores
-from .solvers.solver import history_bytes, upgrade_snapshot_prefix
+from .solvers.solver import history_blocks, upgrade_snapshot_prefix
 from .solvers.update import RULES
 from .validate import PrototxtError
 
@@ -496,21 +496,23 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     if rule is None:
         raise ValueError(f"unknown solver type {solver_type!r} ({', '.join(RULES)})")
     train = phase == "TRAIN"
-    reserve = history_bytes(graph, rule.n_history) if train else 0
+    # the history's blocks, as the solver allocates them (with the parameters on disk, it goes there too)
+    blocks = history_blocks(graph, rule.n_history) if train else []
+    reserve = sum(align(b) for b in blocks)
     if train:           # as train plans it: each gradient updated as soon as backward completes it
         update_in_backward(graph)
     capacity, kw = res.budgets(param)
     mode = res.mode(param)
     name = graph.param.name or "net"
     # the tables' plans first: auto's disk tier reuses the peak of the plan without a capacity
-    plans = mode_plans(graph, planner.MODES, reserve)
+    plans = mode_plans(graph, planner.MODES, blocks)
     if capacity is None:        # a GPU with none here to ask its memory
         chosen = plans[planner.MODES.index("none" if mode == "auto" else mode)]
         out(f"{name}: mode '{chosen.mode}' needs {fmt_bytes(chosen.peak)} on {device} (no GPU here: "
             "give --device-memory for the verdict of auto)")
     else:
-        chosen = (planner.auto_plan(graph, capacity, reserve, **kw) if mode == "auto"
-                  else planner.shared_ram_plan(graph, mode, capacity, reserve, **kw))
+        chosen = (planner.auto_plan(graph, capacity, blocks, **kw) if mode == "auto"
+                  else planner.shared_ram_plan(graph, mode, capacity, blocks, **kw))
         out(report.verdict(chosen, name, mode == "auto", device))
     frozen = {n.name for n in graph.layers if not n.layer.learnable}     # BatchNorm's statistics
     learnable = sum(int(np.prod(q.data.shape)) for q in graph.learnable if q.layer not in frozen)
@@ -550,7 +552,7 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
             "to the host (--host-params plans that too)")
     if res.device_memory:
         given = capacity
-        cached = [planner.make_plan(graph, m, given, reserve) for m in ("offload", "all")]
+        cached = [planner.make_plan(graph, m, given, blocks) for m in ("offload", "all")]
         out(f"device memory {fmt_bytes(given)}: offloaded tensors stay cached on the device while they fit (LRU):")
         out(report.plan_table(cached, given))
         more.append((f"at {fmt_bytes(given)}", cached))

@@ -8,7 +8,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..runtime.pool import Pool
-from ..runtime.budget import physical_ram, ram_budget
+from ..runtime.budget import physical_ram, process_memory, ram_budget
 from . import runtimes
 from ..sizes import fmt_bytes, parse_bytes
 from ..runtime.streams import Stream
@@ -36,6 +36,7 @@ class CPUDevice:
         # touched, so their size costs nothing up front.
         budget = ram_budget()
         self.ram = budget if capacity is None or host_capacity is None else None
+        self.rss_at_budget = process_memory()["rss"]     # what the process held when ``ram`` was taken
         given = capacity
         capacity = budget if capacity is None else parse_bytes(capacity)
         if given is not None and self.ram is not None and capacity > self.ram:

@@ -31,7 +31,7 @@ from .layers.base import Blob, array_module
 from .layers.structure import transfer
 from .proto import sncaffe_pb2 as pb
 from .prototxt import _phase, load_net, prepare_net
-from .runtime.budget import process_memory
+from .runtime.budget import give_back_freed, process_memory
 from .runtime.dispatcher import Dispatcher
 
 log = logging.getLogger("sncaffe")
@@ -174,6 +174,7 @@ class Net:
             if loc and peak > pool.capacity - pool.in_use:
                 raise MemoryExhausted(f'location "{loc}" needs {peak} bytes, its device has '
                                       f"{pool.capacity - pool.in_use} free")
+        give_back_freed()
         log.info("%s", plan_line(plan, memory == "auto", self.name, process_memory()["rss"]))
         return plan
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from .passes import liveness
-from .planner import AUTO_ORDER, MemoryExhausted, shared_ram_plan, quick_bound
+from .planner import AUTO_STEPS, MemoryExhausted, shared_ram_plan, quick_bound
 from ..sizes import align, fmt_bytes
 log = logging.getLogger("sncaffe")
 TEST_ORDER = ("liveness",)     # forward alone: the other modes' plans would be the same
@@ -44,26 +44,26 @@ def plan_nets(train, tests, history, capacity, host_capacity=None, ram=None, spi
     parameters live on the host (then ``history``, the solver's blocks, goes there too)."""
     host_history = sum(align(max(b, 1)) for b in history)
     if train.memory != "auto":
-        candidates = [(train.memory, train.host_params)]
+        candidates = [(train.memory, train.host_params, None)]
     else:
-        candidates = [(m, train.host_params) for m in AUTO_ORDER]
+        candidates = [(m, train.host_params, g) for m, g in AUTO_STEPS]
         if not train.host_params:
-            candidates.append(("all", True))
+            candidates.append(("all", True, None))
     limit = min(x for x in (capacity, ram, 1 << 62) if x is not None)
     last = None                 # (which net, the net, its plan) tried last, for the error
-    for mode, hosted in candidates:
+    for mode, hosted, granularity in candidates:
         dev_history = [] if hosted else list(history)
         own, homes = persistent_blocks(train.graph, mode, hosted)
         test_own = [persistent_blocks(t.graph, "liveness" if t.memory == "auto" else t.memory)[0] for t in tests]
         after = [b for blocks in test_own for b in blocks] + dev_history
         # (a mode given is planned even so: the error then says what it needs)
-        if train.memory == "auto" and quick_bound(train.graph, mode, after, hosted) > limit:
+        if train.memory == "auto" and quick_bound(train.graph, mode, after, hosted, per_layer=granularity == 0) > limit:
             continue
         if len(train.graph.layers) >= 1000:
             log.info("planning memory: trying mode '%s' for the train net beside %d test net(s)", mode, len(tests))
         kw = dict(host_capacity=host_capacity, ram=ram, spill=spill)
         plan = shared_ram_plan(train.graph, mode, capacity, after, host_params=hosted,
-                                host_extra=list(history) if hosted else 0, **kw)
+                                host_extra=list(history) if hosted else 0, granularity=granularity, **kw)
         last = ("train net", train, plan)
         if not plan.fits:
             continue

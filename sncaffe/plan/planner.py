@@ -39,6 +39,11 @@ from ..sizes import ALIGNMENT, align, fmt_bytes
 MODES = ("none", "liveness", "offload", "recompute", "all")
 # Cheapest first: what ``auto`` tries in order.
 AUTO_ORDER = ("none", "liveness", "recompute", "offload", "all")
+# ``auto``'s steps, (mode, granularity): recomputation of the cheap layers alone first (a few
+# per cent of the compute), then copies, which run on their own streams behind the compute,
+# and only then whole segments replayed, convolutions included (a forward pass more).
+AUTO_STEPS = (("none", None), ("liveness", None), ("recompute", 0), ("offload", None), ("all", None),
+              ("recompute", None))
 
 
 def advice(graph, capacity, reserve=0) -> str:
@@ -299,11 +304,13 @@ def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
     are not planned (ResNet-2500: a plan takes seconds)."""
     built, plan = {}, None
     limit = min(x for x in (capacity, kw.get("ram"), 1 << 62) if x is not None)
-    for mode in AUTO_ORDER:
-        if quick_bound(graph, mode, extra_bytes, kw.get("host_params")) > limit:
+    for mode, granularity in AUTO_STEPS:
+        if quick_bound(graph, mode, extra_bytes, kw.get("host_params"), per_layer=granularity == 0) > limit:
             continue
-        _progress(graph, f"planning memory: trying mode '{mode}'")
-        plan = built[mode] = shared_ram_plan(graph, mode, capacity, extra_bytes, built=built, **kw)
+        _progress(graph, f"planning memory: trying mode '{mode}'" + (" in whole segments" if granularity is None
+                                                                    and mode == "recompute" else ""))
+        plan = shared_ram_plan(graph, mode, capacity, extra_bytes, built=built, granularity=granularity, **kw)
+        built.setdefault(mode, plan)
         if plan.fits:
             return plan
     if not kw.get("host_params"):

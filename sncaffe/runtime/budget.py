@@ -145,3 +145,16 @@ def process_memory() -> dict:
     except OSError:
         pass
     return out
+
+
+def give_back_freed() -> None:
+    """Return to the kernel what planning freed: the walks of a net of thousands of layers make
+    millions of small objects, and glibc keeps the heap they leave (the pools' arenas are mapped
+    apart from it, so they could never reuse it); in a container that heap counts as used."""
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):        # not glibc: nothing to trim
+        pass

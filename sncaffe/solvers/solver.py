@@ -46,7 +46,7 @@ from ..backend import make_device
 from ..graph import update_in_backward as mark_updates_in_backward
 from ..plan.joint import plan_nets
 from ..plan.report import plan_line, verdict
-from ..runtime.budget import process_memory
+from ..runtime.budget import give_back_freed, process_memory
 from ..sizes import align, fmt_bytes
 from .. import blobproto
 from ..layers.base import Blob, DataReadError, array_module
@@ -272,6 +272,7 @@ class Solver:
             capacity, kw = self.net.budgets()
             plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
             plans = [plan] + list(test_plans)
+            give_back_freed()
         for net, p in zip(nets, plans):
             if self.test_nets:          # (a net planned alone said its line)
                 log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net

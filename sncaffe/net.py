@@ -92,6 +92,16 @@ def grown_outside_pools(device) -> int:
     return max(0, process_memory()["rss"] - then - touched)
 
 
+def over_ram(device, plan) -> bool:
+    """Whether ``plan``'s pools no longer fit the RAM ``device`` can give now (see
+    ``grown_outside_pools``), where the plan fitted when it was made."""
+    if getattr(device, "ram", None) is None or plan.ram is None or not plan.fits:
+        return False
+    host = getattr(device, "host_pool", None)
+    ram = device.ram - device.pool.in_use - (host.in_use if host is not None else 0) - grown_outside_pools(device)
+    return plan.peak + plan.host_peak > ram
+
+
 class Net:
     """A net bound to a device. ``memory`` is the memory mode (``none``, ``liveness``,
     ``offload``, ``recompute``, ``all`` or ``auto``); None takes the net's own
@@ -160,21 +170,28 @@ class Net:
     # -- memory ---------------------------------------------------------------
     def _make_plan(self, memory, reserve, host_reserve=0):
         self._plan_args = (memory, reserve, host_reserve)      # a net planned alone can plan again (dynamic.grow)
-        capacity, kw = self.budgets()
-        kw.update(host_params=self.host_params, host_extra=host_reserve)
-        if memory == "auto":
-            plan = auto_plan(self.graph, capacity, reserve, **kw)
-        elif memory not in MODES:
+        if memory not in MODES and memory != "auto":
             raise PlanError(f"unknown memory mode {memory!r} (one of {', '.join(MODES)}, auto)")
-        else:                       # the mode given, fitted to the host tier (and disk) where it can be
-            plan = shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
+        for _ in range(2):
+            capacity, kw = self.budgets()
+            kw.update(host_params=self.host_params, host_extra=host_reserve)
+            if memory == "auto":
+                plan = auto_plan(self.graph, capacity, reserve, **kw)
+            else:                   # the mode given, fitted to the host tier (and disk) where it can be
+                plan = shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
+            give_back_freed()
+            if not over_ram(self.device, plan):
+                break
+            # The process grew while planning (the plan itself: millions of steps on the deepest
+            # nets) into the room the plan counted on: planned again within what is left.
+            log.info("the plan's %s and this process's %s are over the RAM budget: planning again",
+                     fmt_bytes(plan.peak + plan.host_peak), fmt_bytes(process_memory()["rss"]))
         check_fits(self.graph, plan, capacity, reserve)
         for loc, peak in plan.peaks.items():
             pool = self.devices[loc].pool
             if loc and peak > pool.capacity - pool.in_use:
                 raise MemoryExhausted(f'location "{loc}" needs {peak} bytes, its device has '
                                       f"{pool.capacity - pool.in_use} free")
-        give_back_freed()
         log.info("%s", plan_line(plan, memory == "auto", self.name, process_memory()["rss"]))
         return plan
 

@@ -136,3 +136,12 @@ def test_train_updates_in_backward(tmp_path, monkeypatch, capsys):
     (tmp_path / "mixed.prototxt").write_text(NET)
     assert main(["train", "mixed.prototxt", "--max-iter", "2", "--snapshot-prefix", "out/m"]) == 0
     assert "Parameters updated in backward as their gradients complete: 8 of 13" in capsys.readouterr().out
+
+
+def test_plan_plans_as_train_does(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mixed.prototxt").write_text(NET)
+    assert main(["plan", "mixed.prototxt"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters updated in backward as their gradients complete (as train does without " \
+           "clip_gradients or iter_size): 8 gradients" in out

@@ -50,7 +50,7 @@ from ..runtime.budget import give_back_freed, process_memory
 from ..sizes import align, fmt_bytes
 from .. import blobproto
 from ..layers.base import Blob, DataReadError, array_module
-from ..net import Net, memory_mode
+from ..net import Net, memory_mode, over_ram
 from ..proto import sncaffe_pb2 as pb
 from ..progress import Pace
 from ..prototxt import read_solver, read_text
@@ -269,10 +269,13 @@ class Solver:
             hosted = self.net.host_params
             plans = [self.net.make_plan(None, [] if hosted else history, history if hosted else 0)]
         else:
-            capacity, kw = self.net.budgets()
-            plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
+            for _ in range(2):      # again where planning grew the process into the plan's room (Net)
+                capacity, kw = self.net.budgets()
+                plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
+                give_back_freed()
+                if not over_ram(self.device, plan):
+                    break
             plans = [plan] + list(test_plans)
-            give_back_freed()
         for net, p in zip(nets, plans):
             if self.test_nets:          # (a net planned alone said its line)
                 log.info("%s", plan_line(p, net.memory == "auto", net.name + (" (test)" if net is not self.net

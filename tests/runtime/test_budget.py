@@ -126,3 +126,52 @@ def test_an_address_space_limit_bounds_the_arenas(lenet):
                          preexec_fn=limit, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Pool peak" in out.stdout
+
+
+WIDE = """name: "wide"
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 64 dim: 8 dim: 64 dim: 64 } shape { dim: 64 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 16 kernel_size: 3 pad: 1 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "relu1" }
+layer { name: "conv2" type: "Convolution" bottom: "relu1" top: "conv2" convolution_param { num_output: 16 kernel_size: 3 pad: 1 } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "relu2" }
+layer { name: "ip" type: "InnerProduct" bottom: "relu2" top: "ip" inner_product_param { num_output: 10 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_a_plan_is_made_again_where_the_process_grew_into_its_room(tmp_path, caplog, monkeypatch):
+    """The RAM budget is taken when the device is made; what the process grows by outside the
+    pools afterwards (the graph, planning) is taken off it, and a plan the growth no longer
+    leaves room for is made again."""
+    from sncaffe import net as net_module
+    from sncaffe.net import Net, grown_outside_pools, over_ram
+    from sncaffe.plan import planner
+    from sncaffe.plan.planner import make_plan
+    (tmp_path / "wide.prototxt").write_text(WIDE)
+    device = CPUDevice()
+    net = Net(str(tmp_path / "wide.prototxt"), "TRAIN", device=device, defer=True)
+    plan = net.make_plan("auto")
+    lean = make_plan(net.graph, "liveness")
+    assert plan.mode == "none" and plan.fits and not over_ram(device, plan)
+    assert plan.peak - lean.peak > 64 << 20         # room between them for the process's own noise
+    grown = device.ram - (plan.peak + lean.peak) // 2
+    ram = net.budgets()[1]["ram"]
+    device.rss_at_budget -= grown                   # as if it had grown since by all but that
+    assert grown_outside_pools(device) >= grown and over_ram(device, plan)
+    assert net.budgets()[1]["ram"] <= ram - grown   # a plan made now is made within what is left
+    device.rss_at_budget += grown
+    # The growth during planning (a plan of millions of steps): the plan made first is made again.
+    made = []
+
+    def growing(*args, **kw):
+        made.append(planner.auto_plan(*args, **kw))
+        if len(made) == 1:
+            device.rss_at_budget -= grown
+        return made[-1]
+    monkeypatch.setattr(net_module, "auto_plan", growing)
+    with caplog.at_level("INFO", logger="sncaffe"):
+        again = net.make_plan("auto")
+    assert "over the RAM budget: planning again" in caplog.text
+    assert [p.mode for p in made][0] == "none" and len(made) == 2
+    assert again.mode != "none" and again.fits and again.peak + again.host_peak <= again.ram < made[0].ram

@@ -145,3 +145,49 @@ def test_plan_plans_as_train_does(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "parameters updated in backward as their gradients complete (as train does without " \
            "clip_gradients or iter_size): 8 gradients" in out
+
+
+# -- every net of prototxt/ and the zoo, shrunk as tests/plan/test_modes.py shrinks them ----------------------
+
+def _modes_helpers():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parent / "plan" / "test_modes.py"
+    spec = importlib.util.spec_from_file_location("_test_modes_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TM = _modes_helpers()
+SGD = parse_text('type: "SGD" base_lr: 0.01 momentum: 0.9 weight_decay: 0.0005 lr_policy: "fixed" max_iter: 2 '
+                 "display: 0 random_seed: 3 snapshot_after_train: false", pb.SolverParameter())
+
+
+def _train_net(path, mode, fused):
+    param = pb.SolverParameter()
+    param.CopyFrom(SGD)
+    param.net_param.CopyFrom(TM.net_param(path))
+    param.memory_param.mode = mode
+    solver = Solver(param, device=CPUDevice("1GiB"), update_in_backward=fused,
+                    feed=lambda net, it: TM.feed(net, np.random.default_rng(it)))
+    TM.init_weights(solver.net, np.random.default_rng(0))
+    peaks = []
+    for _ in range(2):
+        solver.device.pool.reset_peak()
+        solver.step(1)
+        peaks.append(solver.device.pool.peak)
+    state = {f"{name}[{i}]": b.data.copy() for name, blobs in solver.net.params.items() for i, b in enumerate(blobs)}
+    return solver, peaks, state
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in TM.OWN + TM.ZOO
+                                  if "loss" in p.read_text().lower()])
+def test_every_net_of_prototxt_and_the_zoo_trains_alike(path):
+    _, _, ref = _train_net(path, "none", False)
+    for mode in ("liveness", "recompute"):
+        solver, peaks, state = _train_net(path, mode, True)
+        assert solver.update_at
+        assert peaks == [solver.net.plan.peak] * 2, mode
+        differ = [k for k in ref if state[k].tobytes() != ref[k].tobytes()]
+        assert not differ, (mode, differ[:5])

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..runtime.pool import Pool
 from ..runtime.budget import physical_ram, process_memory, ram_budget
-from . import runtimes
+from . import fused, runtimes
 from ..sizes import fmt_bytes, parse_bytes
 from ..runtime.streams import Stream
 
@@ -30,6 +30,10 @@ class CPUDevice:
 
     def __init__(self, capacity=None, host_capacity=None):
         runtimes.ensure_configured()        # the compute runtimes held to the thread budget
+        # The element-wise kernels are compiled (or loaded from numba's cache) before the RAM is
+        # measured: loaded at the first iteration, numba's JIT would grow the process by
+        # about 130 MiB after the plan had taken that room.
+        fused.kernels()
         # Device and host pools are one RAM here. Unless both are given, each may take the RAM
         # this machine can give now (available RAM less a margin, see runtime/budget.py) and the
         # plan keeps their peaks together under it (``ram``). The arenas are virtual until

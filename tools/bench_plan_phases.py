@@ -29,10 +29,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from tables import table  # noqa: E402
 
 from sncaffe import run  # noqa: E402
+from sncaffe.graph import update_in_backward  # noqa: E402
 from sncaffe.net import Net  # noqa: E402
 from sncaffe.plan import planner  # noqa: E402
 from sncaffe.proto import sncaffe_pb2 as pb  # noqa: E402
-from sncaffe.solvers.solver import history_blocks, history_bytes  # noqa: E402
+from sncaffe.solvers.solver import history_blocks  # noqa: E402
 from sncaffe.solvers.update import RULES  # noqa: E402
 from sncaffe.backend import cpu  # noqa: E402
 from sncaffe.runtime import budget  # noqa: E402
@@ -63,9 +64,10 @@ def plan_command(path, ram=None):
     """The phases of ``sncaffe plan PATH`` (no flags), then the command's own function end to end."""
     t, res = Phases(), run.Resources()
     param = t("read the prototxt", lambda: run.net_param(path))
-    with planner.paused_gc():       # as plan_report builds it
+    with planner.paused_gc():       # as plan_report builds it, with the updates in backward train makes
         graph = t("graph", lambda: run.build_graph(run.prepare_net(param, "TRAIN"), 0))
-    reserve = history_bytes(graph, RULES["SGD"].n_history)
+        update_in_backward(graph)
+    reserve = history_blocks(graph, RULES["SGD"].n_history)
     capacity, kw = res.budgets(param)
     t("every mode's plan", lambda: run.mode_plans(graph, planner.MODES, reserve))
     t("host parameters' plans", lambda: run.mode_plans(graph, ("offload", "all"), 0, host_params=True))
@@ -98,7 +100,9 @@ def train_plan(path):
         q = pb.NetParameter()
         q.CopyFrom(p.net_param)
         q.state.CopyFrom(pb.NetState(phase=pb.TRAIN))
-        return Net(q, "TRAIN", device=device, memory="auto", defer=True)
+        net = Net(q, "TRAIN", device=device, memory="auto", defer=True)
+        update_in_backward(net.graph)          # as the Solver of train marks it
+        return net
     net = t("graph", graph)
     history = history_blocks(net.graph, RULES[p.type or "SGD"].n_history)
     plan = t("automatic plan", lambda: net.make_plan(None, history))

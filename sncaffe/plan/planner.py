@@ -105,7 +105,7 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
     block where the plan did. Only for a pool that holds nothing before the net (``before``)."""
     plan = plan_at(graph, mode, capacity, extra_bytes, **kw)
     if capacity is None and mode in ("none", "liveness", "offload"):
-        graph.__dict__[_free_peak_key(mode, extra_bytes, kw)] = plan.peak
+        graph.__dict__[_free_peak_key(mode, extra_bytes, kw)] = (plan.peak, plan.host_peak)
     if not plan.overflow or capacity is None or kw.get("before") or plan.peak > capacity:
         return plan
     kw.pop("built", None)
@@ -119,12 +119,14 @@ def make_plan(graph, mode="none", capacity=None, extra_bytes=0, **kw) -> Plan:
 
 
 def _free_peak_key(mode, extra_bytes, kw):
-    """Where the peak of a plan without a capacity is kept on the graph: a later plan of the same
-    walk reuses it (auto's disk tier, and ``sncaffe plan``'s table before it). The RAM and the
-    host pool's size are left out of the key: without a capacity they change what fits, not
-    the walk (modes that weigh recomputation against fits are not kept)."""
+    """Where the (device, host) peaks of a plan without a capacity are kept on the graph: a later
+    plan of the same walk reuses them (auto's disk tier, and ``sncaffe plan``'s table before it).
+    The RAM and the host pool's size are left out of the key: without a capacity they change
+    what fits, not the walk (modes that weigh recomputation against fits are not kept), and so
+    is a granularity left to the planner (``None``, what a table's plan has)."""
     given = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items()
-                         if k not in ("built", "host_capacity", "ram", "spill")))
+                         if k not in ("built", "host_capacity", "ram", "spill")
+                         and not (k == "granularity" and v is None)))
     return ("_free_peak", mode, extra_bytes if isinstance(extra_bytes, int) else tuple(extra_bytes), given)
 
 
@@ -328,6 +330,14 @@ def shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
     smaller so the host's peak has room. Where the host still cannot hold what the device
     offloads, and a disk tier is given (``spill``), the device gets what its plan needs, the
     host what RAM has left (or its pool), and the rest goes to the spill file."""
+    ram = kw.get("ram")
+    if mode == "offload" and capacity is not None and ram is not None and kw.get("spill") is not None \
+            and not kw.get("host_params"):
+        need, host = _free_peaks(graph, mode, extra_bytes, kw)
+        if need + host > ram:       # no cache at all, and still over the RAM: the disk tier at once
+            tiered = _tiered(graph, mode, capacity, extra_bytes, kw, need)
+            if tiered is not None:
+                return tiered
     plan = make_plan(graph, mode, capacity, extra_bytes, **kw)
     if kw.get("host_params") and not kw.get("param_disk") and kw.get("spill") is not None \
             and plan.device_fits and not plan.host_fits:
@@ -345,17 +355,32 @@ def shared_ram_plan(graph, mode, capacity, extra_bytes, **kw):
             return smaller
     if kw.get("spill") is None:
         return plan
+    return _tiered(graph, mode, capacity, extra_bytes, kw, _free_peaks(graph, mode, extra_bytes, kw)[0]) or plan
+
+
+def _free_peaks(graph, mode, extra_bytes, kw):
+    """(device, host) peaks of ``mode``'s plan without a capacity (kept on the graph)."""
+    plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room", "param_disk", "built")}
+    key = _free_peak_key(mode, extra_bytes, plain)
+    if key not in graph.__dict__:
+        free = make_plan(graph, mode, None, extra_bytes, **plain)
+        graph.__dict__[key] = (free.peak, free.host_peak)
+    return graph.__dict__[key]
+
+
+def _tiered(graph, mode, capacity, extra_bytes, kw, need):
+    """The device what its plan without a cache needs (``need``, with a little slack), the host
+    what RAM has left (or its pool), the rest to the disk tier; None where the device cannot."""
     _progress(graph, f"planning memory: mode '{mode}' with a disk tier")
-    plain = {k: v for k, v in kw.items() if k not in ("spill", "host_room", "param_disk")}
-    need = graph.__dict__.get(_free_peak_key(mode, extra_bytes, plain)) \
-        or make_plan(graph, mode, None, extra_bytes, **plain).peak     # the device without a cache
+    kw = {k: v for k, v in kw.items() if k != "built"}
+    ram, host_capacity = kw.get("ram"), kw.get("host_capacity")
     for slack in (1.02, 1.1, 1.3):
         device = int(need * slack) if capacity is None else min(int(need * slack), capacity)
         room = min(x for x in (host_capacity, None if ram is None else ram - device, 1 << 62) if x is not None)
         tiered = make_plan(graph, mode, device, extra_bytes, host_room=room, **kw)
         if tiered.device_fits:
             return tiered
-    return plan
+    return None
 
 
 def _progress(graph, message):

@@ -90,9 +90,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, help="batch size (default: the net's)")
     ap.add_argument("--threads", type=int, help="train's --threads (default: the thread policy's choice)")
     ap.add_argument("--rate-only", action="store_true", help="the FLOPs and the bound, no iteration")
+    ap.add_argument("--memory", help="train's --memory (default: auto, as train with no flags)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    res = run.Resources(threads=args.threads)
+    res = run.Resources(threads=args.threads, memory=args.memory)
     with tempfile.TemporaryDirectory() as tmp:
         p, _ = run.solver_param(args.net, max_iter=1, batch=args.batch, snapshot_prefix=os.path.join(tmp, "s"))
         p.snapshot_after_train = False
@@ -109,7 +110,8 @@ def main(argv=None) -> int:
                 ["measured GEMM rate over them", f"{flops / bound / 1e9:.1f} GFLOP/s at {decision.threads} threads"],
                 ["GEMM bound: FLOPs / rate", f"{bound:.2f} s"]]
         if not args.rate_only:
-            solver = Solver(p, device=res.make_device(p, p.net_param), memory=res.memory)
+            solver = Solver(p, device=res.make_device(p, p.net_param), memory=res.memory,
+                            update_in_backward=True)      # as train makes it
             if solver.net.inputs:
                 solver.feed = SyntheticInputs(solver.seed)
             recomputed = solver.net.plan.recompute_flops

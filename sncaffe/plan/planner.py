@@ -309,8 +309,7 @@ def auto_plan(graph, capacity, extra_bytes=0, **kw) -> Plan:
     for mode, granularity in AUTO_STEPS:
         if quick_bound(graph, mode, extra_bytes, kw.get("host_params"), per_layer=granularity == 0) > limit:
             continue
-        _progress(graph, f"planning memory: trying mode '{mode}'" + (" in whole segments" if granularity is None
-                                                                    and mode == "recompute" else ""))
+        _progress(graph, f"planning memory: trying mode '{mode}'")
         plan = shared_ram_plan(graph, mode, capacity, extra_bytes, built=built, granularity=granularity, **kw)
         built.setdefault(mode, plan)
         if plan.fits:

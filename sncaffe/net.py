@@ -84,6 +84,9 @@ def _give_back_dropped():
 # instructions per operator, about a KiB each with their records; ResNet-2500's plan kept 122 MiB
 # for 23,338 operators after planning).
 PLAN_BYTES_PER_OP = 10 << 10
+# Operators from which planning's freed heap is worth a full collection and a trim (thousands of
+# layers: millions of objects; below, a collection per plan would cost more than it gives back).
+BIG_GRAPH = 2000
 
 
 def grown_outside_pools(device) -> int:
@@ -185,7 +188,8 @@ class Net:
                 plan = auto_plan(self.graph, capacity, reserve, **kw)
             else:                   # the mode given, fitted to the host tier (and disk) where it can be
                 plan = shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
-            give_back_freed()
+            if len(self.graph.ops) >= BIG_GRAPH:
+                give_back_freed()
             if not over_ram(self.device, plan):
                 break
             # The process grew while planning (the plan itself: millions of steps on the deepest

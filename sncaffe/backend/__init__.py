@@ -69,7 +69,8 @@ def budgets(name="cpu", capacity=None, host_capacity=None, spill_dir=None) -> tu
     size = (lambda x: None if x is None else parse_bytes(x))
     if name == "cpu" or name.startswith("cpu:"):
         from ..runtime.spill import spill_room
-        ram = ram_budget()
+        from .fused import pending_bytes
+        ram = ram_budget() - pending_bytes()
         return (size(capacity) or ram, {"host_capacity": size(host_capacity) or ram, "spill": spill_room(spill_dir),
                                         "ram": ram if capacity is None or host_capacity is None else None})
     from .cuda import default_margin, import_cupy, unusable_reason

@@ -30,15 +30,12 @@ class CPUDevice:
 
     def __init__(self, capacity=None, host_capacity=None):
         runtimes.ensure_configured()        # the compute runtimes held to the thread budget
-        # The element-wise kernels are compiled (or loaded from numba's cache) before the RAM is
-        # measured: loaded at the first iteration, numba's JIT would grow the process by
-        # about 130 MiB after the plan had taken that room.
-        fused.kernels()
         # Device and host pools are one RAM here. Unless both are given, each may take the RAM
         # this machine can give now (available RAM less a margin, see runtime/budget.py) and the
         # plan keeps their peaks together under it (``ram``). The arenas are virtual until
-        # touched, so their size costs nothing up front.
-        budget = ram_budget()
+        # touched, so their size costs nothing up front. The element-wise kernels, loaded at the
+        # first iteration (numba's JIT), get their room in it where they are not loaded yet.
+        budget = ram_budget() - fused.pending_bytes()
         self.ram = budget if capacity is None or host_capacity is None else None
         self.rss_at_budget = process_memory()["rss"]     # what the process held when ``ram`` was taken
         given = capacity

@@ -52,6 +52,19 @@ def kernels():
     return _kernels or None
 
 
+# What loading the kernels adds to the process (numba, llvmlite and the compiled code: about
+# 130 MiB measured): a RAM budget taken before they load leaves them this room.
+KERNELS_BYTES = 160 << 20
+
+
+def pending_bytes() -> int:
+    """KERNELS_BYTES where the kernels will be loaded at their first use and are not yet, else 0."""
+    if _kernels is not None or not config.settings.numba:
+        return 0
+    import importlib.util
+    return KERNELS_BYTES if importlib.util.find_spec("numba") is not None else 0
+
+
 def _compile():
     if not config.settings.numba:
         return None

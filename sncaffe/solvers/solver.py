@@ -50,7 +50,7 @@ from ..runtime.budget import give_back_freed, process_memory
 from ..sizes import align, fmt_bytes
 from .. import blobproto
 from ..layers.base import Blob, DataReadError, array_module
-from ..net import Net, memory_mode, over_ram
+from ..net import BIG_GRAPH, Net, memory_mode, over_ram
 from ..proto import sncaffe_pb2 as pb
 from ..progress import Pace
 from ..prototxt import read_solver, read_text
@@ -272,7 +272,8 @@ class Solver:
             for _ in range(2):      # again where planning grew the process into the plan's room (Net)
                 capacity, kw = self.net.budgets()
                 plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
-                give_back_freed()
+                if len(self.net.graph.ops) >= BIG_GRAPH:
+                    give_back_freed()
                 if not over_ram(self.device, plan):
                     break
             plans = [plan] + list(test_plans)

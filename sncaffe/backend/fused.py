@@ -52,9 +52,10 @@ def kernels():
     return _kernels or None
 
 
-# What loading the kernels adds to the process (numba, llvmlite and the compiled code: about
-# 130 MiB measured): a RAM budget taken before they load leaves them this room.
-KERNELS_BYTES = 160 << 20
+# What loading the kernels adds to the process's own memory (numba's and llvmlite's heap and the
+# compiled code, as measured, beside 85 MiB of library pages the page cache shares): a RAM
+# budget taken before they load leaves them this much room.
+KERNELS_BYTES = 65 << 20
 
 
 def pending_bytes() -> int:

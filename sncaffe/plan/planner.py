@@ -41,8 +41,8 @@ MODES = ("none", "liveness", "offload", "recompute", "all")
 AUTO_ORDER = ("none", "liveness", "recompute", "offload", "all")
 # ``auto``'s steps, (mode, granularity: None lets ``recompute`` replay whole segments where
 # replaying the cheap layers does not fit). Whole segments come before copies: on the CPU,
-# copies to the disk tier take the cores and the memory bandwidth the compute needs (ResNet-2500
-# at 2 threads: an iteration took 108 s in whole segments, 142 s with offload and the disk tier).
+# copies to the disk tier take the cores and the memory bandwidth the compute needs
+# (tools/bench_gemm_bound.py --memory on ResNet-2500: whole segments were the faster).
 AUTO_STEPS = tuple((mode, None) for mode in AUTO_ORDER)
 
 

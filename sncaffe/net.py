@@ -101,14 +101,29 @@ def grown_outside_pools(device) -> int:
     return max(0, process_memory()["rss"] - then - touched)
 
 
-def over_ram(device, plan) -> bool:
-    """Whether ``plan``'s pools no longer fit the RAM ``device`` can give now (see
-    ``grown_outside_pools``), where the plan fitted when it was made."""
-    if getattr(device, "ram", None) is None or plan.ram is None or not plan.fits:
-        return False
+def ram_left(device):
+    """The RAM ``device``'s pools may still take together (None: no shared RAM, a GPU): its
+    budget less what they hold and what the process has grown by outside them."""
+    if getattr(device, "ram", None) is None:
+        return None
     host = getattr(device, "host_pool", None)
-    ram = device.ram - device.pool.in_use - (host.in_use if host is not None else 0) - grown_outside_pools(device)
-    return plan.peak + plan.host_peak > ram
+    return device.ram - device.pool.in_use - (host.in_use if host is not None else 0) - grown_outside_pools(device)
+
+
+def within_ram(device, n_ops, make, plan_of=lambda made: made):
+    """``make()``, made again once where the process grew while planning (the plan itself:
+    millions of steps on the deepest nets) into the room the plan counted on. A graph of
+    ``n_ops`` operators from BIG_GRAPH has planning's freed heap given back first."""
+    for _ in range(2):
+        made = make()
+        if n_ops >= BIG_GRAPH:
+            give_back_freed()
+        plan, left = plan_of(made), ram_left(device)
+        if left is None or plan.ram is None or not plan.fits or plan.peak + plan.host_peak <= left:
+            return made
+        log.info("the plan's %s and this process's %s are over the RAM budget: planning again",
+                 fmt_bytes(plan.peak + plan.host_peak), fmt_bytes(process_memory()["rss"]))
+    return made
 
 
 class Net:
@@ -181,21 +196,15 @@ class Net:
         self._plan_args = (memory, reserve, host_reserve)      # a net planned alone can plan again (dynamic.grow)
         if memory not in MODES and memory != "auto":
             raise PlanError(f"unknown memory mode {memory!r} (one of {', '.join(MODES)}, auto)")
-        for _ in range(2):
+
+        def make():
             capacity, kw = self.budgets()
             kw.update(host_params=self.host_params, host_extra=host_reserve)
             if memory == "auto":
-                plan = auto_plan(self.graph, capacity, reserve, **kw)
-            else:                   # the mode given, fitted to the host tier (and disk) where it can be
-                plan = shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
-            if len(self.graph.ops) >= BIG_GRAPH:
-                give_back_freed()
-            if not over_ram(self.device, plan):
-                break
-            # The process grew while planning (the plan itself: millions of steps on the deepest
-            # nets) into the room the plan counted on: planned again within what is left.
-            log.info("the plan's %s and this process's %s are over the RAM budget: planning again",
-                     fmt_bytes(plan.peak + plan.host_peak), fmt_bytes(process_memory()["rss"]))
+                return capacity, auto_plan(self.graph, capacity, reserve, **kw)
+            # the mode given, fitted to the host tier (and disk) where it can be
+            return capacity, shared_ram_plan(self.graph, memory, capacity, reserve, **kw)
+        capacity, plan = within_ram(self.device, len(self.graph.ops), make, plan_of=lambda made: made[1])
         check_fits(self.graph, plan, capacity, reserve)
         for loc, peak in plan.peaks.items():
             pool = self.devices[loc].pool
@@ -216,9 +225,8 @@ class Net:
         capacity = dev.pool.capacity - dev.pool.in_use
         host = getattr(dev, "host_pool", None)
         kw = {"host_capacity": None if host is None else host.capacity - host.in_use, "ram": None}
-        if getattr(dev, "ram", None) is not None:
-            kw["ram"] = dev.ram - dev.pool.in_use - (host.in_use if host is not None else 0) - grown_outside_pools(dev) \
-                - PLAN_BYTES_PER_OP * len(self.graph.ops)      # the plan about to be made, kept while it runs
+        if getattr(dev, "ram", None) is not None:      # less the plan about to be made, kept while it runs
+            kw["ram"] = ram_left(dev) - PLAN_BYTES_PER_OP * len(self.graph.ops)
         if getattr(dev, "spills", False):       # a disk tier: the free space where the spill file goes
             kw["spill"] = spill_room(getattr(dev, "spill_dir", None))
         return capacity, kw

@@ -46,11 +46,11 @@ from ..backend import make_device
 from ..graph import update_in_backward as mark_updates_in_backward
 from ..plan.joint import plan_nets
 from ..plan.report import plan_line, verdict
-from ..runtime.budget import give_back_freed, process_memory
+from ..runtime.budget import process_memory
 from ..sizes import align, fmt_bytes
 from .. import blobproto
 from ..layers.base import Blob, DataReadError, array_module
-from ..net import BIG_GRAPH, Net, memory_mode, over_ram
+from ..net import Net, memory_mode, within_ram
 from ..proto import sncaffe_pb2 as pb
 from ..progress import Pace
 from ..prototxt import read_solver, read_text
@@ -269,13 +269,11 @@ class Solver:
             hosted = self.net.host_params
             plans = [self.net.make_plan(None, [] if hosted else history, history if hosted else 0)]
         else:
-            for _ in range(2):      # again where planning grew the process into the plan's room (Net)
+
+            def make():
                 capacity, kw = self.net.budgets()
-                plan, test_plans = plan_nets(self.net, self.test_nets, history, capacity, **kw)
-                if len(self.net.graph.ops) >= BIG_GRAPH:
-                    give_back_freed()
-                if not over_ram(self.device, plan):
-                    break
+                return plan_nets(self.net, self.test_nets, history, capacity, **kw)
+            plan, test_plans = within_ram(self.device, len(self.net.graph.ops), make, plan_of=lambda made: made[0])
             plans = [plan] + list(test_plans)
         for net, p in zip(nets, plans):
             if self.test_nets:          # (a net planned alone said its line)
@@ -393,16 +391,25 @@ class Solver:
         rate, self.current_step = learning_rate(p, self.iter, self.current_step)
         return rate, [(dt(p.weight_decay) * q.decay_mult, dt(rate) * q.lr_mult) for q in self._learnable]
 
+    def _step_one(self, k, rates) -> bool:
+        """Parameter k's whole update in one kernel where its rule has one (``Rule.step``)."""
+        blob, (decay, local_rate) = self._learnable[k].blob, rates[k]
+        return self.rule.step(blob.data, blob.diff, self.history[k::len(self._learnable)], local_rate, decay,
+                              self.param.regularization_type)
+
+    def _compute_one(self, k, rates):
+        """Parameter k's update value into its diff: regularize, then its rule."""
+        blob, (decay, local_rate) = self._learnable[k].blob, rates[k]
+        work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
+        regularize(blob.diff, blob.data, decay, self.param.regularization_type, work[0])
+        self.rule.compute(blob.diff, self.history[k::len(self._learnable)], work, local_rate, self.iter)
+
     def _update_one(self, k, rates):
         """Parameter k's update: regularize, its rule, and Net::Update (data -= diff)."""
-        p, n = self.param, len(self._learnable)
-        blob, (decay, local_rate) = self._learnable[k].blob, rates[k]
-        if self.rule.step(blob.data, blob.diff, self.history[k::n], local_rate, decay, p.regularization_type):
-            return
-        work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
-        regularize(blob.diff, blob.data, decay, p.regularization_type, work[0])
-        self.rule.compute(blob.diff, self.history[k::n], work, local_rate, self.iter)
-        blob.data -= blob.diff
+        if not self._step_one(k, rates):
+            self._compute_one(k, rates)
+            blob = self._learnable[k].blob
+            blob.data -= blob.diff
 
     def _update_in_backward(self, op):
         """The net's update hook: the parameters whose gradients ``op`` completed."""
@@ -438,19 +445,13 @@ class Solver:
                     self._update_one(k, rates)
             return rate
 
-        def step(k):
-            blob, (decay, local_rate) = self._learnable[k].blob, rates[k]
-            return self.rule.step(blob.data, blob.diff, self.history[k::n], local_rate, decay, p.regularization_type)
-        stepped = self._step_at_locations(step) if self.update_streams else {}
+        stepped = self._step_at_locations(partial(self._step_one, rates=rates)) if self.update_streams else {}
         updated = set()
-        for k, q in enumerate(self._learnable):
-            blob, (decay, local_rate) = q.blob, rates[k]
-            if stepped[k] if k in stepped else step(k):
+        for k in range(n):
+            if stepped[k] if k in stepped else self._step_one(k, rates):
                 updated.add(k)          # its data too (each parameter's update reads only its own)
                 continue
-            work = [w[:blob.data.size].reshape(blob.shape) for w in self._work]
-            regularize(blob.diff, blob.data, decay, p.regularization_type, work[0])
-            self.rule.compute(blob.diff, self.history[k::n], work, local_rate, self.iter)
+            self._compute_one(k, rates)
         for k, q in enumerate(self._learnable):            # Net::Update
             if k not in updated:
                 q.blob.data -= q.blob.diff

@@ -373,6 +373,21 @@ def batches(tmp_path, monkeypatch):
     sys.modules.pop("batches", None)
 
 
+def _assert_softmax_step(net, layer, n, loss):
+    """The batch of ``n`` the data layer gave, and the loss and weight gradient of an inner
+    product + softmax loss on it, computed by hand."""
+    x, y = layer.x, layer.y.astype(int)
+    assert net.blobs["data"].shape == (n, 3) and net.blobs["ip"].data.shape == (n, 2)
+    np.testing.assert_array_equal(net.blobs["data"].data, x)
+    w, b = net.params["ip"][0].data, net.params["ip"][1].data
+    z = x @ w.T + b
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    assert loss == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-5)
+    p[np.arange(n), y] -= 1
+    np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("memory", ["none", "all"])
 def test_python_data_layer_with_batches_of_changing_size(batches, memory):
     (batches / "net.prototxt").write_text(BATCHES_NET % ("Batches", "6,4,5,6"))
@@ -382,16 +397,7 @@ def test_python_data_layer_with_batches_of_changing_size(batches, memory):
         loss = net.forward()["loss"]
         net.clear_param_diffs()         # backward adds into them, as in Caffe
         net.backward()
-        x, y = layer.x, layer.y.astype(int)
-        assert net.blobs["data"].shape == (n, 3) and net.blobs["ip"].data.shape == (n, 2)
-        np.testing.assert_array_equal(net.blobs["data"].data, x)
-        w, b = net.params["ip"][0].data, net.params["ip"][1].data
-        z = x @ w.T + b
-        p = np.exp(z - z.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        assert loss == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-5)
-        p[np.arange(n), y] -= 1
-        np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
+        _assert_softmax_step(net, layer, n, loss)
 
 
 @pytest.mark.parametrize("layer", ["Batches", "ReshapesInForward"])
@@ -422,16 +428,7 @@ def test_python_top_outgrowing_its_block_plans_the_net_again(batches, layer, mem
         net.backward()
         peaks.append((n, grew, device.pool.peak, net.memory_plan.peak))
         assert net.layer_dict["data"] is obj and obj.idx == len(peaks)
-        x, y = obj.x, obj.y.astype(int)
-        assert net.blobs["data"].shape == (n, 3) and net.blobs["ip"].data.shape == (n, 2)
-        np.testing.assert_array_equal(net.blobs["data"].data, x)
-        w, b = net.params["ip"][0].data, net.params["ip"][1].data
-        z = x @ w.T + b
-        p = np.exp(z - z.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        assert loss == pytest.approx(-np.log(p[np.arange(n), y]).mean(), rel=1e-5)
-        p[np.arange(n), y] -= 1
-        np.testing.assert_allclose(net.params["ip"][0].diff, p.T @ x / n, rtol=1e-4, atol=1e-6)
+        _assert_softmax_step(net, obj, n, loss)
     assert [g for _, g, _, _ in peaks] == [False, True, False, False, True]     # a bound grows; smaller fit
     assert [(m, p) for _, grew, m, p in peaks if not grew] == [(p, p) for _, grew, m, p in peaks if not grew]
     assert net._net.graph.blobs["data"].shape == (9, 3)        # the bound the plan is made for

@@ -41,9 +41,10 @@ def paused_gc():
 class Builder:
     def __init__(self, graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params=False,
                  host=(None, None, 0, None, None), before=(), memory_centric=False, forward_only=False,
-                 param_disk=False, disk_extra=0, granularity=0):
+                 param_disk=False, disk_extra=0, granularity=0, keep=0):
         self.graph, self.mode, self.capacity = graph, mode, capacity
         self.granularity = granularity if mode == "recompute" else 0
+        self.keep = keep if self.granularity else 0
         self.memory_centric = memory_centric
         self.host_capacity, self.ram, host_extra, self.spill, self.host_room = host
         self.param_disk = bool(param_disk and host_params)
@@ -75,8 +76,8 @@ class Builder:
                                 host_capacity=self.host_capacity, ram=self.ram, host_extra=self.host_extra,
                                 disk_capacity=self.spill, param_disk=self.param_disk)
         a = passes.analyze(self.graph, self.ops, self.nf, self.mode, self.host_params, self.memory_centric,
-                           self.min_gap, self.granularity)
-        plan.granularity = self.granularity
+                           self.min_gap, self.granularity, self.keep)
+        plan.granularity, plan.kept = self.granularity, self.keep
         plan.segments = sum(1 for seg in a.rc.segs if seg.dropped) if self.granularity else 0
         self.uses, self.persistent_ids, self.param_ids, self.param_ops = a.uses, a.persistent_ids, a.param_ids, \
             a.param_ops

@@ -42,19 +42,20 @@ class Analysis:
     to_bring: list          # (step, order, root): each offloaded value's first backward need
 
 
-def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3, granularity=0) -> Analysis:
+def analyze(graph, ops, nf, mode, hosted=False, centric=False, min_gap=3, granularity=0, keep=0) -> Analysis:
     """The passes below, walked in order; their data is what the builder replays. ``hosted``:
     parameters on the host; ``centric``: memory-centric replays (see ``memory_centric``);
-    ``granularity``: 0 recomputes per layer, more in segments of whole units (``recompute``).
-    The same for every plan of these arguments (auto makes several at different capacities):
-    analysed once per graph, and read-only to the builder."""
-    key = ("_analysis", mode, bool(hosted), centric, min_gap, len(ops), nf, granularity)
+    ``granularity``: 0 recomputes per layer, more in segments of whole units (``recompute``);
+    ``keep``: with a granularity, the first ``keep`` layer chains of ``chains`` are kept, not
+    replayed. The same for every plan of these arguments (auto makes several at different
+    capacities): analysed once per graph, and read-only to the builder."""
+    key = ("_analysis", mode, bool(hosted), centric, min_gap, len(ops), nf, granularity, keep)
     if key not in graph.__dict__:
-        graph.__dict__[key] = _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity)
+        graph.__dict__[key] = _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity, keep)
     return graph.__dict__[key]
 
 
-def _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity) -> Analysis:
+def _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity, keep=0) -> Analysis:
     roots, uses = liveness(graph, ops, mode)
     persistent_ids = {id(r) for r in roots}
     param_ids, param_ops = {}, {}
@@ -63,8 +64,9 @@ def _analyze(graph, ops, nf, mode, hosted, centric, min_gap, granularity) -> Ana
         if getattr(graph, "updated_in_backward", None):
             persistent_ids |= set(param_ids)
             uses = {k: v for k, v in uses.items() if k not in param_ids}
+    kept = frozenset().union(*(ids for ids, _, _ in chains(graph, granularity)[:keep])) if keep else frozenset()
     rc = recompute(ops[:nf], ops, uses, persistent_ids, mode in ("offload", "all"), granularity,
-                   unit_table(graph) if granularity else None) \
+                   unit_table(graph) if granularity else None, kept) \
         if mode in ("recompute", "all") else Recompute([], {}, {})
     mc = memory_centric(rc.segs, centric)
     times, fwd_last = need_times(graph, uses, nf, rc, mc)
@@ -125,12 +127,12 @@ class Recompute:
     snap_at: dict       # forward index -> [(root, checkpoint tensor)] copied before it runs
 
 
-def recompute(forward, ops, uses, persistent_ids, offload, granularity=0, table=None) -> Recompute:
+def recompute(forward, ops, uses, persistent_ids, offload, granularity=0, table=None, keep=frozenset()) -> Recompute:
     """What cheap layers produce (or, with a ``granularity``, what whole segments produce but
-    their outputs) is dropped after forward and replayed from the segment's checkpoint in
-    backward; a value an in-place layer overwrites is snapshotted first."""
+    their outputs and the values in ``keep``) is dropped after forward and replayed from the
+    segment's checkpoint in backward; a value an in-place layer overwrites is snapshotted first."""
     nf = len(forward)
-    segs = coarse_segments(forward, uses, persistent_ids, granularity, table) if granularity \
+    segs = coarse_segments(forward, uses, persistent_ids, granularity, table, keep) if granularity \
         else segments(forward, persistent_ids)[0]
     dropped, snap_at = {}, {}
     fidx = {id(op.node): i for i, op in enumerate(forward)}
@@ -180,11 +182,13 @@ def recompute(forward, ops, uses, persistent_ids, offload, granularity=0, table=
     return Recompute(segs, dropped, snap_at)
 
 
-def coarse_segments(forward, uses, persistent_ids, granularity, table):
+def coarse_segments(forward, uses, persistent_ids, granularity, table, keep=frozenset()):
     """Segments of whole units (recompute.units), joined up to ``granularity`` times the largest
     unit's bytes, each replaying only the operators behind what it drops (``seg.drop``: what
-    backward reads and only the segment's own operators use in forward). An operator that
-    would overwrite, in a replay, a kept value that backward writes is kept out of replays."""
+    backward reads and only the segment's own operators use in forward, less ``keep``: values
+    held from forward to backward instead, whose operators then need no replay). An operator
+    that would overwrite, in a replay, a value it does not drop that backward writes or that
+    ``keep`` holds is kept out of replays."""
     nf = len(forward)
     cuts, _, _, written = table
     starts = group_units(cuts, written, granularity)
@@ -194,16 +198,46 @@ def coarse_segments(forward, uses, persistent_ids, granularity, table):
         unsafe = set()
         for seg in segs:
             seg.span = [k for k in range(len(forward)) if seg_of[k] == seg.index]     # replayed or not
-            seg.drop = _droppable(seg, forward, uses, nf, persistent_ids, seg_of)
-            seg.cheap = _replayed(seg, forward, seg.drop)
+            seg.drop = _droppable(seg, forward, uses, nf, persistent_ids, seg_of) - keep
+            seg.cheap = _replayed(seg, forward, seg.drop, keep)
             for k in seg.cheap:
                 for r, w in op_tensors(forward[k]):
                     if w and id(r) not in persistent_ids and id(r) not in seg.drop \
-                            and any(x >= nf for x in uses[id(r)][1].writes):
+                            and (id(r) in keep or any(x >= nf for x in uses[id(r)][1].writes)):
                         unsafe.add(k)
         if not unsafe:
             return segs
         fixed |= unsafe
+
+
+def chains(graph, granularity) -> list:
+    """The layer chains of the plan at ``granularity`` (each a checkpoint operator of per-layer
+    recomputation and the cheap layers after it: a convolution, its BatchNorm, Scale and ReLU)
+    that its replays run, best first: (ids of the values the chain writes and the plan drops,
+    their bytes, the FLOPs its replay costs). Keeping a chain's values from forward to backward
+    spares its replay: the best chains spare the most FLOPs per byte held (a 3x3 convolution's
+    output before a 1x1's, and either before the cheap layers'). Once per graph."""
+    key = ("_chains", granularity, len(graph.forward_ops))
+    if key in graph.__dict__:
+        return graph.__dict__[key]
+    from .result import layer_flops
+    forward = graph.forward_ops
+    roots, uses = liveness(graph, forward + graph.backward_ops, "recompute")
+    pid = {id(r) for r in roots}
+    segs = coarse_segments(forward, uses, pid, granularity, unit_table(graph))
+    drop = set().union(*(seg.drop for seg in segs))
+    replayed = set().union(*(seg.cheap for seg in segs))
+    out = []
+    for chain in segments(forward, pid)[0]:
+        ks = [k for k in [chain.checkpoint] + chain.cheap if k is not None]
+        cost = sum(layer_flops(forward[k].node) for k in ks if k in replayed)
+        held = {id(r): r for k in ks for r, w in op_tensors(forward[k]) if w and id(r) in drop}
+        size = sum(r.block_bytes for r in held.values())
+        if cost and size:
+            out.append((frozenset(held), size, cost))
+    out.sort(key=lambda c: -c[2] / c[1])
+    graph.__dict__[key] = out
+    return out
 
 
 def coarse_floor(graph, granularity) -> int:
@@ -278,14 +312,14 @@ def _droppable(seg, forward, uses, nf, persistent_ids, seg_of) -> set:
     return out
 
 
-def _replayed(seg, forward, drop) -> list:
+def _replayed(seg, forward, drop, keep=frozenset()) -> list:
     """The segment's operators a replay runs: those writing what is dropped, and, in turn, those
-    writing what they read."""
+    writing what they read (but what ``keep`` holds: its final value is there)."""
     need, out = set(drop), []
     for k in reversed(seg.cheap):
         if any(w and id(r) in need for r, w in op_tensors(forward[k])):
             out.append(k)
-            need.update(id(r) for r, _ in op_tensors(forward[k], ("reads",)))
+            need.update(id(r) for r, _ in op_tensors(forward[k], ("reads",)) if id(r) not in keep)
     return out[::-1]
 
 

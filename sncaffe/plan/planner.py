@@ -133,7 +133,7 @@ def _free_peak_key(mode, extra_bytes, kw):
 def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_gap=3,
             host_params=False, cost_aware=True, built=None, host_capacity=None, ram=None,
             host_extra=0, before=(), spill=None, host_room=None, memory_centric=None,
-            forward_only=False, param_disk=False, disk_extra=0, granularity=None) -> Plan:
+            forward_only=False, param_disk=False, disk_extra=0, granularity=None, keep=None) -> Plan:
     """``host_params``: parameters and their gradients live in host memory and each layer's are
     brought in for its forward and backward (the solver then updates them on the host).
     ``cost_aware``: recomputation is used only where it lowers the plan's cost.
@@ -155,16 +155,23 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
     ``disk_extra``: spill-file bytes held beside this net (another net's parameters there).
     ``granularity`` (``recompute``): 0 recomputes per layer; k > 0 in segments of whole units
     of up to k times the largest unit's bytes (passes.coarse_segments); None: per layer, or
-    where that does not fit ``capacity``, the finest segments that fit (see ``coarse``)."""
+    where that does not fit ``capacity``, the finest segments that fit (see ``coarse``).
+    ``keep`` (with a granularity): the best ``keep`` layer chains of ``passes.chains`` hold their
+    values from forward to backward and are not replayed; None: as many as the capacity leaves
+    room for (``with_kept``), 0 none."""
     if mode not in MODES:
         raise PlanError(f"unknown memory mode {mode!r} (one of {', '.join(MODES)}, auto)")
     kw = dict(lookahead=lookahead, min_gap=min_gap, host_params=host_params, host_capacity=host_capacity,
               ram=ram, host_extra=host_extra, before=before, spill=spill, host_room=host_room,
               param_disk=param_disk, disk_extra=disk_extra)
     if mode == "recompute" and granularity:
-        return Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params,
-                       (host_capacity, ram, host_extra, spill, host_room), before, param_disk=param_disk,
-                       disk_extra=disk_extra, granularity=granularity).build()
+        def build(n):
+            return Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params,
+                           (host_capacity, ram, host_extra, spill, host_room), before, param_disk=param_disk,
+                           disk_extra=disk_extra, granularity=granularity, keep=n).build()
+        plan = build(keep or 0)
+        return plan if keep is not None or forward_only or host_params else with_kept(graph, plan, build)
+
     def build(g):
         return plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw)
     first = None
@@ -188,6 +195,48 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
 
 # Segment sizes tried, in multiples of the largest unit's bytes: finest (least recomputed) first.
 GRANULARITIES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def with_kept(graph, plan, build):
+    """``plan`` (whole segments, nothing kept) with the best layer chains kept that the room its
+    capacity leaves can hold (``passes.chains``: the most replayed FLOPs spared per byte held):
+    the least recomputation that fits. A kept value adds at most its bytes to any step, so the
+    chains whose bytes sum within the room are planned; where that plan does not fit (the
+    pool's blocks placed otherwise), fewer, in proportion to what it overshot, once; else
+    ``plan``."""
+    room = _room(plan)
+    if not plan.fits or room is None or room <= 0:
+        return plan
+    sizes = [size for _, size, _ in passes.chains(graph, plan.granularity)]
+    n, tried = _within(sizes, room * 15 // 16), set()
+    while n and n not in tried:
+        tried.add(n)
+        kept = build(n)
+        if kept.fits:
+            kept.note = plan.note
+            return kept
+        over = _room(kept)
+        added = sum(sizes[:n])
+        n = _within(sizes, max(0, added + over) * 7 // 8) if over is not None and over < 0 else 0
+    return plan
+
+
+def _room(plan):
+    """Bytes left under the plan's capacity and, on one RAM, under the RAM (None: unbounded)."""
+    limits = [x for x in (plan.capacity,) if x is not None]
+    if plan.ram is not None:
+        limits.append(plan.ram - plan.host_peak)
+    return min(limits) - plan.peak if limits else None
+
+
+def _within(sizes, room):
+    """How many of ``sizes``, from the first, sum within ``room``."""
+    total = n = 0
+    for size in sizes:
+        if total + size > room:
+            break
+        total, n = total + size, n + 1
+    return n
 
 
 def coarse(per_layer, build, floor, capacity, first=None):

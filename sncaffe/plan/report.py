@@ -21,7 +21,9 @@ def plan_line(plan, auto=False, name="", process_rss=None) -> str:
     parts.append(f"{fmt_bytes(moved)} moved per iteration ({fmt_bytes(plan.d2h_bytes)} out, "
                  f"{fmt_bytes(plan.h2d_bytes)} back)")
     parts.append(f"{plan.recompute_flops / 1e9:.1f} GFLOP recomputed"
-                 + (f" (whole segments, convolutions included: {plan.segments})" if plan.granularity else ""))
+                 + (f" (whole segments, convolutions included: {plan.segments}"
+                    + (f"; {plan.kept} layer chains kept, not replayed" if plan.kept else "") + ")"
+                    if plan.granularity else ""))
     if plan.ram is not None and (plan.resident or process_rss is not None):
         if not plan.resident:               # one RAM: what the process will hold at its peak
             plan.resident = expected_rss(plan, process_rss)     # (said before anything is allocated)

@@ -224,6 +224,58 @@ def test_coarse_segments_give_nones_bits_and_the_planned_peak(name, granularity)
     assert_same_bits(steps, ref)
 
 
+@pytest.mark.parametrize("name", list(COARSE))
+def test_kept_chains_give_nones_bits_and_the_planned_peak(name):
+    """Half the layer chains kept (their values held from forward to backward): the replays
+    run only what the rest needs, with none's bits and the planned peak."""
+    graph = build(coarse_param(name))
+    n = len(passes.chains(graph, 1)) // 2
+    if not n:
+        pytest.skip("a single chain: nothing to keep but all")
+    whole = make_plan(graph, "recompute", granularity=1, keep=0)
+    plan, steps = train(coarse_param(name), "recompute",
+                        planner=lambda net: make_plan(net.graph, "recompute", granularity=1, keep=n))
+    assert plan.kept == n and plan.recompute_flops < whole.recompute_flops
+    kept = {uses_name for ids, _, _ in passes.chains(graph, 1)[:n] for uses_name in ids}
+    assert kept and not kept & set(passes.analyze(graph, graph.forward_ops + graph.backward_ops,
+                                                  len(graph.forward_ops), "recompute", granularity=1,
+                                                  keep=n).rc.dropped)
+    assert_peaks(steps, plan)
+    _, ref = train(coarse_param(name), "none")
+    assert_same_bits(steps, ref)
+
+
+def test_chains_spare_the_most_flops_per_byte_first():
+    """ResNet-50's chains: the spatial convolutions' (3x3, and the 7x7 stem: the most FLOPs per
+    byte of their output) before any 1x1's; keeping more never recomputes more."""
+    graph = build(net_param(ROOT / "prototxt" / "resnet50.prototxt"))
+    found = passes.chains(graph, 1)
+    rates = [cost / size for _, size, cost in found]
+    assert rates == sorted(rates, reverse=True)
+    F = graph.forward_ops
+    first = {F[k].node.name for k in range(len(F)) for ids, _, _ in found[:14]
+             if any(id(r) in ids for r, w in op_tensors(F[k]) if w) and F[k].node.type == "Convolution"}
+    assert len(first) == 14 and all(name.endswith("branch2b") or name == "conv1" for name in first), first
+    flops = [make_plan(graph, "recompute", granularity=1, keep=n).recompute_flops for n in (0, 8, 24, len(found))]
+    assert flops == sorted(flops, reverse=True) and flops[-1] < flops[0] // 10
+
+
+def test_coarse_plans_keep_the_chains_their_capacity_has_room_for():
+    """Between the whole-segment plan's peak and per layer's, the plan keeps chains within the
+    capacity: less replayed than whole segments, more the more room, and it runs as planned."""
+    param = net_param(ROOT / "prototxt" / "resnet50.prototxt")
+    graph = build(param)
+    whole, per_layer = make_plan(graph, "recompute", granularity=1, keep=0), make_plan(graph, "recompute")
+    plans = [make_plan(graph, "recompute", whole.peak + (per_layer.peak - whole.peak) * k // 4) for k in (1, 3)]
+    for plan in plans:
+        assert plan.fits and plan.granularity and plan.kept and plan.peak <= plan.capacity
+    assert whole.recompute_flops > plans[0].recompute_flops > plans[1].recompute_flops
+    assert "kept" in plan_line(plans[1])
+    ran, steps = train(param, "recompute", plans[0].capacity)
+    assert ran.kept == plans[0].kept
+    assert_peaks(steps, ran)
+
+
 def test_coarse_segments_keep_only_their_outputs():
     """What a segment drops only its own operators use in forward (a block output the next
     segment reads is a checkpoint), and each replayed operator runs once."""
@@ -252,7 +304,7 @@ def test_recompute_goes_coarse_only_where_per_layer_does_not_fit():
     capacity = (finest.peak + per_layer.peak) // 2
     plan = make_plan(graph, "recompute", capacity)
     assert plan.fits and plan.granularity >= 1 and plan.peak <= capacity and plan.segments > 1
-    assert f"convolutions included: {plan.segments})" in plan_line(plan)
+    assert f"convolutions included: {plan.segments}" in plan_line(plan)
     assert plan.recompute_flops > per_layer.recompute_flops
     plan, steps = train(param, "recompute", capacity)
     assert plan.granularity >= 1

@@ -483,6 +483,7 @@ def mode_plans(graph, modes, reserve, **kw) -> list:
     return list(built.values())
 
 
+@planner.paused_gc()           # (the graph and every mode's plan: millions of objects, no garbage)
 def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="", out=print):
     """The memory of one iteration in every mode, simulated: nothing is allocated or computed.
     First the verdict for ``res`` (the mode auto picks, or ``res.memory``), then the tables;
@@ -490,8 +491,7 @@ def plan_report(param, res, phase="TRAIN", solver_type="SGD", png=None, source="
     t0 = time.perf_counter()
     device = res.device or "cpu"
     target = backend.plan_target(device)
-    with planner.paused_gc():
-        graph = build_graph(prepare_net(param, phase), 0 if phase == "TRAIN" else 1, target=target)
+    graph = build_graph(prepare_net(param, phase), 0 if phase == "TRAIN" else 1, target=target)
     rule = RULES.get(solver_type)
     if rule is None:
         raise ValueError(f"unknown solver type {solver_type!r} ({', '.join(RULES)})")

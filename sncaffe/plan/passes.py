@@ -197,7 +197,10 @@ def coarse_segments(forward, uses, persistent_ids, granularity, table, keep=froz
         segs, seg_of = segments(forward, persistent_ids, starts, fixed)
         unsafe = set()
         for seg in segs:
-            seg.span = [k for k in range(len(forward)) if seg_of[k] == seg.index]     # replayed or not
+            seg.span = []                                                           # replayed or not
+        for k, s in enumerate(seg_of):
+            segs[s].span.append(k)
+        for seg in segs:
             seg.drop = _droppable(seg, forward, uses, nf, persistent_ids, seg_of) - keep
             seg.cheap = _replayed(seg, forward, seg.drop, keep)
             for k in seg.cheap:

@@ -169,8 +169,10 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
             return Builder(graph, mode, capacity, extra_bytes, lookahead, min_gap, host_params,
                            (host_capacity, ram, host_extra, spill, host_room), before, param_disk=param_disk,
                            disk_extra=disk_extra, granularity=granularity, keep=n).build()
-        plan = build(keep or 0)
-        return plan if keep is not None or forward_only or host_params else with_kept(graph, plan, build)
+        if keep is not None or forward_only or host_params:
+            return build(keep or 0)
+        limit = min((x for x in (capacity, ram) if x is not None), default=None)
+        return with_kept(graph, granularity, build, limit, _coarse_floor(graph, granularity, extra_bytes, before))
 
     def build(g):
         return plan_at(graph, mode, capacity, extra_bytes, granularity=g, **kw)
@@ -197,36 +199,47 @@ def plan_at(graph, mode="none", capacity=None, extra_bytes=0, lookahead=2, min_g
 GRANULARITIES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def with_kept(graph, plan, build):
-    """``plan`` (whole segments, nothing kept) with the best layer chains kept that the room its
-    capacity leaves can hold (``passes.chains``: the most replayed FLOPs spared per byte held):
-    the least recomputation that fits. A kept value adds at most its bytes to any step, so the
-    chains whose bytes sum within the room are planned; where that plan does not fit (the
-    pool's blocks placed otherwise), fewer, in proportion to what it overshot, once; else
-    ``plan``."""
-    room = _room(plan)
-    if not plan.fits or room is None or room <= 0:
-        return plan
-    sizes = [size for _, size, _ in passes.chains(graph, plan.granularity)]
-    n, tried = _within(sizes, room * 15 // 16), set()
-    while n and n not in tried:
-        tried.add(n)
+def with_kept(graph, granularity, build, limit, floor=None):
+    """The plan at ``granularity`` (``build(n)``: with the best ``n`` layer chains kept) with the
+    chains kept that the room under ``limit`` holds (``passes.chains``: the most replayed FLOPs
+    spared per byte held): the least recomputation that fits. A kept value adds at most its
+    bytes to any step, so the chains whose bytes fit the room above the plan without them are
+    planned; that plan's peak is first taken as ``floor`` (a lower bound, ``passes.coarse_floor``,
+    which spares building it where the chains' plan fits). Where that does not fit, the plan
+    without chains is built and the room taken above its peak; fewer chains, by what a plan
+    overshot, twice at most; then the plan without them."""
+    if limit is None:
+        return build(0)
+    sizes = [size for _, size, _ in passes.chains(graph, granularity)]
+    n = _within(sizes, (limit - floor) * 15 // 16) if floor is not None else 0
+    if n:
         kept = build(n)
         if kept.fits:
-            kept.note = plan.note
             return kept
-        over = _room(kept)
-        added = sum(sizes[:n])
-        n = _within(sizes, max(0, added + over) * 7 // 8) if over is not None and over < 0 else 0
-    return plan
+    whole = build(0)
+    if not whole.fits:
+        return whole
+    n = _within(sizes, (limit - whole.peak) * 15 // 16)
+    for _ in range(2):
+        if not n:
+            break
+        kept = build(n)
+        if kept.fits:
+            return kept
+        # over the limit: fewer chains by what it overshot; within it but fragmented: fewer
+        n = min(_within(sizes, (limit - whole.peak) * 7 // 8 - (kept.peak - limit)), n * 7 // 8)
+    return whole
 
 
-def _room(plan):
-    """Bytes left under the plan's capacity and, on one RAM, under the RAM (None: unbounded)."""
-    limits = [x for x in (plan.capacity,) if x is not None]
-    if plan.ram is not None:
-        limits.append(plan.ram - plan.host_peak)
-    return min(limits) - plan.peak if limits else None
+def _coarse_floor(graph, granularity, extra_bytes, before):
+    """A lower bound of the peak of the plan at ``granularity`` with no chains kept (one location:
+    else None): what always lives, the blocks beside the net, ``passes.coarse_floor``."""
+    ops = graph.forward_ops + graph.backward_ops
+    if len(locations(graph, ops)) != 1:
+        return None
+    extra = [extra_bytes] if isinstance(extra_bytes, int) else list(extra_bytes)
+    always = sum(r.block_bytes for r in passes.liveness(graph, ops, "recompute")[0])
+    return always + sum(align(b) for b in extra + list(before) if b) + passes.coarse_floor(graph, granularity)
 
 
 def _within(sizes, room):

@@ -1,9 +1,8 @@
 """A plan as plain data: what the builder writes and the runtime replays, and its errors."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .schedule import Schedule
 
@@ -82,13 +81,13 @@ class Plan:
 def layer_flops(node) -> int:
     """Forward FLOPs of a layer: exact for convolutions and inner products, element counts otherwise."""
     top = node.tops[0].shape if node.tops else ()
-    out = int(np.prod(top, dtype=np.int64)) if node.tops else 0
+    out = math.prod(top) if node.tops else 0
     if node.type in ("Convolution", "Deconvolution", "InnerProduct") and node.params:
         w = node.params[0][0].shape
-        per_out = int(np.prod(w[1:], dtype=np.int64)) if node.type != "InnerProduct" else \
-            int(np.prod(w, dtype=np.int64)) // max(1, top[-1] if top else 1)
+        per_out = math.prod(w[1:]) if node.type != "InnerProduct" else \
+            math.prod(w) // max(1, top[-1] if top else 1)
         if node.type == "Deconvolution":
-            return 2 * int(np.prod(node.bottoms[0].shape, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+            return 2 * math.prod(node.bottoms[0].shape) * math.prod(w[1:])
         return 2 * out * per_out
     per = getattr(node.layer, "flops_per_output", None)     # the layer class's own estimate
     return out * (per or {"LRN": 10, "BatchNorm": 6, "Pooling": 9}.get(node.type, 2))

@@ -2,7 +2,9 @@
 peak of the plan without a cache upward in small steps; every plan that says it fits must run at
 that capacity with the pool's measured peak equal to the plan's, on the device and the host.
 ``segments`` is ``recompute`` from the peak of its finest whole-segment plan upward: the
-capacities below the per-layer plan, where recompute replays whole segments.
+capacities below the per-layer plan, where recompute replays whole segments. ``chains`` is
+``recompute`` at capacities spread between that peak and the per-layer plan's, where whole
+segments keep the layer chains the room holds (planner.with_kept).
 
     python tools/edge_sweep.py                      # every net of prototxt/ (shrunk), every mode
     python tools/edge_sweep.py --nets lenet_train_test --steps 8 --json out.json
@@ -25,18 +27,22 @@ from sncaffe.plan.planner import GRANULARITIES, MODES, MemoryExhausted, make_pla
 from test_modes import OWN, graph_of, net_param, train  # noqa: E402
 
 
-SWEPT = (*MODES, "segments")
+SWEPT = (*MODES, "segments", "chains")
 
 
 def sweep(path, mode, steps=6, step_fraction=0.01):
     """[(capacity, fits, met, error)] for ``steps`` capacities from the uncached peak upward."""
     param = net_param(path)
     graph = graph_of(param)
-    if mode == "segments":
-        mode, low = "recompute", make_plan(graph, "recompute", granularity=GRANULARITIES[0]).peak
+    if mode in ("segments", "chains"):
+        low = make_plan(graph, "recompute", granularity=GRANULARITIES[0]).peak
+        high = make_plan(graph, "recompute", granularity=0).peak
+        step = max(256, int(low * step_fraction)) if mode == "segments" else max(256, (high - low) // (steps + 1))
+        low += step if mode == "chains" else 0
+        mode = "recompute"
     else:
         low = make_plan(graph, mode).peak
-    step = max(256, int(low * step_fraction))
+        step = max(256, int(low * step_fraction))
     points = []
     for k in range(steps):
         capacity = low + k * step

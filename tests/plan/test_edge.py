@@ -20,7 +20,7 @@ CIFAR = ROOT / "prototxt" / "cifar10_resnet.prototxt"
 def test_every_plan_that_fits_runs_at_its_capacity(mode):
     # LeNet's finest whole-segment plan peaks where its per-layer plan does: the CIFAR ResNet's
     # lies below, so its capacities there are planned and run as whole segments
-    net, steps = (CIFAR, 10) if mode == "segments" else (LENET, 6)
+    net, steps = (CIFAR, 10) if mode == "segments" else (CIFAR, 4) if mode == "chains" else (LENET, 6)
     points = edge_sweep.sweep(net, mode, steps=steps)
     fit = [p for p in points if p[1]]
     assert fit, "no capacity near the peak fits"
@@ -28,6 +28,9 @@ def test_every_plan_that_fits_runs_at_its_capacity(mode):
     if mode == "segments":
         graph = graph_of(net_param(net))
         assert any(make_plan(graph, "recompute", c).granularity for c, *_ in fit), "no whole-segment plan ran"
+    if mode == "chains":
+        graph = graph_of(net_param(net))
+        assert any(make_plan(graph, "recompute", c).kept for c, *_ in fit), "no plan kept a chain"
 
 
 def test_a_plan_that_fragments_its_capacity_is_placed_in_a_smaller_arena():

@@ -70,12 +70,13 @@ def flops(n):
     return "-" if n is None else f"{n:,}"
 
 
-def ratio(ours, best):
-    if best is None or ours is None:
+def ratio(ours, sol):
+    """ours over the optimum; where the solver stopped early, the range its incumbent and its
+    lower bound give (the optimum lies between them)."""
+    if ours is None or not sol.feasible:
         return "-"
-    if best == 0:
-        return "1.00" if ours == 0 else "inf"
-    return f"{ours / best:.2f}"
+    one = lambda best: ("1.00" if ours == 0 else "inf") if best <= 0 else f"{ours / best:.2f}"
+    return one(sol.cost) if sol.status == "optimal" else f"{one(sol.cost)}-{one(int(sol.bound or 0))}"
 
 
 def bench(name, batch, steps, time_limit):
@@ -100,10 +101,11 @@ def bench(name, batch, steps, time_limit):
         ours = plan.recompute_flops if plan.fits else None
         R, S = cm.replay_schedule(problem, cm.replayed_nodes(problem, plan))
         model = f"{kib(cm.check(problem, R, S))} KiB, {cm.recomputed_flops(problem, R):,}"
-        status = sol.status if sol.status in ("optimal", "infeasible") else f"{sol.status} (gap)"
+        status = sol.status if sol.status in ("optimal", "infeasible") or not sol.feasible else \
+            f"stopped, bound {sol.bound:,.0f}"
         rows.append([f"{name} (batch {batch}, {len(problem)} nodes)", kib(budget),
                      flops(sol.cost) if sol.feasible else sol.status, f"{status}, {sol.seconds:.1f} s",
-                     how, flops(ours), ratio(ours, sol.cost if sol.status == "optimal" else None), model])
+                     how, flops(ours), ratio(ours, sol), model])
     return rows, facts
 
 
@@ -126,7 +128,9 @@ def main(argv=None):
         "Same budget: workspaces left out of both sides (Checkmate's model has none; the bench drops them from "
         "the graph), sncaffe's capacity = the budget + what its plan holds outside the model (parameters, "
         "gradients, the net's inputs and outputs). sncaffe's plan: liveness where it fits, else recompute, as "
-        "auto picks before copies. Ratio: sncaffe's FLOPs over Checkmate's optimum.",
+        "auto picks before copies. Ratio: sncaffe's FLOPs over Checkmate's optimum; where the MILP stopped at "
+        "its time limit, the FLOPs are its best schedule's and the ratio a range (over that schedule, over the "
+        "solver's lower bound).",
         "Checkmate's model: nodes are sncaffe's layer chains (a convolution or other checkpoint operator and the "
         "cheap layers after it), forward then backward; a chain's output is every value it writes, replayed "
         "whole. Budgets run from the peak with nothing replayed down to the most one node needs (its inputs and "
@@ -136,6 +140,12 @@ def main(argv=None):
         "and FLOPs in Checkmate's model. Per-layer recomputation replays only the cheap layers of a chain and "
         "keeps a snapshot of the convolution's output, which the model cannot express: there sncaffe's own "
         "FLOPs are far below its chains' in the model.",
+        "Where sncaffe replays less than the optimum (ratio below 1) the model is the coarser: it holds a "
+        "chain's values (the convolution's output, BatchNorm's statistics and normalized copy, the ReLU) until "
+        "the last use of any of them, where sncaffe frees each at its own last use and replays only the cheap "
+        "layers. Where sncaffe replays more (whole segments at the tightest budgets) it replays each segment "
+        "once, speed-centric, and keeps chains by FLOPs per byte, greedily; Checkmate may replay a chain twice "
+        "or hold a value over a stretch to pay less.",
     ]
     for f in facts:
         notes.append(f"{f['net']} at batch {f['batch']}: {f['nodes']} nodes ({f['forward']} forward, "

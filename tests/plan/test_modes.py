@@ -16,6 +16,7 @@ from sncaffe import config
 from sncaffe import Net
 from sncaffe.backend import CPUDevice
 from sncaffe.graph import build_graph
+from sncaffe.plan import passes
 from sncaffe.plan.planner import MODES, MemoryExhausted, make_plan
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import DATA_LAYERS, parse_text, prepare_net, read_text, replace_data_layers, set_batch
@@ -182,11 +183,19 @@ def unchunked(plan):
     return plan.fits and not any(ins.kind == "run" and ins.chunk for ins in plan.schedule)
 
 
+def half_the_chains(net):
+    """Whole segments replayed with the better half of their layer chains kept (planner.with_kept
+    keeps as many as a capacity has room for): every net runs the coarsest recomputation too."""
+    return make_plan(net.graph, "recompute", granularity=1, keep=len(passes.chains(net.graph, 1)) // 2)
+
+
 @pytest.mark.parametrize("path,mode", [pytest.param(c.values[0], m, id=f"{c.id}-{m}", marks=c.marks)
-                                       for c in CASES for m in MODES])
+                                       for c in CASES for m in (*MODES, "chains")])
 def test_mode_matches_plan_and_none(path, mode):
     ref_plan, ref_steps = reference(path)
-    plan, steps = (ref_plan, ref_steps) if mode == "none" else train(net_param(path), mode)
+    plan, steps = (ref_plan, ref_steps) if mode == "none" else \
+        train(net_param(path), "recompute", planner=half_the_chains) if mode == "chains" else \
+        train(net_param(path), mode)
     assert_peaks(steps, plan)
     assert plan.lower_bound <= plan.peak <= ref_plan.peak
     assert_same_bits(steps, ref_steps)

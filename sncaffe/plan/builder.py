@@ -341,7 +341,8 @@ class Builder:
         plan.disk_base = disk_homes.get("", 0) + self.disk_extra
         plan.timelines = {loc: simulate(plan.schedule, base, loc,
                                         homes.get(loc, 0) + (plan.host_extra if loc == "" else 0), plan.host_params,
-                                        disk_homes.get(loc, 0) + (self.disk_extra if loc == "" else 0))
+                                        disk_homes.get(loc, 0) + (self.disk_extra if loc == "" else 0),
+                                        alone=len(self.base) == 1)
                           for loc, base in self.base.items()}
         plan.peaks = {loc: t.peak for loc, t in plan.timelines.items()}
         main = "" if len(self.base) == 1 else max(plan.peaks, key=plan.peaks.get)

@@ -20,6 +20,7 @@ cannot be replayed without side effects (data layers, losses, random draws) are 
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from .liveness import op_tensors
@@ -60,10 +61,29 @@ class Segment:
     cheap: list = field(default_factory=list)   # forward op indices replayed in backward
 
 
+# The last per-layer split made (planning asks for the same one several times per net: each mode
+# that recomputes, the bound, the chains), keyed by its operators, held weakly: a net let go is
+# not kept alive by it.
+_last_split: list = [None, None, None, None]
+
+
 def segments(forward_ops, persistent_ids, starts=None, fixed=()) -> list:
     """Split the forward operators into segments (see the module docstring): per layer, or
     where ``starts`` (forward indices) is given, from each start to the next; ``fixed``:
-    operators kept out of replays."""
+    operators kept out of replays. Fresh Segment objects each call (callers annotate them)."""
+    if starts is None and not fixed and forward_ops:
+        key = (len(forward_ops), hash(frozenset(persistent_ids)))
+        first, last = _last_split[1], _last_split[2]
+        if _last_split[0] != key or first() is not forward_ops[0] or last() is not forward_ops[-1]:
+            segs, seg_of = _segments(forward_ops, persistent_ids)
+            _last_split[:] = key, weakref.ref(forward_ops[0]), weakref.ref(forward_ops[-1]), \
+                ([(s.index, s.checkpoint, s.cheap) for s in segs], seg_of)
+        raw, seg_of = _last_split[3]
+        return [Segment(i, c, list(cheap)) for i, c, cheap in raw], list(seg_of)
+    return _segments(forward_ops, persistent_ids, starts, fixed)
+
+
+def _segments(forward_ops, persistent_ids, starts=None, fixed=()) -> list:
     if starts is None:
         cheap = [is_cheap(op.node) for op in forward_ops]
     else:

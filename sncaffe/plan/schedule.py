@@ -75,12 +75,13 @@ class Timeline:
 
 
 def simulate(schedule: Schedule, persistent: int, location: str = "", host_base: int = 0,
-             hosted=(), disk_base: int = 0) -> Timeline:
+             hosted=(), disk_base: int = 0, alone: bool = False) -> Timeline:
     """Replay the schedule's memory instructions on one device (``location``): bytes in use,
     as its pool and its host pool will count them. ``host_base``: host bytes held across
     iterations (parameters kept on the host, ``hosted``, and the solver's history there); a
     value takes a host block at its first offload and gives it back when dropped.
-    ``disk_base``: spill-file bytes held across iterations (parameter state on disk)."""
+    ``disk_base``: spill-file bytes held across iterations (parameter state on disk).
+    ``alone``: the schedule has no other location (no test per instruction)."""
     dev, host, disk = persistent, host_base, disk_base
     homes = {id(t) for t in hosted}
     held = {}                       # id(value) -> the tier its copy is in
@@ -94,7 +95,7 @@ def simulate(schedule: Schedule, persistent: int, location: str = "", host_base:
             if kind == "run":
                 steps.append((len(d), ins.op.name + (" (recompute)" if ins.recompute else "")))
                 continue
-            if (ins.source or t).location != location:
+            if not alone and (ins.source or t).location != location:
                 continue
             if kind == "alloc":
                 dev += t.block_bytes

@@ -207,15 +207,26 @@ def with_kept(graph, granularity, build, limit, floor=None):
     planned; that plan's peak is first taken as ``floor`` (a lower bound, ``passes.coarse_floor``,
     which spares building it where the chains' plan fits). Where that does not fit, the plan
     without chains is built and the room taken above its peak; fewer chains, by what a plan
-    overshot, twice at most; then the plan without them."""
+    overshot, twice at most; then the plan without them. A plan that leaves much of its room
+    unused keeps more, once (``more``)."""
     if limit is None:
         return build(0)
     sizes = [size for _, size, _ in passes.chains(graph, granularity)]
+
+    def more(kept, n):
+        """A plan that fits with more than an eighth of its room left (kept values often cost
+        less than their bytes: they end before the peak) keeps more chains, once."""
+        left = limit - kept.peak
+        if n < len(sizes) and left * 8 > limit - (kept.peak - sum(sizes[:n])):
+            wider = build(_within(sizes, sum(sizes[:n]) + left * 15 // 16))
+            if wider.fits and wider.recompute_flops < kept.recompute_flops:
+                return wider
+        return kept
     n = _within(sizes, (limit - floor) * 15 // 16) if floor is not None else 0
     if n:
         kept = build(n)
         if kept.fits:
-            return kept
+            return more(kept, n)
     whole = build(0)
     if not whole.fits:
         return whole
@@ -225,7 +236,7 @@ def with_kept(graph, granularity, build, limit, floor=None):
             break
         kept = build(n)
         if kept.fits:
-            return kept
+            return more(kept, n)
         # over the limit: fewer chains by what it overshot; within it but fragmented: fewer
         n = min(_within(sizes, (limit - whole.peak) * 7 // 8 - (kept.peak - limit)), n * 7 // 8)
     return whole

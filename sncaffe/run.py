@@ -80,8 +80,8 @@ class Resources:
         return self.device_memory or next((p.memory_param.device_memory for p in params
                                            if p is not None and p.memory_param.device_memory), None)
 
-    def make_device(self, *params, name=None):
-        device = backend.make_device(name or self.device or "cpu", self.capacity(*params), self.host_memory)
+    def make_device(self, *params, name=None, share=1):
+        device = backend.make_device(name or self.device or "cpu", self.capacity(*params), self.host_memory, share)
         if self.spill:
             device.spill_dir = self.spill
         return device
@@ -258,11 +258,15 @@ def _train(p, res, comm, path, from_net, weights, snapshot, sigint, sighup, repl
             log.setLevel(logging.WARNING)                          # rank 0 alone logs
     con = console or Console(False)
     net_param = p.net_param if p.HasField("net_param") else None
-    device = res.make_device(p, net_param, name=name)
+    # ranks on this machine split its cores and, on the CPU, its RAM
+    here = comm.Split_type(mpi.import_mpi().COMM_TYPE_SHARED).Get_size() if comm is not None else 1
+    device = res.make_device(p, net_param, name=name, share=here)
     if device.name == "cpu":
         share, by = sharing(replicas)           # replicas: their workers compute at once (Replicas)
         if comm is not None:
-            share = comm.Split_type(mpi.import_mpi().COMM_TYPE_SHARED).Get_size()
+            share = here
+            log.info("RAM: %d ranks on this machine, each planned within 1/%d of what it has free",
+                     here, here)
         log.info("CPU threads: %s", res.configure_threads(share, by).describe())
     if from_net:
         log.info("%s is a net: training it with the default solver (SGD, base_lr %s, momentum %s, "

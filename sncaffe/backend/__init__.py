@@ -41,12 +41,13 @@ def default_device(capacity=None):
     return make_device("cpu", capacity)
 
 
-def make_device(name="cpu", capacity=None, host_capacity=None):
+def make_device(name="cpu", capacity=None, host_capacity=None, share=1):
     """``cpu``, ``cuda`` or ``cuda:N``; the cuda device is a clear RuntimeError where CuPy,
-    cuDNN 9 or a GPU is missing (saying which extra to install)."""
+    cuDNN 9 or a GPU is missing (saying which extra to install). ``share``: processes of this
+    run on this machine, which split the CPU's RAM (a GPU is each rank's own)."""
     name = (name or "cpu").lower()
     if name == "cpu" or name.startswith("cpu:"):
-        return CPUDevice(capacity, host_capacity)
+        return CPUDevice(capacity, host_capacity, share)
     if name == "cuda" or name.startswith("cuda:"):
         index = name.partition(":")[2] or "0"
         if not index.isdigit():

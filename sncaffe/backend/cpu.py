@@ -28,14 +28,16 @@ class CPUDevice:
     spills = True           # a disk tier: offloads the host pool cannot hold go to a spill file
     spill_dir = None        # where (None: the system's temporary directory)
 
-    def __init__(self, capacity=None, host_capacity=None):
+    def __init__(self, capacity=None, host_capacity=None, share=1):
         runtimes.ensure_configured()        # the compute runtimes held to the thread budget
         # Device and host pools are one RAM here. Unless both are given, each may take the RAM
         # this machine can give now (available RAM less a margin, see runtime/budget.py) and the
         # plan keeps their peaks together under it (``ram``). The arenas are virtual until
         # touched, so their size costs nothing up front. The element-wise kernels, loaded at the
         # first iteration (numba's JIT), get their room in it where they are not loaded yet.
-        budget = ram_budget() - fused.pending_bytes()
+        # ``share``: processes on this machine that take their RAM at the same moment (MPI ranks),
+        # each planned within its part: the plans spend the RAM they are given.
+        budget = ram_budget() // max(1, share) - fused.pending_bytes()
         self.ram = budget if capacity is None or host_capacity is None else None
         self.rss_at_budget = process_memory()["rss"]     # what the process held when ``ram`` was taken
         given = capacity

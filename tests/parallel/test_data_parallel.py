@@ -22,6 +22,7 @@ from sncaffe import blobproto
 from sncaffe.data import datum as datums
 from sncaffe.data.db import LMDBWriter
 from sncaffe.parallel import overlap
+from sncaffe.sizes import parse_bytes
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 try:
@@ -237,10 +238,16 @@ def test_without_mpi4py_one_process_trains_and_mpiexec_says_what_to_install(tmp_
 @needs_mpiexec
 def test_two_ranks_at_batch_b_equal_one_rank_at_2b_hdf5(tmp):
     one, two = solver(tmp, "one", hdf5_layer(8)), solver(tmp, "two", hdf5_layer(4))
-    train(1, [one], tmp)
+    alone = train(1, [one], tmp)
     out = train(2, [two, "--bucket-mb", "0.001"], tmp)          # several buckets
     assert "Data parallel: 2 ranks, batch 4 per rank (8 in all); 3 gradient buckets" in out.stdout
     assert out.stdout.count("Optimization Done.") == 1          # rank 0 alone logs
+    # the two ranks on this machine split its RAM: each plans within half of what one rank has
+    assert "RAM: 2 ranks on this machine, each planned within 1/2 of what it has free" in out.stdout
+
+    def ram(text):
+        return parse_bytes(re.search(r"memory plan .* of ([0-9.]+ [KMGT]?i?B) RAM", text).group(1))
+    assert ram(out.stdout) < 0.75 * ram(alone.stdout), (ram(out.stdout), ram(alone.stdout))
     assert_same_weights(tmp / "out_two/snap_iter_20.caffemodel", tmp / "out_one/snap_iter_20.caffemodel")
 
 

@@ -22,7 +22,8 @@ def plan_line(plan, auto=False, name="", process_rss=None) -> str:
                  f"{fmt_bytes(plan.h2d_bytes)} back)")
     parts.append(f"{plan.recompute_flops / 1e9:.1f} GFLOP recomputed"
                  + (f" (whole segments, convolutions included: {plan.segments}"
-                    + (f"; {plan.kept} layer chains kept, not replayed" if plan.kept else "") + ")"
+                    + (f"; {plan.kept} layer chains kept, not replayed: {fmt_bytes(plan.kept_bytes)}"
+                       if plan.kept else "") + ")"
                     if plan.granularity else ""))
     if plan.ram is not None and (plan.resident or process_rss is not None):
         if not plan.resident:               # one RAM: what the process will hold at its peak
@@ -43,8 +44,11 @@ def verdict(plan, name="", auto=True, device="") -> str:
     if plan.ram is not None:
         tiers.append(f"together {of(plan.peak + plan.host_peak, plan.ram)} RAM")
     hosted = f" with parameters on {'disk' if plan.param_disk else 'the host'}" if plan.host_params else ""
+    # kept chains spend room the plan was given: what it needs is less by their bytes
+    kept = (f" (it keeps {fmt_bytes(plan.kept_bytes)} of layer chains to replay less, and fits in less)"
+            if plan.kept else "")
     return (f"{name or 'the net'} {'fits' if plan.fits else 'does NOT fit'}{' on ' + device if device else ''}: "
-            f"mode '{plan.mode}'{' (auto)' if auto else ''}{hosted} needs {', '.join(tiers)}; "
+            f"mode '{plan.mode}'{' (auto)' if auto else ''}{hosted} needs {', '.join(tiers)}{kept}; "
             f"{fmt_bytes(plan.d2h_bytes + plan.h2d_bytes)} moved per iteration")
 
 

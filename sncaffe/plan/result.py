@@ -37,6 +37,7 @@ class Plan:
     granularity: int = 0              # recompute: 0 per layer, else segments of whole units (passes.py)
     segments: int = 0                 # with a granularity: the segments replayed in backward
     kept: int = 0                     # with a granularity: the layer chains kept (passes.chains)
+    kept_bytes: int = 0               # their values' bytes, held from forward to backward
     memory_centric: int = 0           # segments replayed memory-centric (from the checkpoint for each need)
     cache_hits: int = 0
     cache_misses: int = 0

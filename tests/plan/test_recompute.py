@@ -13,7 +13,7 @@ from sncaffe.gradcheck import Harness, make_layer
 from sncaffe.plan.liveness import op_tensors, persistent_roots
 from sncaffe.plan import passes
 from sncaffe.plan.planner import GRANULARITIES, make_plan
-from sncaffe.plan.report import plan_line
+from sncaffe.plan.report import plan_line, verdict
 from sncaffe.plan.recompute import is_cheap, is_replayable, segments, units
 from sncaffe.proto import sncaffe_pb2 as pb
 from sncaffe.prototxt import parse_text
@@ -270,6 +270,9 @@ def test_coarse_plans_keep_the_chains_their_capacity_has_room_for():
         assert plan.fits and plan.granularity and plan.kept and plan.peak <= plan.capacity
     assert whole.recompute_flops > plans[0].recompute_flops > plans[1].recompute_flops
     assert "kept" in plan_line(plans[1])
+    sizes = [size for _, size, _ in passes.chains(graph, plans[1].granularity)]
+    assert plans[1].kept_bytes == sum(sizes[:plans[1].kept]) > 0
+    assert "of layer chains to replay less" in verdict(plans[1], "ResNet-50")
     ran, steps = train(param, "recompute", plans[0].capacity)
     assert ran.kept == plans[0].kept
     assert_peaks(steps, ran)

@@ -63,15 +63,13 @@ def budgets(name="cpu", capacity=None, host_capacity=None, spill_dir=None) -> tu
     making one. On the CPU device and host share the RAM (``ram``) and a disk tier
     (``spill``) takes the rest; a GPU's capacity is its free memory less a margin, None where
     no GPU is here to ask (give ``capacity``)."""
-    from ..runtime.budget import ram_budget
     from ..sizes import parse_bytes
-    from .cpu import default_capacity
+    from .cpu import default_capacity, pools_ram
     name = (name or "cpu").lower()
     size = (lambda x: None if x is None else parse_bytes(x))
     if name == "cpu" or name.startswith("cpu:"):
         from ..runtime.spill import spill_room
-        from .fused import pending_bytes
-        ram = ram_budget() - pending_bytes()
+        ram = pools_ram()
         return (size(capacity) or ram, {"host_capacity": size(host_capacity) or ram, "spill": spill_room(spill_dir),
                                         "ram": ram if capacity is None or host_capacity is None else None})
     from .cuda import default_margin, import_cupy, unusable_reason

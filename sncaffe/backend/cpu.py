@@ -16,6 +16,13 @@ from ..runtime.streams import Stream
 log = logging.getLogger("sncaffe")
 
 
+def pools_ram(share=1) -> int:
+    """The RAM the CPU device's pools may take together: this process's part (of ``share``
+    processes taking theirs at once) of what the machine can give now, less the room the
+    element-wise kernels will take where they are not loaded yet."""
+    return ram_budget() // max(1, share) - fused.pending_bytes()
+
+
 def default_capacity() -> int:
     """Half of physical RAM (what the CUDA device's pinned host pool is sized from)."""
     return physical_ram() // 2
@@ -37,7 +44,7 @@ class CPUDevice:
         # first iteration (numba's JIT), get their room in it where they are not loaded yet.
         # ``share``: processes on this machine that take their RAM at the same moment (MPI ranks),
         # each planned within its part: the plans spend the RAM they are given.
-        budget = ram_budget() // max(1, share) - fused.pending_bytes()
+        budget = pools_ram(share)
         self.ram = budget if capacity is None or host_capacity is None else None
         self.rss_at_budget = process_memory()["rss"]     # what the process held when ``ram`` was taken
         given = capacity

@@ -78,7 +78,8 @@ class Builder:
         a = passes.analyze(self.graph, self.ops, self.nf, self.mode, self.host_params, self.memory_centric,
                            self.min_gap, self.granularity, self.keep)
         plan.granularity, plan.kept = self.granularity, self.keep
-        plan.kept_bytes = sum(size for _, size, _ in passes.chains(self.graph, self.granularity)[:self.keep])
+        plan.kept_bytes = sum(size for _, size, _ in passes.chains(self.graph, self.granularity)[:self.keep]) \
+            if self.keep else 0        # (the chains' table only where some are kept)
         plan.segments = sum(1 for seg in a.rc.segs if seg.dropped) if self.granularity else 0
         self.uses, self.persistent_ids, self.param_ids, self.param_ops = a.uses, a.persistent_ids, a.param_ids, \
             a.param_ops
